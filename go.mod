@@ -1,0 +1,18 @@
+module github.com/weftmesh/weft
+
+go 1.26.0
+
+require (
+	github.com/google/go-cmp v0.7.0
+	github.com/spiffe/go-spiffe/v2 v2.9.0
+	go.uber.org/goleak v1.3.0
+	golang.org/x/net v0.62.0
+	golang.org/x/sys v0.50.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+)

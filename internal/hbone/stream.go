@@ -1,0 +1,793 @@
+package hbone
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
+)
+
+// Stream is one HBONE tunnel: an HTTP/2 CONNECT stream used as a net.Conn.
+// Read and Write move the tunnelled bytes; CloseWrite sends END_STREAM (the
+// peer reads EOF) while reading goes on; Close ends both directions, with
+// RST_STREAM when the exchange did not finish cleanly.
+//
+// WriteTo and ReadFrom move data without an intermediate copy, so io.Copy
+// through a Stream is the fast path.
+type Stream struct {
+	c  *conn
+	id uint32
+
+	answered   atomic.Bool  // a response (any status) was sent or received
+	resetEarly atomic.Bool  // server: the peer reset it before it was answered
+	direct     atomic.Int64 // bytes the read loop wrote straight to WriteTo's socket
+
+	rmu sync.Mutex // serialises Read and WriteTo
+	wmu sync.Mutex // serialises Write, ReadFrom and CloseWrite
+
+	readable chan struct{} // capacity 1: data, EOF or an error arrived
+	writable chan struct{} // capacity 1: send window grew or an error arrived
+	dead     chan struct{} // closed when the stream was reset, failed or closed
+	rdl, wdl deadline
+
+	// Client side: the response.
+	respReady  chan struct{} // closed once status/respHeader are set
+	status     int
+	respHeader http.Header
+
+	mu         sync.Mutex
+	buf        recvBuf         // guarded by mu
+	filling    bool            // guarded by mu: the read loop is writing into buf's tail
+	reading    bool            // guarded by mu: WriteTo or the read loop is writing out data
+	sink       syscall.RawConn // guarded by mu: WriteTo's destination socket, if it has one
+	recvDone   bool            // guarded by mu: END_STREAM received
+	recvWindow int64           // guarded by mu: credit we gave the peer
+	unacked    int64           // guarded by mu: consumed, not yet returned to the peer
+	sendWindow int64           // guarded by mu: credit the peer gave us
+	sendDone   bool            // guarded by mu: CloseWrite or Close queued END_STREAM
+	err        error           // guarded by mu: reset or connection failure
+	closed     bool            // guarded by mu: Close was called
+	forgotten  bool            // guarded by mu: removed from the connection
+	endWritten bool            // guarded by c.wmu: END_STREAM went out
+}
+
+var _ net.Conn = (*Stream)(nil)
+
+func (c *conn) newStream(id uint32) *Stream {
+	c.mu.Lock()
+	sw := int64(c.peerInitWindow)
+	c.mu.Unlock()
+	return &Stream{
+		c:          c,
+		id:         id,
+		readable:   make(chan struct{}, 1),
+		writable:   make(chan struct{}, 1),
+		dead:       make(chan struct{}),
+		rdl:        newDeadline(),
+		wdl:        newDeadline(),
+		recvWindow: int64(c.cfg.streamWindow),
+		sendWindow: sw,
+	}
+}
+
+// recvBuf is a queue of pooled chunks. Only the read loop appends (into the
+// tail), only the reader consumes (from the head); chunks are returned to the
+// pool as soon as they are drained, so an idle stream holds no buffer.
+type recvBuf struct {
+	chunks [][]byte
+	r      int // read offset in chunks[0]
+	w      int // write offset in the last chunk
+	n      int // bytes buffered
+}
+
+// space returns where the next bytes go, adding a chunk when the tail is full.
+func (b *recvBuf) space() []byte {
+	if len(b.chunks) == 0 || b.w == len(b.chunks[len(b.chunks)-1]) {
+		b.chunks = append(b.chunks, getBuf(recvChunk))
+		b.w = 0
+	}
+	return b.chunks[len(b.chunks)-1][b.w:]
+}
+
+func (b *recvBuf) commit(n int) { b.w += n; b.n += n }
+
+// head returns the readable bytes of the first chunk.
+func (b *recvBuf) head() []byte {
+	if b.n == 0 {
+		return nil
+	}
+	end := len(b.chunks[0])
+	if len(b.chunks) == 1 {
+		end = b.w
+	}
+	return b.chunks[0][b.r:end]
+}
+
+// advance drops n consumed bytes; keepTail keeps a drained tail chunk that
+// the read loop is filling.
+func (b *recvBuf) advance(n int, keepTail bool) {
+	b.r += n
+	b.n -= n
+	for len(b.chunks) > 0 {
+		last := len(b.chunks) == 1
+		if last && (b.r < b.w || keepTail) {
+			return
+		}
+		if !last && b.r < len(b.chunks[0]) {
+			return
+		}
+		putBuf(b.chunks[0])
+		b.chunks[0] = nil
+		b.chunks = b.chunks[1:]
+		b.r = 0
+		if last {
+			b.chunks = nil
+			b.w = 0
+		}
+	}
+}
+
+// release returns every chunk; it reports how many unread bytes were dropped.
+func (b *recvBuf) release(keepTail bool) int {
+	dropped := b.n
+	for i, ch := range b.chunks {
+		if keepTail && i == len(b.chunks)-1 {
+			break
+		}
+		putBuf(ch)
+	}
+	if keepTail && len(b.chunks) > 0 {
+		tail := b.chunks[len(b.chunks)-1]
+		*b = recvBuf{chunks: [][]byte{tail}, r: b.w, w: b.w}
+	} else {
+		*b = recvBuf{}
+	}
+	return dropped
+}
+
+// fill reads up to n payload bytes from r into the buffer; it is called by
+// the read loop only. It stops early when the stream ends meanwhile. It
+// reports how many bytes it took from r and how many of those it dropped
+// because the stream ended (their credit is the caller's to return).
+func (s *Stream) fill(r io.Reader, n int) (read, dropped int, err error) {
+	for read < n {
+		s.mu.Lock()
+		if s.closed || s.err != nil {
+			s.mu.Unlock()
+			return read, dropped, nil
+		}
+		if s.sink != nil && s.buf.n == 0 && !s.reading {
+			m, d, err := s.fillDirect(r, n-read)
+			read += m
+			dropped += d
+			if err != nil {
+				return read, dropped, err
+			}
+			continue
+		}
+		dst := s.buf.space()
+		s.filling = true
+		s.mu.Unlock()
+		if len(dst) > n-read {
+			dst = dst[:n-read]
+		}
+		m, rerr := io.ReadFull(r, dst)
+		s.mu.Lock()
+		s.filling = false
+		if s.closed || s.err != nil {
+			dropped += m + s.releaseLocked()
+		} else {
+			s.buf.commit(m)
+		}
+		s.mu.Unlock()
+		notify(s.readable)
+		read += m
+		if rerr != nil {
+			return read, dropped, rerr
+		}
+	}
+	return read, dropped, nil
+}
+
+// fillDirect is fill's fast path, entered with s.mu held and nothing
+// buffered while WriteTo waits on a socket: the payload goes straight to the
+// socket with a non-blocking write, saving the hand-off to WriteTo's
+// goroutine. What the socket does not take at once is buffered for WriteTo.
+func (s *Stream) fillDirect(r io.Reader, n int) (read, dropped int, err error) {
+	s.reading = true
+	sink := s.sink
+	s.mu.Unlock()
+	chunk := getBuf(recvChunk)
+	m, err := io.ReadFull(r, chunk[:min(n, len(chunk))])
+	written := tryWrite(sink, chunk[:m])
+	s.mu.Lock()
+	s.reading = false
+	switch {
+	case s.closed || s.err != nil:
+		dropped = m - written + s.releaseLocked()
+		putBuf(chunk)
+	case written < m: // the buffer was empty, so the chunk becomes the whole buffer
+		s.buf = recvBuf{chunks: [][]byte{chunk}, r: written, w: m, n: m - written}
+	default:
+		putBuf(chunk)
+	}
+	s.mu.Unlock()
+	if written > 0 && dropped == 0 {
+		s.direct.Add(int64(written))
+		s.consumed(written)
+	} else if written > 0 {
+		s.c.consumed(written)
+	}
+	if written < m {
+		notify(s.readable) // WriteTo has work, or will see the end
+	}
+	return m, dropped, err
+}
+
+// tryWrite writes as much of p to the socket as it takes without blocking.
+func tryWrite(rc syscall.RawConn, p []byte) int {
+	n := 0
+	_ = rc.Write(func(fd uintptr) bool {
+		for n < len(p) {
+			m, err := unix.Write(int(fd), p[n:])
+			if m > 0 {
+				n += m
+			}
+			if err != nil || m <= 0 {
+				break // EAGAIN or a real error, which WriteTo will meet itself
+			}
+		}
+		return true
+	})
+	return n
+}
+
+// releaseLocked returns the buffers unless the read loop or WriteTo is using
+// them (whoever finishes last releases); it reports the unread bytes dropped.
+func (s *Stream) releaseLocked() int {
+	if s.reading {
+		return 0
+	}
+	return s.buf.release(s.filling)
+}
+
+// takeRecvWindow charges a DATA frame against the stream window.
+func (s *Stream) takeRecvWindow(n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.recvDone {
+		return errors.New("DATA after END_STREAM")
+	}
+	s.recvWindow -= int64(n)
+	if s.recvWindow < 0 {
+		return errors.New("peer sent more DATA than the stream window allows")
+	}
+	return nil
+}
+
+// returnRecvWindow credits bytes that never reach the reader (padding).
+func (s *Stream) returnRecvWindow(n int) { s.consumed(n) }
+
+// consumed returns credit for n bytes taken out of the stream.
+func (s *Stream) consumed(n int) {
+	s.mu.Lock()
+	s.unacked += int64(n)
+	var inc int64
+	if s.unacked >= int64(s.c.cfg.streamWindow)/4 && !s.recvDone && s.err == nil && !s.closed {
+		inc = s.unacked
+		s.recvWindow += inc
+		s.unacked = 0
+	}
+	s.mu.Unlock()
+	s.c.consumed(n)
+	if inc > 0 {
+		s.c.queue(ctrlFrame{kind: ctrlWindowUpdate, stream: s.id, val: uint32(inc)})
+	}
+}
+
+// addSendWindow applies a WINDOW_UPDATE or a settings change; false means the
+// window overflowed.
+func (s *Stream) addSendWindow(delta int64) bool {
+	s.mu.Lock()
+	s.sendWindow += delta
+	ok := s.sendWindow <= maxWindow
+	s.mu.Unlock()
+	notify(s.writable)
+	return ok
+}
+
+// endRecv records END_STREAM from the peer.
+func (s *Stream) endRecv() {
+	s.mu.Lock()
+	s.recvDone = true
+	forget := s.sendDone && !s.forgotten
+	if forget {
+		s.forgotten = true
+	}
+	s.mu.Unlock()
+	notify(s.readable)
+	if forget {
+		s.c.forget(s)
+	}
+}
+
+// abort ends the stream with err (a reset or the connection's failure).
+func (s *Stream) abort(err error) {
+	s.mu.Lock()
+	first := s.err == nil && !s.closed
+	if s.err == nil {
+		s.err = err
+	}
+	dropped := s.releaseLocked()
+	forget := !s.forgotten
+	s.forgotten = true
+	s.mu.Unlock()
+	if first {
+		close(s.dead)
+	}
+	s.wake()
+	if dropped > 0 {
+		s.c.consumed(dropped)
+	}
+	if forget {
+		s.c.forget(s)
+	}
+}
+
+func (s *Stream) wake() {
+	notify(s.readable)
+	notify(s.writable)
+}
+
+// markEndWritten is called by the writer, under c.wmu, before END_STREAM goes out.
+func (s *Stream) markEndWritten() bool {
+	if s.endWritten {
+		return false
+	}
+	s.endWritten = true
+	return true
+}
+
+// Read reads tunnelled bytes.
+func (s *Stream) Read(p []byte) (int, error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	for {
+		if isClosed(s.rdl.wait()) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		s.mu.Lock()
+		if s.buf.n > 0 && len(p) > 0 {
+			n := 0
+			for n < len(p) && s.buf.n > 0 {
+				m := copy(p[n:], s.buf.head())
+				s.buf.advance(m, s.filling)
+				n += m
+			}
+			s.mu.Unlock()
+			s.consumed(n)
+			return n, nil
+		}
+		err := s.readErrLocked()
+		s.mu.Unlock()
+		if err != nil || len(p) == 0 {
+			return 0, err
+		}
+		if err := s.waitReadable(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// WriteTo writes the tunnelled bytes to w until EOF, straight from the
+// stream's buffers.
+func (s *Stream) WriteTo(w io.Writer) (int64, error) {
+	s.rmu.Lock()
+	defer s.rmu.Unlock()
+	if sc, ok := w.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			s.mu.Lock()
+			s.sink = rc
+			s.mu.Unlock()
+			defer func() {
+				s.mu.Lock()
+				s.sink = nil
+				s.mu.Unlock()
+			}()
+		}
+	}
+	n, err := s.writeTo(w)
+	return n + s.direct.Swap(0), err
+}
+
+func (s *Stream) writeTo(w io.Writer) (int64, error) {
+	var total int64
+	for {
+		if isClosed(s.rdl.wait()) {
+			return total, os.ErrDeadlineExceeded
+		}
+		s.mu.Lock()
+		seg := s.buf.head()
+		var err error
+		if len(seg) == 0 || s.closed || s.err != nil {
+			err = s.readErrLocked() // EOF only once the buffer is drained
+		}
+		s.reading = len(seg) > 0 && err == nil
+		s.mu.Unlock()
+		if len(seg) > 0 && err == nil {
+			n, werr := w.Write(seg)
+			s.mu.Lock()
+			s.reading = false
+			ended := s.closed || s.err != nil
+			dropped := 0
+			if ended {
+				dropped = s.releaseLocked() // Close or abort left the buffers to us
+			} else {
+				s.buf.advance(n, s.filling)
+			}
+			s.mu.Unlock()
+			if ended {
+				s.c.consumed(n + dropped)
+				return total + int64(n), s.readErr()
+			}
+			s.consumed(n)
+			total += int64(n)
+			if werr != nil {
+				return total, werr
+			}
+			continue
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+		if err := s.waitReadable(); err != nil {
+			return total, err
+		}
+	}
+}
+
+func (s *Stream) readErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.readErrLocked()
+}
+
+func (s *Stream) readErrLocked() error {
+	switch {
+	case s.closed:
+		return net.ErrClosed
+	case s.err != nil:
+		return s.err
+	case s.recvDone:
+		return io.EOF
+	}
+	return nil
+}
+
+func (s *Stream) waitReadable() error {
+	select {
+	case <-s.readable:
+		return nil
+	case <-s.rdl.wait():
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// reserve waits for send credit and takes up to max bytes of it.
+func (s *Stream) reserve(max int) (int, error) {
+	c := s.c
+	for {
+		if isClosed(s.wdl.wait()) {
+			return 0, os.ErrDeadlineExceeded
+		}
+		s.mu.Lock()
+		err := s.writeErrLocked()
+		sw := s.sendWindow
+		s.mu.Unlock()
+		if err != nil {
+			return 0, err
+		}
+		if sw <= 0 {
+			if err := s.waitWritable(nil); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		c.mu.Lock()
+		if c.err != nil {
+			err := c.err
+			c.mu.Unlock()
+			return 0, err
+		}
+		cw := c.sendWindow
+		if cw <= 0 {
+			wake := c.windowWake
+			c.mu.Unlock()
+			if err := s.waitWritable(wake); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		n := int64(max)
+		n = min(n, sw, cw)
+		c.sendWindow -= n
+		c.mu.Unlock()
+		s.mu.Lock()
+		s.sendWindow -= n
+		s.mu.Unlock()
+		return int(n), nil
+	}
+}
+
+func (s *Stream) writeErrLocked() error {
+	switch {
+	case s.closed:
+		return net.ErrClosed
+	case s.err != nil:
+		return s.err
+	case s.sendDone:
+		return errors.New("hbone: write after CloseWrite")
+	}
+	return nil
+}
+
+func (s *Stream) waitWritable(connWake <-chan struct{}) error {
+	select {
+	case <-s.writable:
+		return nil
+	case <-connWake:
+		return nil
+	case <-s.wdl.wait():
+		return os.ErrDeadlineExceeded
+	case <-s.c.done:
+		return s.c.errOrNil()
+	}
+}
+
+func (s *Stream) maxFrame() int {
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	return int(min(s.c.peerMaxFrame, largeBuf))
+}
+
+// putFrameHeader writes a DATA frame header for n payload bytes at b[:9].
+func (s *Stream) putFrameHeader(b []byte, n int, end bool) {
+	b[0], b[1], b[2] = byte(n>>16), byte(n>>8), byte(n)
+	b[3] = byte(http2.FrameData)
+	b[4] = 0
+	if end {
+		b[4] = byte(http2.FlagDataEndStream)
+	}
+	b[5], b[6], b[7], b[8] = byte(s.id>>24&0x7f), byte(s.id>>16), byte(s.id>>8), byte(s.id)
+}
+
+// Write sends p through the tunnel.
+func (s *Stream) Write(p []byte) (int, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	written := 0
+	for written < len(p) {
+		n, err := s.reserve(min(len(p)-written, largeBuf))
+		if err != nil {
+			return written, err
+		}
+		frame := s.maxFrame()
+		buf := getBuf(n + bufSlack)
+		m := 0
+		for off := 0; off < n; {
+			k := min(frame, n-off)
+			s.putFrameHeader(buf[m:], k, false)
+			copy(buf[m+frameHeaderLen:], p[written+off:written+off+k])
+			m += frameHeaderLen + k
+			off += k
+		}
+		err = s.c.writeData(s, buf[:m])
+		putBuf(buf)
+		if err != nil {
+			return written, err
+		}
+		written += n
+	}
+	return written, nil
+}
+
+// ReadFrom sends everything read from r until EOF. Its buffer starts small and
+// grows with the traffic, so an idle tunnel pins little memory.
+func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var total int64
+	for {
+		size := smallBuf
+		switch {
+		case total >= 4<<20:
+			size = largeBuf
+		case total >= 128<<10:
+			size = mediumBuf
+		}
+		size = min(size, s.maxFrame())
+		buf := getBuf(frameHeaderLen + size)
+		n, rerr := r.Read(buf[frameHeaderLen : frameHeaderLen+size])
+		if n > 0 {
+			if err := s.sendFrom(buf, n); err != nil {
+				putBuf(buf)
+				return total, err
+			}
+			total += int64(n)
+		}
+		putBuf(buf)
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// sendFrom sends buf[9:9+n] as one or more DATA frames as credit allows. Each
+// later frame's header overwrites payload bytes that were already sent.
+func (s *Stream) sendFrom(buf []byte, n int) error {
+	off := 0
+	for off < n {
+		k, err := s.reserve(n - off)
+		if err != nil {
+			return err
+		}
+		hdr := buf[off : off+frameHeaderLen]
+		s.putFrameHeader(hdr, k, false)
+		if err := s.c.writeData(s, buf[off:off+frameHeaderLen+k]); err != nil {
+			return err
+		}
+		off += k
+	}
+	return nil
+}
+
+// CloseWrite sends END_STREAM: the peer reads EOF; this side may still read.
+func (s *Stream) CloseWrite() error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.Lock()
+	if err := s.writeErrLocked(); err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	s.sendDone = true
+	forget := s.recvDone && !s.forgotten
+	if forget {
+		s.forgotten = true
+	}
+	s.mu.Unlock()
+	err := s.writeEnd()
+	if forget {
+		s.c.forget(s)
+	}
+	return err
+}
+
+func (s *Stream) writeEnd() error {
+	c := s.c
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if err := c.errOrNil(); err != nil {
+		return err
+	}
+	if !s.markEndWritten() {
+		return nil
+	}
+	err := c.writeCtrlLocked()
+	if err == nil {
+		err = c.fr.WriteData(s.id, true, nil)
+	}
+	if err == nil {
+		err = c.flushLocked()
+	}
+	if err != nil {
+		go c.fail(err)
+	}
+	return err
+}
+
+// Close ends the tunnel the way closing a TCP socket does: with nothing left
+// unread it ends this side with END_STREAM (the peer reads EOF, and DATA it
+// still sends is answered with RST_STREAM); with unread data it resets the
+// stream with CANCEL.
+func (s *Stream) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	first := s.err == nil
+	s.closed = true
+	clean := s.err == nil && s.buf.n == 0
+	sendEnd := clean && !s.sendDone
+	reset := !clean && s.err == nil && !s.forgotten
+	s.sendDone = true
+	dropped := s.releaseLocked()
+	// A clean close stays known to the connection until the peer ends too.
+	forget := !s.forgotten && (!clean || s.recvDone)
+	if forget {
+		s.forgotten = true
+	}
+	s.mu.Unlock()
+	if first {
+		close(s.dead)
+	}
+	s.rdl.stop()
+	s.wdl.stop()
+	switch {
+	case sendEnd:
+		s.c.queue(ctrlFrame{kind: ctrlEndStream, stream: s.id, s: s})
+	case reset:
+		s.c.queue(ctrlFrame{kind: ctrlRST, stream: s.id, val: uint32(http2.ErrCodeCancel)})
+	}
+	s.wake()
+	if dropped > 0 {
+		s.c.consumed(dropped)
+	}
+	if forget {
+		s.c.forget(s)
+	}
+	return nil
+}
+
+// LocalAddr returns the local address of the carrying connection.
+func (s *Stream) LocalAddr() net.Addr { return s.c.nc.LocalAddr() }
+
+// RemoteAddr returns the peer address of the carrying connection.
+func (s *Stream) RemoteAddr() net.Addr { return s.c.nc.RemoteAddr() }
+
+// SetDeadline sets the read and write deadlines.
+func (s *Stream) SetDeadline(t time.Time) error {
+	s.rdl.set(t)
+	s.wdl.set(t)
+	return nil
+}
+
+// SetReadDeadline sets the read deadline.
+func (s *Stream) SetReadDeadline(t time.Time) error { s.rdl.set(t); return nil }
+
+// SetWriteDeadline sets the write deadline. A write blocked on a full socket
+// (rather than on flow control) waits for the socket.
+func (s *Stream) SetWriteDeadline(t time.Time) error { s.wdl.set(t); return nil }
+
+// ResponseHeader returns the headers of the CONNECT response (client side),
+// such as the destination's baggage.
+func (s *Stream) ResponseHeader() http.Header { return s.respHeader }
+
+// onResponse records the CONNECT response on a client stream.
+func (s *Stream) onResponse(f *http2.MetaHeadersFrame) {
+	code, err := strconv.Atoi(f.PseudoValue("status"))
+	if err != nil || code < 100 || code > 999 {
+		s.c.resetStream(s.id, http2.ErrCodeProtocol, errors.New("hbone: response without a valid :status"))
+		return
+	}
+	if code < 200 {
+		return // informational
+	}
+	h := make(http.Header)
+	for _, hf := range f.RegularFields() {
+		h.Add(hf.Name, hf.Value)
+	}
+	s.status = code
+	s.respHeader = h
+	s.answered.Store(true)
+	close(s.respReady)
+	if f.StreamEnded() {
+		s.endRecv()
+	}
+}

@@ -35,11 +35,15 @@ import (
 // Run it with `make bench` (one iteration; it runs its own rounds).
 func BenchmarkHBONE(b *testing.B) {
 	env := newBenchEnv(b)
-	for range b.N {
-		env.throughput(b)
-		env.rtt(b)
-		env.newStream(b)
-		env.idleMemory(b)
+	for _, part := range []struct {
+		name string
+		run  func(*testing.B)
+	}{{"throughput", env.throughput}, {"rtt", env.rtt}, {"new_stream", env.newStream}, {"idle_memory", env.idleMemory}} {
+		b.Run(part.name, func(b *testing.B) {
+			for range b.N {
+				part.run(b)
+			}
+		})
 	}
 }
 

@@ -13,9 +13,10 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+
+	"github.com/weftmesh/weft/internal/spiffe"
 )
 
 // Handler serves one CONNECT stream. It must answer with Accept or Reject;
@@ -291,7 +292,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		return
 	}
 	cs := tc.ConnectionState()
-	peer, err := peerID(cs)
+	peer, err := spiffe.PeerID(cs)
 	if err == nil && cs.NegotiatedProtocol != "h2" {
 		err = fmt.Errorf("peer negotiated ALPN %q, want h2", cs.NegotiatedProtocol)
 	}
@@ -383,16 +384,4 @@ func parseRequest(f *http2.MetaHeadersFrame) (*Request, int) {
 		h.Add(hf.Name, hf.Value)
 	}
 	return &Request{Authority: auth, Header: h}, 0
-}
-
-// peerID returns the SPIFFE ID of the verified client leaf.
-func peerID(cs tls.ConnectionState) (spiffeid.ID, error) {
-	if len(cs.PeerCertificates) == 0 {
-		return spiffeid.ID{}, errors.New("peer presented no certificate")
-	}
-	id, err := x509svid.IDFromCert(cs.PeerCertificates[0])
-	if err != nil {
-		return spiffeid.ID{}, fmt.Errorf("peer certificate has no SPIFFE ID: %w", err)
-	}
-	return id, nil
 }

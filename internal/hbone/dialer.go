@@ -44,6 +44,10 @@ type DialerConfig struct {
 	// Control, when set, is called on each new socket before it connects
 	// (for SO_MARK and the like).
 	Control func(network, address string, c syscall.RawConn) error
+	// Dial, when set, replaces the TCP connect (a node proxy dials from
+	// inside a pod's network namespace); Control is then not used. source is
+	// the Target's SourceIP, possibly invalid.
+	Dial func(ctx context.Context, addr netip.AddrPort, source netip.Addr) (net.Conn, error)
 	// Logger receives connection-level events; default slog.Default().
 	Logger *slog.Logger
 }
@@ -366,11 +370,17 @@ func (c *conn) writeConnectLocked(fields []hpack.HeaderField) (*Stream, error) {
 func (d *Dialer) dialConn(ctx context.Context, t Target, p *pool) (*conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.ConnectTimeout)
 	defer cancel()
-	nd := net.Dialer{Control: d.cfg.Control}
-	if t.SourceIP.IsValid() {
-		nd.LocalAddr = &net.TCPAddr{IP: t.SourceIP.AsSlice()}
+	var raw net.Conn
+	var err error
+	if d.cfg.Dial != nil {
+		raw, err = d.cfg.Dial(ctx, t.Addr, t.SourceIP)
+	} else {
+		nd := net.Dialer{Control: d.cfg.Control}
+		if t.SourceIP.IsValid() {
+			nd.LocalAddr = &net.TCPAddr{IP: t.SourceIP.AsSlice()}
+		}
+		raw, err = nd.DialContext(ctx, "tcp", t.Addr.String())
 	}
-	raw, err := nd.DialContext(ctx, "tcp", t.Addr.String())
 	if err != nil {
 		return nil, fmt.Errorf("hbone: connecting to %s: %w", t.Addr, err)
 	}

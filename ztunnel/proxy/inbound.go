@@ -1,0 +1,205 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/ztunnel/state"
+)
+
+// serveHBONE answers one CONNECT arriving on the pod's 15008: the target
+// must be this pod, policy must allow the peer, and the app must accept the
+// connection before the tunnel is answered 200.
+func (p *Pod) serveHBONE(r *hbone.Request) {
+	start := time.Now()
+	lbl := &connLabels{reporter: "destination", mtls: true, srcPrincipal: r.Peer.String()}
+	dst := r.Authority.AddrPort()
+	w, err := p.workload()
+	if err != nil {
+		r.Reject(http.StatusServiceUnavailable)
+		p.logRejected(lbl, r, dst, start, err)
+		return
+	}
+	lbl.dst, lbl.dstPrincipal = w, w.Identity.String()
+	if !r.Authority.IsIP() || !slices.Contains(w.IPs, dst.Addr()) {
+		r.Reject(http.StatusBadRequest)
+		p.logRejected(lbl, r, dst, start, fmt.Errorf("CONNECT target %s is not this pod (%v)", r.Authority, w.IPs))
+		return
+	}
+	srcAddr := tcpAddrPort(r.RemoteAddr)
+	lbl.src = p.cfg.Store.WorkloadByIP(srcAddr.Addr())
+	peer, err := spiffe.IdentityFromID(r.Peer)
+	if err != nil {
+		r.Reject(http.StatusUnauthorized)
+		p.logRejected(lbl, r, dst, start, fmt.Errorf("peer identity: %w", err))
+		return
+	}
+	if d := p.cfg.Store.Authorize(w, state.Conn{Source: peer, Src: srcAddr, Dst: dst}); !d.Allowed {
+		lbl.flags = "DENY"
+		r.Reject(http.StatusUnauthorized)
+		p.logRejected(lbl, r, dst, start, errors.New(d.Reason))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ConnectTimeout)
+	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
+	cancel()
+	if err != nil {
+		lbl.flags = "CONNECT"
+		r.Reject(http.StatusServiceUnavailable)
+		p.logRejected(lbl, r, dst, start, fmt.Errorf("connecting to the app at %s: %w", dst, err))
+		return
+	}
+	st, err := r.Accept(nil)
+	if err != nil {
+		up.Close()
+		return
+	}
+	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
+	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
+	recv, sent, err := hbone.Join(st, up)
+	p.done(lbl, start, dst, state.Route{Kind: state.Tunnel, Workload: w}, sent, recv, err)
+}
+
+// servePlaintext handles a connection that reached the pod without HBONE
+// (redirected to 15006): policy decides with no peer identity, so a policy
+// requiring mTLS refuses it.
+func (p *Pod) servePlaintext(c net.Conn) {
+	start := time.Now()
+	lbl := &connLabels{reporter: "destination"}
+	w, err := p.workload()
+	if err != nil {
+		c.Close()
+		return
+	}
+	lbl.dst, lbl.dstPrincipal = w, w.Identity.String()
+	dst, err := p.cfg.OrigDst(c)
+	if err != nil {
+		p.fail(lbl, c, start, dst, fmt.Errorf("reading the original destination: %w", err))
+		return
+	}
+	src := tcpAddrPort(c.RemoteAddr())
+	lbl.src = p.cfg.Store.WorkloadByIP(src.Addr())
+	if d := p.cfg.Store.Authorize(w, state.Conn{Src: src, Dst: dst}); !d.Allowed {
+		lbl.flags = "DENY"
+		p.fail(lbl, c, start, dst, errors.New(d.Reason))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
+	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
+	cancel()
+	if err != nil {
+		lbl.flags = "CONNECT"
+		p.fail(lbl, c, start, dst, fmt.Errorf("connecting to the app at %s: %w", dst, err))
+		return
+	}
+	p.relayPlain(lbl, c, up, start, dst, state.Route{Kind: state.Passthrough, Workload: w})
+}
+
+func tcpAddrPort(a net.Addr) netip.AddrPort {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		ap := ta.AddrPort()
+		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return netip.AddrPort{}
+}
+
+// fail records a connection that could not be proxied and closes it with a
+// reset, as a refused TCP connection would look.
+func (p *Pod) fail(lbl *connLabels, c net.Conn, start time.Time, dst netip.AddrPort, err error) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
+	p.cfg.Metrics.failed.WithLabelValues(lbl.values()...).Inc()
+	p.cfg.AccessLog.Warn("connection failed", p.accessAttrs(lbl, c.RemoteAddr(), dst, start, 0, 0, err)...)
+}
+
+func (p *Pod) logRejected(lbl *connLabels, r *hbone.Request, dst netip.AddrPort, start time.Time, err error) {
+	p.cfg.Metrics.failed.WithLabelValues(lbl.values()...).Inc()
+	p.cfg.AccessLog.Warn("connection refused", p.accessAttrs(lbl, r.RemoteAddr, dst, start, 0, 0, err)...)
+}
+
+// done records a finished connection: metrics and one access-log line.
+func (p *Pod) done(lbl *connLabels, start time.Time, dst netip.AddrPort, route state.Route, sent, recv int64, err error) {
+	v := lbl.values()
+	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Dec()
+	p.cfg.Metrics.closed.WithLabelValues(v...).Inc()
+	p.cfg.Metrics.sent.WithLabelValues(v...).Add(float64(sent))
+	p.cfg.Metrics.received.WithLabelValues(v...).Add(float64(recv))
+	attrs := p.accessAttrs(lbl, nil, dst, start, sent, recv, err)
+	attrs = append(attrs, "route", route.Kind.String())
+	p.cfg.AccessLog.Info("connection complete", attrs...)
+}
+
+func (p *Pod) accessAttrs(lbl *connLabels, src net.Addr, dst netip.AddrPort, start time.Time, sent, recv int64, err error) []any {
+	attrs := []any{"direction", map[string]string{"source": "outbound", "destination": "inbound"}[lbl.reporter]}
+	if src != nil {
+		attrs = append(attrs, "src_addr", src.String())
+	}
+	if lbl.src != nil {
+		attrs = append(attrs, "src_workload", lbl.src.Name, "src_namespace", lbl.src.Namespace)
+	}
+	if lbl.srcPrincipal != "" {
+		attrs = append(attrs, "src_identity", lbl.srcPrincipal)
+	}
+	if dst.IsValid() {
+		attrs = append(attrs, "dst_addr", dst.String())
+	}
+	if lbl.svc != nil {
+		attrs = append(attrs, "dst_service", lbl.svc.Hostname)
+	}
+	if lbl.dst != nil {
+		attrs = append(attrs, "dst_workload", lbl.dst.Name, "dst_namespace", lbl.dst.Namespace)
+	}
+	if lbl.dstPrincipal != "" {
+		attrs = append(attrs, "dst_identity", lbl.dstPrincipal)
+	}
+	attrs = append(attrs, "bytes_sent", sent, "bytes_recv", recv, "duration_ms", time.Since(start).Milliseconds())
+	if err != nil {
+		attrs = append(attrs, "error", err.Error())
+	}
+	return attrs
+}
+
+// splice relays two plain connections with half-close both ways and returns
+// the bytes a->b and b->a.
+func splice(a, b net.Conn) (ab, ba int64, err error) {
+	var wg sync.WaitGroup
+	var errAB error
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		ab, errAB = io.Copy(b, a)
+		closeWrite(b)
+	}()
+	var errBA error
+	ba, errBA = io.Copy(a, b)
+	closeWrite(a)
+	wg.Wait()
+	a.Close()
+	b.Close()
+	return ab, ba, errors.Join(ignoreClosed(errAB), ignoreClosed(errBA))
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}

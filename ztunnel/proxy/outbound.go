@@ -1,0 +1,155 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"time"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/ztunnel/state"
+)
+
+// serveOutbound carries one connection the pod's app opened (redirected to
+// 15001) to where the control plane's view says it goes.
+func (p *Pod) serveOutbound(c net.Conn) {
+	start := time.Now()
+	src, err := p.workload()
+	lbl := &connLabels{reporter: "source", src: src}
+	if err != nil {
+		c.Close()
+		return
+	}
+	lbl.srcPrincipal = src.Identity.String()
+	dst, err := p.cfg.OrigDst(c)
+	if err != nil {
+		p.fail(lbl, c, start, netip.AddrPort{}, fmt.Errorf("reading the original destination: %w", err))
+		return
+	}
+	if isSelfCapturePort(src, dst) {
+		p.fail(lbl, c, start, dst, fmt.Errorf("connection to ztunnel's own port %d refused", dst.Port()))
+		return
+	}
+	route, err := p.cfg.Store.Route(src, dst, state.RouteOptions{})
+	if err != nil {
+		p.fail(lbl, c, start, dst, err)
+		return
+	}
+	lbl.dst, lbl.svc = route.Workload, route.Service
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
+	defer cancel()
+	switch route.Kind {
+	case state.Passthrough, state.Plain:
+		up, err := p.cfg.Sockets.Dial(ctx, route.Addr, netip.AddrPort{})
+		if err != nil {
+			lbl.flags = "CONNECT"
+			p.fail(lbl, c, start, dst, fmt.Errorf("connecting to %s: %w", route.Addr, err))
+			return
+		}
+		cancel()
+		p.relayPlain(lbl, c, up, start, dst, route)
+	case state.Tunnel, state.Waypoint:
+		if route.Workload != nil {
+			lbl.dstPrincipal = route.Workload.Identity.String()
+		}
+		lbl.mtls = true
+		st, err := p.dialer.Dial(ctx, hbone.Target{
+			Source:    src.Identity.ID(),
+			Peers:     route.Peers,
+			Addr:      route.Addr,
+			Authority: route.Authority.String(),
+			Header:    p.connectHeaders(src, c.RemoteAddr(), route),
+		})
+		if err != nil {
+			lbl.flags = "CONNECT"
+			var se *hbone.StatusError
+			if errors.As(err, &se) && se.Code == http.StatusUnauthorized {
+				lbl.flags = "DENY"
+			}
+			p.fail(lbl, c, start, dst, fmt.Errorf("opening HBONE to %s via %s: %w", route.Authority, route.Addr, err))
+			return
+		}
+		cancel()
+		p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
+		p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
+		sent, recv, err := hbone.Join(st, c)
+		p.done(lbl, start, dst, route, sent, recv, err)
+	}
+}
+
+// relayPlain splices the app connection and a plain upstream.
+func (p *Pod) relayPlain(lbl *connLabels, a, b net.Conn, start time.Time, dst netip.AddrPort, route state.Route) {
+	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
+	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
+	sent, recv, err := splice(a, b)
+	p.done(lbl, start, dst, route, sent, recv, err)
+}
+
+// connectHeaders are the CONNECT metadata ztunnel sends: forwarded with the
+// app's address (and the service host), baggage describing the source, and
+// a fresh traceparent for the connection.
+func (p *Pod) connectHeaders(src *state.Workload, client net.Addr, route state.Route) http.Header {
+	fwd := hbone.Forwarded{}
+	if ta, ok := client.(*net.TCPAddr); ok {
+		fwd.For = ta.AddrPort()
+	}
+	if route.Service != nil {
+		fwd.Host = route.Service.Hostname
+	}
+	h := http.Header{}
+	h.Set(hbone.HeaderForwarded, fwd.String())
+	h.Set(hbone.HeaderBaggage, hbone.FormatBaggage(baggage(src, p.cfg.ClusterID)))
+	h.Set(hbone.HeaderTraceparent, newTraceparent())
+	return h
+}
+
+func baggage(w *state.Workload, cluster string) []hbone.Member {
+	ms := []hbone.Member{{Key: "k8s.cluster.name", Value: cluster}, {Key: "k8s.namespace.name", Value: w.Namespace}}
+	if w.WorkloadName != "" {
+		ms = append(ms, hbone.Member{Key: "k8s." + w.WorkloadType + ".name", Value: w.WorkloadName})
+	}
+	if w.CanonicalName != "" {
+		ms = append(ms, hbone.Member{Key: "service.name", Value: w.CanonicalName})
+	}
+	if w.CanonicalRev != "" {
+		ms = append(ms, hbone.Member{Key: "service.version", Value: w.CanonicalRev})
+	}
+	if w.Locality.Region != "" {
+		ms = append(ms, hbone.Member{Key: "cloud.region", Value: w.Locality.Region})
+	}
+	if w.Locality.Zone != "" {
+		ms = append(ms, hbone.Member{Key: "cloud.availability_zone", Value: w.Locality.Zone})
+	}
+	return ms
+}
+
+// newTraceparent makes a sampled W3C trace context for one connection.
+func newTraceparent() string {
+	var b [24]byte
+	rand.Read(b[:])
+	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-01"
+}
+
+// isSelfCapturePort refuses loops: an app dialing its own pod on the ports
+// ztunnel captures with.
+func isSelfCapturePort(w *state.Workload, dst netip.AddrPort) bool {
+	switch dst.Port() {
+	case OutboundPort, InboundPort, HBONEPort:
+	default:
+		return false
+	}
+	if dst.Addr().IsLoopback() {
+		return true
+	}
+	for _, ip := range w.IPs {
+		if ip == dst.Addr() {
+			return true
+		}
+	}
+	return false
+}

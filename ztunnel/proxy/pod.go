@@ -1,0 +1,240 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/ztunnel/state"
+)
+
+// In-pod ports ztunnel listens on (inside each enrolled pod's netns).
+const (
+	OutboundPort = 15001
+	InboundPort  = 15006
+	HBONEPort    = 15008
+)
+
+// Sockets opens sockets in the pod's network: listeners for the capture
+// ports and upstream connections that the pod's redirection rules let
+// through (they carry ztunnel's packet mark).
+type Sockets interface {
+	// Listen listens on addr; transparent asks for IP_TRANSPARENT.
+	Listen(ctx context.Context, addr netip.AddrPort) (net.Listener, error)
+	// Dial connects to dst, from src when src is valid (best effort).
+	Dial(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error)
+}
+
+// OrigDstFunc returns the destination a redirected connection was sent to.
+type OrigDstFunc func(net.Conn) (netip.AddrPort, error)
+
+// Credentials gives the pod's certificate and the mesh roots.
+type Credentials interface {
+	// Certificate returns the pod identity's current certificate.
+	Certificate() (*tls.Certificate, error)
+	Roots() *x509.CertPool
+}
+
+// PodConfig configures the proxy of one pod.
+type PodConfig struct {
+	// UID is the pod's workload uid in the store (required).
+	UID   string
+	Store *state.Store
+	// Sockets and OrigDst give access to the pod's network (required).
+	Sockets Sockets
+	OrigDst OrigDstFunc
+	// Credentials for the pod's identity (required).
+	Credentials Credentials
+	Metrics     *Metrics
+	// Logger and AccessLog default to slog.Default().
+	Logger, AccessLog *slog.Logger
+	// ConnectTimeout bounds upstream connects; default 10 s.
+	ConnectTimeout time.Duration
+	// DrainTimeout lets open connections finish after Run's context ends;
+	// default 5 s.
+	DrainTimeout time.Duration
+	// ClusterID for baggage; default "Kubernetes".
+	ClusterID string
+}
+
+// Pod is the proxy of one enrolled pod: its three listeners, its HBONE pool
+// and its HBONE server, sharing the node's store and metrics.
+type Pod struct {
+	cfg    PodConfig
+	dialer *hbone.Dialer
+	server *hbone.Server
+
+	conns sync.WaitGroup // connection goroutines
+
+	mu    sync.Mutex
+	open  map[net.Conn]struct{} // guarded by mu: accepted plain connections, closed at drain
+	ready chan struct{}
+}
+
+// NewPod builds a pod proxy; it starts nothing.
+func NewPod(cfg PodConfig) (*Pod, error) {
+	switch {
+	case cfg.UID == "" || cfg.Store == nil:
+		return nil, errors.New("pod proxy: UID and Store are required")
+	case cfg.Sockets == nil || cfg.OrigDst == nil:
+		return nil, errors.New("pod proxy: Sockets and OrigDst are required")
+	case cfg.Credentials == nil:
+		return nil, errors.New("pod proxy: Credentials are required")
+	case cfg.Metrics == nil:
+		return nil, errors.New("pod proxy: Metrics are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.AccessLog == nil {
+		cfg.AccessLog = cfg.Logger
+	}
+	if cfg.ConnectTimeout == 0 {
+		cfg.ConnectTimeout = 10 * time.Second
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 5 * time.Second
+	}
+	if cfg.ClusterID == "" {
+		cfg.ClusterID = "Kubernetes"
+	}
+	p := &Pod{cfg: cfg, open: map[net.Conn]struct{}{}, ready: make(chan struct{})}
+	var err error
+	p.dialer, err = hbone.NewDialer(hbone.DialerConfig{
+		TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
+			return spiffe.ClientConfig(cfg.Credentials.Certificate, cfg.Credentials.Roots(), peers), nil
+		},
+		ConnectTimeout: cfg.ConnectTimeout,
+		Dial: func(ctx context.Context, addr netip.AddrPort, _ netip.Addr) (net.Conn, error) {
+			return cfg.Sockets.Dial(ctx, addr, netip.AddrPort{})
+		},
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// workload returns the pod's current workload.
+func (p *Pod) workload() (*state.Workload, error) {
+	w := p.cfg.Store.Workload(p.cfg.UID)
+	if w == nil {
+		return nil, fmt.Errorf("workload %s is not known yet", p.cfg.UID)
+	}
+	return w, nil
+}
+
+// Ready is closed once the pod's listeners are open.
+func (p *Pod) Ready() <-chan struct{} { return p.ready }
+
+// Run opens the pod's listeners and serves until ctx ends; then it stops
+// accepting, lets connections finish for DrainTimeout, closes the rest and
+// returns once every goroutine has exited.
+func (p *Pod) Run(ctx context.Context) error {
+	w, err := p.workload()
+	if err != nil {
+		return err
+	}
+	if len(w.IPs) == 0 {
+		return fmt.Errorf("workload %s has no IP", w.UID)
+	}
+	any := netip.IPv4Unspecified()
+	if w.IPs[0].Is6() {
+		any = netip.IPv6Unspecified()
+	}
+	var lns []net.Listener
+	closeAll := func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}
+	for _, port := range []uint16{OutboundPort, InboundPort, HBONEPort} {
+		ln, err := p.cfg.Sockets.Listen(ctx, netip.AddrPortFrom(any, port))
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listening on %d in pod %s/%s: %w", port, w.Namespace, w.Name, err)
+		}
+		lns = append(lns, ln)
+	}
+	srv, err := hbone.NewServer(hbone.ServerConfig{
+		TLS:     spiffe.ServerConfig(p.cfg.Credentials.Certificate, p.cfg.Credentials.Roots(), w.Identity.TrustDomain),
+		Handler: hbone.HandlerFunc(p.serveHBONE),
+		Logger:  p.cfg.Logger,
+	})
+	if err != nil {
+		closeAll()
+		return err
+	}
+	p.server = srv
+	close(p.ready)
+
+	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
+	var loops sync.WaitGroup
+	loops.Add(3)
+	go func() { defer loops.Done(); p.acceptLoop(lns[0], p.serveOutbound) }()
+	go func() { defer loops.Done(); p.acceptLoop(lns[1], p.servePlaintext) }()
+	go func() { defer loops.Done(); srv.Serve(serveCtx, lns[2]) }()
+
+	<-ctx.Done()
+	lns[0].Close()
+	lns[1].Close()
+	stopServe() // the HBONE server drains by itself
+	done := make(chan struct{})
+	go func() { p.conns.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(p.cfg.DrainTimeout):
+		p.mu.Lock()
+		for c := range p.open {
+			c.Close()
+		}
+		p.mu.Unlock()
+	}
+	loops.Wait()
+	p.conns.Wait()
+	p.dialer.Close()
+	return nil
+}
+
+func (p *Pod) acceptLoop(ln net.Listener, serve func(net.Conn)) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				time.Sleep(5 * time.Millisecond)
+				continue
+			}
+			return
+		}
+		p.track(c, true)
+		p.conns.Add(1)
+		go func() {
+			defer p.conns.Done()
+			defer p.track(c, false)
+			serve(c)
+		}()
+	}
+}
+
+func (p *Pod) track(c net.Conn, add bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if add {
+		p.open[c] = struct{}{}
+	} else {
+		delete(p.open, c)
+	}
+}

@@ -1,0 +1,264 @@
+// Package xdsclient is a delta ADS client (envoy.service.discovery.v3
+// AggregatedDiscoveryService/DeltaAggregatedResources) for Weft's data
+// plane: ztunnel subscribes to istio.workload.Address and
+// istio.security.Authorization, waypoints to Envoy route, cluster and
+// endpoint types. Each type is a wildcard subscription; every response is
+// handed to the type's handler and ACKed, or NACKed with the handler's
+// error (the handler keeps serving its last good state). On reconnect the
+// client sends the versions it holds (initial_resource_versions) so the
+// server can skip what did not change.
+package xdsclient
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// HandlerFunc applies one response of a type: upserts by resource name and
+// the names removed. A non-nil error NACKs the response with its text.
+type HandlerFunc func(upserts map[string]*anypb.Any, removes []string) error
+
+// Subscription is one resource type and what to do with it.
+type Subscription struct {
+	TypeURL string
+	Handle  HandlerFunc
+}
+
+// Config configures a Client. Zero fields take the documented defaults.
+type Config struct {
+	// Address is the control plane's host:port. Required.
+	Address string
+	// TLS, when set, secures the connection; nil means plaintext.
+	TLS *tls.Config
+	// Node identifies this proxy to the control plane.
+	Node *corev3.Node
+	// Token, when set, returns the bearer token sent with every stream
+	// (a projected service-account token, re-read on each connect).
+	Token func() (string, error)
+	// Metadata is sent with every stream (for example clusterid).
+	Metadata map[string]string
+	// Subscriptions are the types to subscribe to. Required.
+	Subscriptions []Subscription
+	// MinBackoff and MaxBackoff bound the reconnect delay; defaults 10 ms and 15 s.
+	MinBackoff, MaxBackoff time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Client keeps a delta ADS stream to the control plane.
+type Client struct {
+	cfg    Config
+	synced chan struct{}
+
+	mu       sync.Mutex
+	versions map[string]map[string]string // guarded by mu: type -> name -> version
+	acked    map[string]bool              // guarded by mu: types that got their first response
+	stats    Stats                        // guarded by mu
+}
+
+// Stats counts the client's traffic, for metrics and tests.
+type Stats struct {
+	Connects, Responses, ACKs, NACKs int
+	LastError                        string
+}
+
+// New returns a client; it starts nothing.
+func New(cfg Config) (*Client, error) {
+	if cfg.Address == "" {
+		return nil, errors.New("xds client: Address is required")
+	}
+	if len(cfg.Subscriptions) == 0 {
+		return nil, errors.New("xds client: at least one subscription is required")
+	}
+	for _, s := range cfg.Subscriptions {
+		if s.TypeURL == "" || s.Handle == nil {
+			return nil, errors.New("xds client: every subscription needs a TypeURL and a handler")
+		}
+	}
+	if cfg.MinBackoff == 0 {
+		cfg.MinBackoff = 10 * time.Millisecond
+	}
+	if cfg.MaxBackoff == 0 {
+		cfg.MaxBackoff = 15 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Client{cfg: cfg, synced: make(chan struct{}), versions: map[string]map[string]string{}, acked: map[string]bool{}}, nil
+}
+
+// Synced is closed once every subscribed type received its first response.
+func (c *Client) Synced() <-chan struct{} { return c.synced }
+
+// Stats returns the traffic counters.
+func (c *Client) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}
+
+// Run keeps a stream open until ctx ends, reconnecting with exponential
+// backoff and jitter. It returns nil when ctx ends.
+func (c *Client) Run(ctx context.Context) error {
+	creds := insecure.NewCredentials()
+	if c.cfg.TLS != nil {
+		creds = credentials.NewTLS(c.cfg.TLS)
+	}
+	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return fmt.Errorf("xds client: %w", err)
+	}
+	defer conn.Close()
+	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
+	backoff := c.cfg.MinBackoff
+	for {
+		start := time.Now()
+		err := c.stream(ctx, ads)
+		if ctx.Err() != nil {
+			return nil
+		}
+		c.mu.Lock()
+		c.stats.LastError = err.Error()
+		c.mu.Unlock()
+		if time.Since(start) > 30*time.Second {
+			backoff = c.cfg.MinBackoff // the stream was healthy for a while
+		}
+		c.cfg.Logger.Warn("xds stream ended", "address", c.cfg.Address, "error", err.Error(), "retry_in", backoff.String())
+		delay := backoff/2 + rand.N(backoff/2+1)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(delay):
+		}
+		backoff = min(2*backoff, c.cfg.MaxBackoff)
+	}
+}
+
+// stream runs one DeltaAggregatedResources stream until it fails.
+func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	md := metadata.New(c.cfg.Metadata)
+	if c.cfg.Token != nil {
+		tok, err := c.cfg.Token()
+		if err != nil {
+			return fmt.Errorf("reading the xds token: %w", err)
+		}
+		md.Set("authorization", "Bearer "+tok)
+	}
+	ctx = metadata.NewOutgoingContext(ctx, md)
+	st, err := ads.DeltaAggregatedResources(ctx)
+	if err != nil {
+		return fmt.Errorf("opening the delta ADS stream to %s: %w", c.cfg.Address, err)
+	}
+	c.mu.Lock()
+	c.stats.Connects++
+	c.mu.Unlock()
+	handlers := map[string]HandlerFunc{}
+	for i, s := range c.cfg.Subscriptions {
+		handlers[s.TypeURL] = s.Handle
+		req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: s.TypeURL, InitialResourceVersions: c.knownVersions(s.TypeURL)}
+		if i == 0 {
+			req.Node = c.cfg.Node
+		}
+		if err := st.Send(req); err != nil {
+			return fmt.Errorf("subscribing to %s: %w", s.TypeURL, err)
+		}
+	}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			return fmt.Errorf("receiving from %s: %w", c.cfg.Address, err)
+		}
+		h := handlers[resp.GetTypeUrl()]
+		if h == nil {
+			c.cfg.Logger.Warn("xds response for a type not subscribed", "type_url", resp.GetTypeUrl())
+			continue
+		}
+		herr := c.apply(resp, h)
+		ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
+		if herr != nil {
+			ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: herr.Error()}
+			c.cfg.Logger.Warn("xds NACK", "type_url", resp.GetTypeUrl(), "nonce", resp.GetNonce(), "error", herr.Error())
+		}
+		if err := st.Send(ack); err != nil {
+			return fmt.Errorf("acknowledging %s: %w", resp.GetTypeUrl(), err)
+		}
+	}
+}
+
+// apply hands a response to its handler and records versions and stats.
+func (c *Client) apply(resp *discoveryv3.DeltaDiscoveryResponse, h HandlerFunc) error {
+	upserts := make(map[string]*anypb.Any, len(resp.GetResources()))
+	var bad []error
+	for _, r := range resp.GetResources() {
+		switch {
+		case r.GetName() == "":
+			bad = append(bad, errors.New("resource without a name"))
+		case r.GetResource() == nil:
+			bad = append(bad, fmt.Errorf("resource %s has no body", r.GetName()))
+		case r.GetResource().GetTypeUrl() != resp.GetTypeUrl():
+			bad = append(bad, fmt.Errorf("resource %s is a %s in a %s response", r.GetName(), r.GetResource().GetTypeUrl(), resp.GetTypeUrl()))
+		default:
+			upserts[r.GetName()] = r.GetResource()
+		}
+	}
+	err := h(upserts, resp.GetRemovedResources())
+	err = errors.Join(append(bad, err)...)
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stats.Responses++
+	if err != nil {
+		c.stats.NACKs++
+	} else {
+		c.stats.ACKs++
+		v := c.versions[resp.GetTypeUrl()]
+		if v == nil {
+			v = map[string]string{}
+			c.versions[resp.GetTypeUrl()] = v
+		}
+		for _, r := range resp.GetResources() {
+			v[r.GetName()] = r.GetVersion()
+		}
+		for _, name := range resp.GetRemovedResources() {
+			delete(v, name)
+		}
+	}
+	if !c.acked[resp.GetTypeUrl()] {
+		c.acked[resp.GetTypeUrl()] = true
+		if len(c.acked) == len(c.cfg.Subscriptions) {
+			close(c.synced)
+		}
+	}
+	return err
+}
+
+func (c *Client) knownVersions(typeURL string) map[string]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.versions[typeURL]) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(c.versions[typeURL]))
+	for k, v := range c.versions[typeURL] {
+		out[k] = v
+	}
+	return out
+}

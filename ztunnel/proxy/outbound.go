@@ -25,7 +25,7 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		c.Close()
 		return
 	}
-	lbl.srcPrincipal = src.Identity.String()
+	lbl.srcPrincipal = p.id.String()
 	dst, err := p.cfg.OrigDst(c)
 	if err != nil {
 		p.fail(lbl, c, start, netip.AddrPort{}, fmt.Errorf("reading the original destination: %w", err))
@@ -59,7 +59,7 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		}
 		lbl.mtls = true
 		st, err := p.dialer.Dial(ctx, hbone.Target{
-			Source:    src.Identity.ID(),
+			Source:    p.id.ID(),
 			Peers:     route.Peers,
 			Addr:      route.Addr,
 			Authority: route.Authority.String(),

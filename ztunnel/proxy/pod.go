@@ -48,9 +48,13 @@ type Credentials interface {
 
 // PodConfig configures the proxy of one pod.
 type PodConfig struct {
-	// UID is the pod's workload uid in the store (required).
-	UID   string
-	Store *state.Store
+	// Namespace, Name and ServiceAccount say which pod this is, as the node
+	// agent reported it; Node is this node. The control plane's view of the
+	// pod is looked up by them, per connection (it may arrive after the pod).
+	Namespace, Name, ServiceAccount, Node string
+	// TrustDomain of the mesh; default cluster.local.
+	TrustDomain spiffeid.TrustDomain
+	Store       *state.Store
 	// Sockets and OrigDst give access to the pod's network (required).
 	Sockets Sockets
 	OrigDst OrigDstFunc
@@ -66,12 +70,16 @@ type PodConfig struct {
 	DrainTimeout time.Duration
 	// ClusterID for baggage; default "Kubernetes".
 	ClusterID string
+	// WorkloadWait is how long a connection waits for the control plane to
+	// describe a pod that was just added; default 5 s.
+	WorkloadWait time.Duration
 }
 
 // Pod is the proxy of one enrolled pod: its three listeners, its HBONE pool
 // and its HBONE server, sharing the node's store and metrics.
 type Pod struct {
 	cfg    PodConfig
+	id     spiffe.Identity
 	dialer *hbone.Dialer
 	server *hbone.Server
 
@@ -85,8 +93,8 @@ type Pod struct {
 // NewPod builds a pod proxy; it starts nothing.
 func NewPod(cfg PodConfig) (*Pod, error) {
 	switch {
-	case cfg.UID == "" || cfg.Store == nil:
-		return nil, errors.New("pod proxy: UID and Store are required")
+	case cfg.Namespace == "" || cfg.Name == "" || cfg.ServiceAccount == "" || cfg.Store == nil:
+		return nil, errors.New("pod proxy: Namespace, Name, ServiceAccount and Store are required")
 	case cfg.Sockets == nil || cfg.OrigDst == nil:
 		return nil, errors.New("pod proxy: Sockets and OrigDst are required")
 	case cfg.Credentials == nil:
@@ -109,8 +117,17 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 	if cfg.ClusterID == "" {
 		cfg.ClusterID = "Kubernetes"
 	}
-	p := &Pod{cfg: cfg, open: map[net.Conn]struct{}{}, ready: make(chan struct{})}
-	var err error
+	if cfg.WorkloadWait == 0 {
+		cfg.WorkloadWait = 5 * time.Second
+	}
+	if cfg.TrustDomain.IsZero() {
+		cfg.TrustDomain = spiffe.DefaultTrustDomain
+	}
+	id, err := spiffe.NewIdentity(cfg.TrustDomain, cfg.Namespace, cfg.ServiceAccount)
+	if err != nil {
+		return nil, fmt.Errorf("pod proxy: %w", err)
+	}
+	p := &Pod{cfg: cfg, id: id, open: map[net.Conn]struct{}{}, ready: make(chan struct{})}
 	p.dialer, err = hbone.NewDialer(hbone.DialerConfig{
 		TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
 			return spiffe.ClientConfig(cfg.Credentials.Certificate, cfg.Credentials.Roots(), peers), nil
@@ -127,13 +144,30 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 	return p, nil
 }
 
-// workload returns the pod's current workload.
+// workload returns the control plane's view of the pod, waiting up to
+// WorkloadWait for it to arrive.
 func (p *Pod) workload() (*state.Workload, error) {
-	w := p.cfg.Store.Workload(p.cfg.UID)
-	if w == nil {
-		return nil, fmt.Errorf("workload %s is not known yet", p.cfg.UID)
+	c := &p.cfg
+	if w := c.Store.FindLocal(c.Node, c.Namespace, c.Name, c.ServiceAccount); w != nil {
+		return w, nil // the common case registers no waiter
 	}
-	return w, nil
+	var timeout <-chan time.Time
+	for {
+		changed := c.Store.Changed()
+		if w := c.Store.FindLocal(c.Node, c.Namespace, c.Name, c.ServiceAccount); w != nil {
+			return w, nil
+		}
+		if timeout == nil {
+			t := time.NewTimer(c.WorkloadWait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			return nil, fmt.Errorf("the control plane has not described pod %s/%s on node %s", c.Namespace, c.Name, c.Node)
+		}
+	}
 }
 
 // Ready is closed once the pod's listeners are open.
@@ -143,17 +177,7 @@ func (p *Pod) Ready() <-chan struct{} { return p.ready }
 // accepting, lets connections finish for DrainTimeout, closes the rest and
 // returns once every goroutine has exited.
 func (p *Pod) Run(ctx context.Context) error {
-	w, err := p.workload()
-	if err != nil {
-		return err
-	}
-	if len(w.IPs) == 0 {
-		return fmt.Errorf("workload %s has no IP", w.UID)
-	}
 	any := netip.IPv4Unspecified()
-	if w.IPs[0].Is6() {
-		any = netip.IPv6Unspecified()
-	}
 	var lns []net.Listener
 	closeAll := func() {
 		for _, ln := range lns {
@@ -164,12 +188,12 @@ func (p *Pod) Run(ctx context.Context) error {
 		ln, err := p.cfg.Sockets.Listen(ctx, netip.AddrPortFrom(any, port))
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("listening on %d in pod %s/%s: %w", port, w.Namespace, w.Name, err)
+			return fmt.Errorf("listening on %d in pod %s/%s: %w", port, p.cfg.Namespace, p.cfg.Name, err)
 		}
 		lns = append(lns, ln)
 	}
 	srv, err := hbone.NewServer(hbone.ServerConfig{
-		TLS:     spiffe.ServerConfig(p.cfg.Credentials.Certificate, p.cfg.Credentials.Roots(), w.Identity.TrustDomain),
+		TLS:     spiffe.ServerConfig(p.cfg.Credentials.Certificate, p.cfg.Credentials.Roots(), p.cfg.TrustDomain),
 		Handler: hbone.HandlerFunc(p.serveHBONE),
 		Logger:  p.cfg.Logger,
 	})

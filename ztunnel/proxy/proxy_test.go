@@ -133,7 +133,7 @@ func (m *mesh) startPod(ns, name, sa, ip string) *origDst {
 	od := &origDst{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	p, err := NewPod(PodConfig{
-		UID: "Kubernetes//Pod/" + ns + "/" + name, Store: m.store,
+		Namespace: ns, Name: name, ServiceAccount: sa, Node: "n1", Store: m.store,
 		Sockets: loopSockets{netip.MustParseAddr(ip)}, OrigDst: od.get,
 		Credentials: creds{spiffe.StaticCertificate(svid), m.ca}, Metrics: m.metrics,
 		Logger: quiet, AccessLog: quiet, DrainTimeout: time.Second,

@@ -19,6 +19,7 @@ type Store struct {
 	mu        sync.RWMutex
 	workloads map[string]*Workload       // guarded by mu: by uid
 	byIP      map[netip.Addr]*Workload   // guarded by mu
+	byName    map[string]*Workload       // guarded by mu: by namespace/name
 	services  map[string]*Service        // guarded by mu: by namespace/hostname
 	byVIP     map[netip.Addr][]*Service  // guarded by mu
 	endpoints map[string]map[string]bool // guarded by mu: service key -> workload uids
@@ -34,6 +35,7 @@ func NewStore() *Store {
 	return &Store{
 		workloads: map[string]*Workload{},
 		byIP:      map[netip.Addr]*Workload{},
+		byName:    map[string]*Workload{},
 		services:  map[string]*Service{},
 		byVIP:     map[netip.Addr][]*Service{},
 		endpoints: map[string]map[string]bool{},
@@ -152,6 +154,9 @@ func (s *Store) removeLocked(name string) {
 	case kindWorkload:
 		if w := s.workloads[key[2:]]; w != nil {
 			delete(s.workloads, w.UID)
+			if s.byName[w.Namespace+"/"+w.Name] == w {
+				delete(s.byName, w.Namespace+"/"+w.Name)
+			}
 			for _, ip := range w.IPs {
 				if s.byIP[ip] == w {
 					delete(s.byIP, ip)
@@ -196,6 +201,7 @@ func (s *Store) insertWorkloadLocked(w *Workload) {
 		}
 	}
 	s.workloads[w.UID] = w
+	s.byName[w.Namespace+"/"+w.Name] = w
 	for _, ip := range w.IPs {
 		s.byIP[ip] = w
 	}
@@ -259,12 +265,11 @@ func (s *Store) WorkloadByIP(ip netip.Addr) *Workload {
 func (s *Store) FindLocal(node, namespace, name, serviceAccount string) *Workload {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	for _, w := range s.workloads {
-		if w.Node == node && w.Namespace == namespace && w.Name == name && w.Identity.ServiceAccount == serviceAccount {
-			return w
-		}
+	w := s.byName[namespace+"/"+name]
+	if w == nil || w.Node != node || w.Identity.ServiceAccount != serviceAccount {
+		return nil
 	}
-	return nil
+	return w
 }
 
 // ServiceByVIP returns the service with the VIP, preferring one in namespace.

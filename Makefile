@@ -23,7 +23,7 @@ build: ## Build every Weft binary into bin/.
 	$(GO) build -o $(BIN)/ ./...
 
 .PHONY: test
-test: deps lint ## Run every test (root-only netns and cluster tests included) and a short fuzz of every parser.
+test: deps tools lint ## Run every test (root-only netns and cluster tests included) and a short fuzz of every parser.
 	$(GO) test -race -count=1 ./...
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
@@ -43,6 +43,15 @@ lint: ## gofmt, go vet and staticcheck (checks listed in staticcheck.conf).
 proto: deps ## Regenerate the checked-in Go code from internal/pb/**/*.proto.
 	GO=$(GO) scripts/proto.sh
 
+.PHONY: tools
+tools: ## Build the pinned cluster tools (Kubernetes, etcd, helm, CNI plugins) into bin/; cached by version.
+	@GO=$(GO) BIN=$(BIN) scripts/tools.sh
+
 .PHONY: demo
-demo: ## Start the local cluster with Weft installed and show the ambient story.
-	@echo "make demo: not yet — the local cluster arrives with the local-cluster issue."
+demo: tools build ## Start a 2-node local cluster with Weft installed and sample apps; Ctrl-C tears it down.
+	$(BIN)/weft-cluster demo
+
+.PHONY: cluster-clean
+cluster-clean: ## Remove what killed local-cluster runs left behind (netns, processes, state).
+	$(GO) build -o $(BIN)/ ./test/cmd/weft-cluster
+	$(BIN)/weft-cluster clean

@@ -7,6 +7,9 @@ set -euo pipefail
 declare -A need=(
 	[protoc]=protobuf-compiler
 	[ip]=iproute2
+	[nft]=nftables
+	[iptables]=iptables
+	[flock]=util-linux
 )
 
 missing=()

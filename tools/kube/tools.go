@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the Kubernetes control-plane binaries the local test cluster runs.
+// Package tools pins the Kubernetes binaries the local test cluster runs
+// (control plane and kube-proxy) and the kubectl that matches them.
 package tools
 
 import (
@@ -8,4 +9,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )

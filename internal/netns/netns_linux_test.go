@@ -1,0 +1,184 @@
+package netns
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// rootOnly skips tests that change the machine's namespaces unless they may.
+func rootOnly(t *testing.T) {
+	t.Helper()
+	if os.Getenv("WEFT_ROOT_TESTS") == "" {
+		t.Skip("creates network namespaces; set WEFT_ROOT_TESTS=1 (make test does) to run")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("creates network namespaces; needs root")
+	}
+}
+
+func testName(t *testing.T) string {
+	return fmt.Sprintf("weft-netns-test-%d-%s", os.Getpid(), strings.ToLower(t.Name()))
+}
+
+func threadNetnsID(t *testing.T) uint64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Ino
+}
+
+func TestCreateDoDelete(t *testing.T) {
+	rootOnly(t)
+	name := testName(t)
+	ns, err := Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close(); Delete(name) })
+
+	if _, err := Create(name); err == nil {
+		t.Fatal("Create of an existing name succeeded")
+	}
+	id, err := ns.ID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id == threadNetnsID(t) {
+		t.Fatal("new namespace is the caller's own")
+	}
+
+	// Inside Do the thread is in the namespace; a listener opened there
+	// belongs to it and is unreachable from the original namespace.
+	var inside uint64
+	var ln net.Listener
+	err = ns.Do(func() error {
+		var st unix.Stat_t
+		if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+			return err
+		}
+		inside = st.Ino
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(lo); err != nil {
+			return err
+		}
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if inside != id {
+		t.Fatalf("inside Do: netns %d, want %d", inside, id)
+	}
+	if got := threadNetnsID(t); got == id {
+		t.Fatal("caller's thread is in the namespace after Do")
+	}
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("listener inside the namespace reachable from outside")
+	}
+	var c net.Conn
+	if err := ns.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", ln.Addr().String(), time.Second)
+		return err
+	}); err != nil {
+		t.Fatalf("dialing inside the namespace: %v", err)
+	}
+	c.Close()
+
+	// Netlink's socket lives in the namespace: it sees lo and nothing else.
+	h, err := ns.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	links, err := h.LinkList()
+	h.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(links) != 1 || links[0].Attrs().Name != "lo" {
+		t.Fatalf("links in new namespace = %v, want only lo", links)
+	}
+
+	names, err := Names()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(names, name) {
+		t.Fatalf("Names() = %v, missing %s", names, name)
+	}
+
+	ns.Close()
+	if err := Delete(name); err != nil {
+		t.Fatal(err)
+	}
+	if err := Delete(name); err != nil {
+		t.Fatalf("second Delete: %v", err)
+	}
+	if _, err := os.Stat(Path(name)); !os.IsNotExist(err) {
+		t.Fatalf("netns file still there after Delete: %v", err)
+	}
+	if _, err := OpenName(name); err == nil {
+		t.Fatal("OpenName after Delete succeeded")
+	}
+}
+
+func TestDoReturnsFnError(t *testing.T) {
+	rootOnly(t)
+	name := testName(t)
+	ns, err := Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close(); Delete(name) })
+	want := fmt.Errorf("boom")
+	if err := ns.Do(func() error { return want }); err != want {
+		t.Fatalf("Do = %v, want %v", err, want)
+	}
+}
+
+func TestOpenRejectsPlainFile(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "notns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if _, err := Open(f.Name()); err == nil {
+		t.Fatal("Open of a regular file succeeded")
+	}
+}
+
+func TestInvalidNames(t *testing.T) {
+	for _, name := range []string{"", ".", "..", "a/b"} {
+		if _, err := Create(name); err == nil {
+			t.Errorf("Create(%q) succeeded", name)
+		}
+		if err := Delete(name); err == nil {
+			t.Errorf("Delete(%q) succeeded", name)
+		}
+	}
+}

@@ -1,0 +1,124 @@
+package cluster
+
+import (
+	"bytes"
+	"text/template"
+)
+
+// EchoOptions shape the manifests of EchoApp.
+type EchoOptions struct {
+	// Replicas of the Deployment. Default 1.
+	Replicas int
+	// Spread requires replicas on distinct nodes (pod anti-affinity on the
+	// host name), so at most one per node.
+	Spread bool
+	// Labels are added to the pods' labels (app: <name> is always there).
+	Labels map[string]string
+	// Image runs the echo server. Default weft/echo:latest.
+	Image string
+}
+
+var echoTmpl = template.Must(template.New("echo").Parse(`apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{.Name}}
+  namespace: {{.Namespace}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{.Name}}
+  namespace: {{.Namespace}}
+  labels: {app: {{.Name}}}
+spec:
+  replicas: {{.Replicas}}
+  selector:
+    matchLabels: {app: {{.Name}}}
+  template:
+    metadata:
+      labels:
+        app: {{.Name}}
+{{- range $k, $v := .Labels}}
+        {{$k}}: "{{$v}}"
+{{- end}}
+    spec:
+      serviceAccountName: {{.Name}}
+      terminationGracePeriodSeconds: 2
+{{- if .Spread}}
+      affinity:
+        podAntiAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+          - labelSelector:
+              matchLabels: {app: {{.Name}}}
+            topologyKey: kubernetes.io/hostname
+{{- end}}
+      containers:
+      - name: echo
+        image: {{.Image}}
+        args: ["-http", "8080", "-grpc", "7070", "-tcp", "9090"]
+        ports:
+        - {name: http, containerPort: 8080}
+        - {name: grpc, containerPort: 7070}
+        - {name: tcp, containerPort: 9090}
+        env:
+        - name: POD_NAME
+          valueFrom: {fieldRef: {fieldPath: metadata.name}}
+        - name: POD_NAMESPACE
+          valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+        - name: SERVICE_ACCOUNT
+          valueFrom: {fieldRef: {fieldPath: spec.serviceAccountName}}
+        - name: NODE_NAME
+          valueFrom: {fieldRef: {fieldPath: spec.nodeName}}
+        - name: POD_IP
+          valueFrom: {fieldRef: {fieldPath: status.podIP}}
+        readinessProbe:
+          httpGet: {path: /ready, port: http}
+          periodSeconds: 1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{.Name}}
+  namespace: {{.Namespace}}
+  labels: {app: {{.Name}}}
+spec:
+  selector: {app: {{.Name}}}
+  ports:
+  - {name: http, port: 80, targetPort: http}
+  - {name: grpc, port: 7070, targetPort: grpc, appProtocol: grpc}
+  - {name: tcp, port: 9090, targetPort: tcp}
+`))
+
+// EchoApp returns the manifests of an echo workload: a ServiceAccount, a
+// Deployment of weft/echo (HTTP on 8080, gRPC on 7070, TCP on 9090, with the
+// downward API identity env and a readiness probe) and a Service (80 -> http,
+// 7070 -> grpc, 9090 -> tcp), all named name.
+func EchoApp(namespace, name string, o EchoOptions) string {
+	if o.Replicas == 0 {
+		o.Replicas = 1
+	}
+	if o.Image == "" {
+		o.Image = "weft/echo:latest"
+	}
+	var b bytes.Buffer
+	if err := echoTmpl.Execute(&b, struct {
+		EchoOptions
+		Namespace, Name string
+	}{o, namespace, name}); err != nil {
+		panic(err) // the template is fixed
+	}
+	return b.String()
+}
+
+// NamespaceManifest returns a Namespace with labels.
+func NamespaceManifest(name string, labels map[string]string) string {
+	var b bytes.Buffer
+	b.WriteString("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: " + name + "\n")
+	if len(labels) > 0 {
+		b.WriteString("  labels:\n")
+		for k, v := range labels {
+			b.WriteString("    " + k + ": \"" + v + "\"\n")
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,152 @@
+package echo
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/goleak"
+)
+
+func startServer(t *testing.T) *Server {
+	t.Helper()
+	s := NewServer(ServerConfig{
+		HTTPPorts: []int{0}, GRPCPorts: []int{0}, TCPPorts: []int{0}, Addr: "127.0.0.1",
+		Identity: Identity{Pod: "echo-0", Namespace: "ns1", ServiceAccount: "sa1", Node: "n1", IP: "127.0.0.1"},
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	select {
+	case <-s.Ready():
+	case err := <-done:
+		t.Fatalf("Run: %v", err)
+	}
+	return s
+}
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestProtocols(t *testing.T) {
+	s := startServer(t)
+	port := func(proto string) int { return s.Addrs(proto)[0].(*net.TCPAddr).Port }
+	for _, tc := range []struct {
+		target, proto string
+		headers       bool
+	}{
+		{fmt.Sprintf("http://127.0.0.1:%d/a?b=c", port("http")), ProtoHTTP1, true},
+		{fmt.Sprintf("h2c://127.0.0.1:%d/a?b=c", port("http")), ProtoH2C, true},
+		{fmt.Sprintf("grpc://127.0.0.1:%d", port("grpc")), ProtoGRPC, true},
+		{fmt.Sprintf("tcp://127.0.0.1:%d", port("tcp")), ProtoTCP, false},
+	} {
+		t.Run(tc.proto, func(t *testing.T) {
+			c, err := NewClient(ClientConfig{Target: tc.target, Count: 3, Headers: http.Header{"X-Test": {"yes"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			results := c.Send(context.Background())
+			if got := Summary(results); got != "3/3 ok; answered: echo-0=3" {
+				t.Fatalf("Summary = %q", got)
+			}
+			r := results[0].Response
+			want := Identity{Pod: "echo-0", Namespace: "ns1", ServiceAccount: "sa1", Node: "n1", IP: "127.0.0.1"}
+			if diff := cmp.Diff(want, r.Identity); diff != "" {
+				t.Errorf("identity (-want +got):\n%s", diff)
+			}
+			if r.Protocol != tc.proto {
+				t.Errorf("protocol = %q, want %q", r.Protocol, tc.proto)
+			}
+			if !strings.HasPrefix(r.Peer, "127.0.0.1:") {
+				t.Errorf("peer = %q, want 127.0.0.1:<port>", r.Peer)
+			}
+			if tc.headers {
+				got := r.Headers["X-Test"]
+				if got == nil {
+					got = r.Headers["x-test"]
+				}
+				if diff := cmp.Diff([]string{"yes"}, got); diff != "" {
+					t.Errorf("X-Test header (-want +got):\n%s\nall: %v", diff, r.Headers)
+				}
+			}
+			if tc.proto == ProtoHTTP1 && r.Path != "/a?b=c" {
+				t.Errorf("path = %q", r.Path)
+			}
+			// Each request opens its own connection: distinct peer ports.
+			if results[0].Response.Peer == results[1].Response.Peer {
+				t.Errorf("two requests share a connection (peer %s)", results[0].Response.Peer)
+			}
+		})
+	}
+}
+
+func TestTCPEchoesAfterResponse(t *testing.T) {
+	s := startServer(t)
+	c, err := net.Dial("tcp", s.Addrs("tcp")[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := c.Read(buf)
+	if err != nil || !strings.Contains(string(buf[:n]), `"pod":"echo-0"`) {
+		t.Fatalf("first line %q, %v", buf[:n], err)
+	}
+	fmt.Fprintf(c, "ping\n")
+	n, err = c.Read(buf)
+	if err != nil || string(buf[:n]) != "ping\n" {
+		t.Fatalf("echo %q, %v", buf[:n], err)
+	}
+}
+
+func TestClientErrors(t *testing.T) {
+	for _, target := range []string{"", "ftp://a:1", "tcp://nohost", "grpc://nohost", "tcp://:"} {
+		if _, err := NewClient(ClientConfig{Target: target}); err == nil {
+			t.Errorf("NewClient(%q) succeeded", target)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	c, err := NewClient(ClientConfig{Target: "http://" + addr, Count: 2, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := Summary(c.Send(context.Background()))
+	if !strings.HasPrefix(got, "0/2 ok; answered:; first error:") {
+		t.Fatalf("Summary = %q", got)
+	}
+}
+
+func TestServerConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  ServerConfig
+		want string
+	}{
+		{ServerConfig{HTTPPorts: []int{}, GRPCPorts: []int{}, TCPPorts: []int{}}, "no ports"},
+		{ServerConfig{HTTPPorts: []int{80}, GRPCPorts: []int{80}}, "twice"},
+		{ServerConfig{HTTPPorts: []int{70000}}, "out of range"},
+	} {
+		tc.cfg.SetDefaults()
+		err := tc.cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+// Command weft-cni-agent is Weft's CNI node agent, run by a DaemonSet on
+// every node: it installs the weft-cni plugin, enrolls ambient pods in the
+// mesh (in-pod redirection, the ZDS hand-off of their netns to ztunnel) and
+// un-enrolls them. See package cni/agent.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/weftmesh/weft/cni/agent"
+	"github.com/weftmesh/weft/cni/plugin"
+)
+
+func main() {
+	cfg, logFormat, logLevel, err := parseFlags(os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "weft-cni-agent:", err)
+		os.Exit(2)
+	}
+	log, err := newLogger(logFormat, logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "weft-cni-agent:", err)
+		os.Exit(2)
+	}
+	if err := run(cfg, log); err != nil {
+		log.Error("weft-cni-agent failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg agent.Config, log *slog.Logger) error {
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("API client configuration: %w", err)
+	}
+	rc.UserAgent = "weft-cni-agent"
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("API client: %w", err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a, err := agent.New(cfg, kube, reg, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	return a.Run(ctx)
+}
+
+func parseFlags(args []string) (agent.Config, string, string, error) {
+	cfg := agent.Defaults()
+	fs := flag.NewFlagSet("weft-cni-agent", flag.ContinueOnError)
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "this node's name (env NODE_NAME)")
+	fs.StringVar(&cfg.PodName, "pod-name", cfg.PodName, "the agent's pod name (env POD_NAME)")
+	fs.StringVar(&cfg.PodNamespace, "pod-namespace", cfg.PodNamespace, "the agent's namespace (env POD_NAMESPACE)")
+	fs.StringVar(&cfg.DaemonSetName, "daemonset-name", cfg.DaemonSetName, "the agent's DaemonSet; while it exists, shutting down leaves the plugin installed")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for the agent itself (default: in-cluster)")
+	fs.StringVar(&cfg.CNIBinDir, "cni-bin-dir", cfg.CNIBinDir, "the node's CNI bin dir, as mounted")
+	fs.StringVar(&cfg.CNIConfDir, "cni-conf-dir", cfg.CNIConfDir, "the node's CNI conf dir, as mounted")
+	fs.StringVar(&cfg.CNIConfName, "cni-conf-name", "", "the primary CNI config file (default: the first in the conf dir)")
+	fs.StringVar(&cfg.PluginBinary, "plugin-binary", "", "the weft-cni binary to install (default: next to this executable)")
+	fs.StringVar(&cfg.PluginLogLevel, "plugin-log-level", cfg.PluginLogLevel, "the plugin's log level: debug, info, warn, error")
+	fs.DurationVar(&cfg.InstallInterval, "install-interval", cfg.InstallInterval, "how often the plugin install is checked")
+	fs.StringVar(&cfg.RunDir, "run-dir", cfg.RunDir, "the agent's run dir (event socket, plugin kubeconfig), as mounted")
+	fs.StringVar(&cfg.HostRunDir, "host-run-dir", "", "the run dir's path on the node, written into the plugin's config (default: --run-dir)")
+	fs.StringVar(&cfg.APIServer, "api-server", "", "API server URL for the plugin (default: from KUBERNETES_SERVICE_HOST/PORT)")
+	fs.StringVar(&cfg.TokenFile, "token-file", cfg.TokenFile, "service-account token written into the plugin's kubeconfig")
+	fs.StringVar(&cfg.CAFile, "ca-file", cfg.CAFile, "API server CA written into the plugin's kubeconfig")
+	fs.DurationVar(&cfg.KubeconfigRefresh, "kubeconfig-refresh", cfg.KubeconfigRefresh, "how often the plugin's kubeconfig follows token rotation")
+	fs.StringVar(&cfg.ZtunnelSocket, "ztunnel-socket", cfg.ZtunnelSocket, "the ZDS socket ztunnel connects to")
+	fs.IntVar(&cfg.ZtunnelUID, "ztunnel-uid", cfg.ZtunnelUID, "the only UID accepted as a ZDS peer")
+	fs.StringVar(&cfg.NetnsDir, "netns-dir", cfg.NetnsDir, "where running pods' network namespaces are found")
+	fs.StringVar(&cfg.NetnsPathPrefix, "netns-path-prefix", "", "prefix for the netns paths of CNI events (when the node's filesystem is mounted elsewhere)")
+	fs.StringVar(&cfg.NodeNetns, "node-netns", "", "the node's netns for the probe rule (default: the agent's own)")
+	excluded := fs.String("excluded-namespaces", strings.Join(cfg.ExcludedNamespaces, ","), "comma-separated namespaces never enrolled")
+	fs.IntVar(&cfg.ProbeUID, "probe-uid", cfg.ProbeUID, "UID whose probes the node SNATs (the kubelet's); -1 for any local socket")
+	fs.BoolVar(&cfg.HostProbeRules, "host-probe-rules", cfg.HostProbeRules, "install the node-side probe SNAT rule")
+	fs.BoolVar(&cfg.IPv6, "ipv6", cfg.IPv6, "install IPv6 rules too")
+	fs.BoolVar(&cfg.DNSCapture, "dns-capture", cfg.DNSCapture, "redirect pods' DNS to ztunnel (a pod annotation overrides)")
+	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address of /metrics (\"off\" disables)")
+	fs.StringVar(&cfg.ReadyAddr, "ready-addr", cfg.ReadyAddr, "address of /readyz (\"off\" disables)")
+	fs.DurationVar(&cfg.ResyncPeriod, "resync-period", cfg.ResyncPeriod, "how often every pod is reconciled and its rules re-checked")
+	fs.DurationVar(&cfg.EnrollTimeout, "enroll-timeout", cfg.EnrollTimeout, "time limit for enrolling a pod from a CNI event")
+	logFormat := fs.String("log-format", "json", "log format: json or text")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return cfg, "", "", err
+	}
+	if fs.NArg() > 0 {
+		return cfg, "", "", fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg.ExcludedNamespaces = nil
+	for ns := range strings.SplitSeq(*excluded, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			cfg.ExcludedNamespaces = append(cfg.ExcludedNamespaces, ns)
+		}
+	}
+	return cfg, *logFormat, *logLevel, nil
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	lvl, err := plugin.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want json or text", format)
+}

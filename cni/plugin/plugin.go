@@ -1,0 +1,256 @@
+// Package plugin is the chained CNI plugin weft-cni. The container runtime
+// runs it after the primary plugins for every pod sandbox; it decides from
+// the pod's and its namespace's labels whether the pod is ambient and, if
+// so, tells the node agent (which installs the redirection and hands the
+// netns to ztunnel) before the pod's containers start.
+//
+// It fails closed: when a pod is or may be ambient and the agent or the API
+// server cannot be reached, ADD fails and the runtime retries, so no
+// ambient pod starts unredirected. Pods in excluded namespaces and the
+// agent's own pods are passed without any lookup. The previous plugin's
+// result is passed through byte for byte; DEL and CHECK do nothing, since
+// the agent un-enrolls pods from its pod watch. Only the CNI result (or
+// error) is written to stdout; logs go to stderr.
+package plugin
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/weftmesh/weft/cni/enablement"
+	"github.com/weftmesh/weft/cni/event"
+	"github.com/weftmesh/weft/cni/kubeconfig"
+)
+
+// EventTimeout bounds the wait for the agent, which includes its wait for
+// ztunnel's ack.
+const EventTimeout = 20 * time.Second
+
+// K8sArgs are the CNI_ARGS a Kubernetes runtime passes.
+type K8sArgs struct {
+	types.CommonArgs
+	K8S_POD_NAME               types.UnmarshallableString //nolint:revive // the runtime's key
+	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive
+	K8S_POD_UID                types.UnmarshallableString //nolint:revive
+}
+
+// podSource looks a pod and its namespace up (the API server).
+type podSource interface {
+	PodAndNamespace(ctx context.Context, ns, name string) (enablement.Pod, map[string]string, error)
+}
+
+// notifier delivers the add event to the agent.
+type notifier interface {
+	Notify(ctx context.Context, socket string, ev *event.Add) error
+}
+
+// Plugin runs the CNI commands. The zero value is not usable; see New.
+type Plugin struct {
+	stdout    io.Writer
+	stderr    io.Writer
+	newSource func(c *Config) (podSource, func(), error)
+	notifier  notifier
+}
+
+// New returns the plugin writing its result to stdout and its log to
+// stderr, talking to the real API server and agent.
+func New(stdout, stderr io.Writer) *Plugin {
+	return &Plugin{stdout: stdout, stderr: stderr, newSource: apiSource, notifier: socketNotifier{}}
+}
+
+// Funcs are the plugin's CNI commands for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check}
+}
+
+func apiSource(c *Config) (podSource, func(), error) {
+	kc, err := kubeconfig.Read(c.KubeconfigPath())
+	if err != nil {
+		return nil, nil, err
+	}
+	ac, err := newAPIClient(kc)
+	if err != nil {
+		return nil, nil, fmt.Errorf("kubeconfig %s: %w", c.KubeconfigPath(), err)
+	}
+	return ac, ac.close, nil
+}
+
+func (p *Plugin) logger(c *Config) *slog.Logger {
+	lvl, _ := ParseLevel(c.PluginLogLevel)
+	return slog.New(slog.NewJSONHandler(p.stderr, &slog.HandlerOptions{Level: lvl})).With("plugin", Type)
+}
+
+// Add handles ADD: decide, notify the agent for ambient pods, pass the
+// previous result through.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	conf, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	result, err := passThrough(conf)
+	if err != nil {
+		return err
+	}
+	if err := p.add(context.Background(), args, conf); err != nil {
+		return err
+	}
+	_, err = p.stdout.Write(result)
+	return err
+}
+
+func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs, conf *Config) error {
+	log := p.logger(conf)
+	if !conf.AmbientEnabled {
+		return nil
+	}
+	var ka K8sArgs
+	ka.IgnoreUnknown = true
+	if err := types.LoadArgs(args.Args, &ka); err != nil {
+		return fmt.Errorf("weft-cni: parsing CNI_ARGS: %w", err)
+	}
+	ns, name := string(ka.K8S_POD_NAMESPACE), string(ka.K8S_POD_NAME)
+	if ns == "" || name == "" {
+		log.Debug("not a Kubernetes pod, passing through", "container_id", args.ContainerID)
+		return nil
+	}
+	log = log.With("pod", ns+"/"+name)
+	if conf.Excluded(ns) {
+		log.Debug("namespace excluded, passing through")
+		return nil
+	}
+	if ns == conf.PodNamespace && strings.HasPrefix(name, AgentPodPrefix) {
+		log.Info("node agent pod, passing through")
+		return nil
+	}
+
+	src, closeSrc, err := p.newSource(conf)
+	if err != nil {
+		return fmt.Errorf("weft-cni: cannot tell whether pod %s/%s is ambient, so it is held back: %w; check that weft-cni-agent runs on this node", ns, name, err)
+	}
+	defer closeSrc()
+	actx, cancel := context.WithTimeout(ctx, apiTimeout)
+	pod, nsLabels, err := src.PodAndNamespace(actx, ns, name)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("weft-cni: cannot tell whether pod %s/%s is ambient, so it is held back: %w", ns, name, err)
+	}
+	if !enablement.Enrolled(conf.EnablementSelectors, pod, nsLabels) {
+		log.Debug("not ambient, passing through")
+		return nil
+	}
+	if args.Netns == "" {
+		return fmt.Errorf("weft-cni: ambient pod %s/%s has no network namespace (CNI_NETNS is empty)", ns, name)
+	}
+	ev := &event.Add{Netns: args.Netns, PodName: name, PodNamespace: ns, IPs: prevIPs(conf)}
+	ectx, cancel := context.WithTimeout(ctx, EventTimeout)
+	defer cancel()
+	if err := p.notifier.Notify(ectx, conf.EventSocket(), ev); err != nil {
+		return fmt.Errorf("weft-cni: ambient pod %s/%s cannot start until the node agent enrolls it: %w", ns, name, err)
+	}
+	log.Info("ambient pod enrolled")
+	return nil
+}
+
+// passThrough returns the bytes to print: the previous result exactly as
+// received (after checking it parses for the configured version), or an
+// empty result when this plugin runs first.
+func passThrough(conf *Config) ([]byte, error) {
+	if len(conf.PrevResult) == 0 || bytes.Equal(conf.PrevResult, []byte("null")) {
+		var buf bytes.Buffer
+		r := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+		res, err := r.GetAsVersion(versionOrDefault(conf.CNIVersion))
+		if err != nil {
+			return nil, fmt.Errorf("weft-cni: building an empty result: %w", err)
+		}
+		if err := res.PrintTo(&buf); err != nil {
+			return nil, err
+		}
+		return buf.Bytes(), nil
+	}
+	if _, err := version.NewResult(versionOrDefault(conf.CNIVersion), conf.PrevResult); err != nil {
+		return nil, fmt.Errorf("weft-cni: prevResult does not parse as a version %s result: %w", conf.CNIVersion, err)
+	}
+	return append(bytes.Clone(conf.PrevResult), '\n'), nil
+}
+
+func versionOrDefault(v string) string {
+	if v == "" {
+		return EntryCNIVersion
+	}
+	return v
+}
+
+// prevIPs takes the pod's addresses from the previous result.
+func prevIPs(conf *Config) []event.IPConfig {
+	if len(conf.PrevResult) == 0 {
+		return nil
+	}
+	res, err := version.NewResult(versionOrDefault(conf.CNIVersion), conf.PrevResult)
+	if err != nil {
+		return nil
+	}
+	cur, err := current.NewResultFromResult(res)
+	if err != nil {
+		return nil
+	}
+	out := make([]event.IPConfig, 0, len(cur.IPs))
+	for _, ip := range cur.IPs {
+		out = append(out, event.IPConfig{Interface: ip.Interface, Address: ip.Address, Gateway: ip.Gateway})
+	}
+	return out
+}
+
+// Del does nothing: the agent un-enrolls pods when they are deleted.
+func (p *Plugin) Del(args *skel.CmdArgs) error { return nil }
+
+// Check does nothing, as in Istio.
+func (p *Plugin) Check(args *skel.CmdArgs) error { return nil }
+
+// socketNotifier POSTs the event over the agent's unix socket.
+type socketNotifier struct{}
+
+// Notify sends ev and returns the agent's error text for a non-200 answer.
+func (socketNotifier) Notify(ctx context.Context, socket string, ev *event.Add) error {
+	body, err := ev.Marshal()
+	if err != nil {
+		return err
+	}
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://unix"+event.Path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("the node agent at %s is unreachable (%w); is weft-cni-agent running on this node?", socket, err)
+		}
+		return fmt.Errorf("sending the event to the node agent at %s: %w", socket, err)
+	}
+	defer resp.Body.Close()
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("the node agent refused the pod (%s): %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return nil
+}

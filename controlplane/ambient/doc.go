@@ -1,0 +1,44 @@
+// Package ambient builds the workload discovery state that ztunnel and
+// waypoints receive over delta xDS: one istio.workload.Address per pod
+// (a Workload) and per Service (a Service), and one istio.security.Authorization
+// per AuthorizationPolicy, from the Kubernetes objects the control plane
+// watches.
+//
+// # Resources
+//
+// A pod with an IP that has not terminated is a Workload named by its uid,
+// "<cluster-id>//Pod/<namespace>/<name>" (protocols.md §5.1). Its tunnel
+// protocol is HBONE only once the node agent has annotated it
+// ambient.istio.io/redirection=enabled; its trust domain is left empty when it
+// is cluster.local, as istiod does; its services map comes from the
+// EndpointSlices that list it, with each service port's target port resolved
+// as the slice resolved it; its authorization_policies are the
+// workload-selector policies of its namespace and of the root namespace whose
+// selector matches its labels.
+//
+// A Service (other than ExternalName) is a Service named
+// "<namespace>/<hostname>", with its cluster IPs as addresses and its ports
+// (a named target port is sent as 0: the workloads carry the resolved port).
+//
+// # Waypoints
+//
+// A Gateway of class istio-waypoint is a waypoint. The label
+// istio.io/use-waypoint on a pod or Service, or else on its namespace, names
+// one (in the object's namespace, or in istio.io/use-waypoint-namespace from
+// the same object); "none" opts out, and the object's own label wins over its
+// namespace's. A waypoint serves the kinds of traffic in its
+// istio.io/waypoint-for label (service by default; workload, all or none): a
+// pod binds only to a waypoint for workload or all, a Service only to one for
+// service or all, otherwise the binding is ignored. A waypoint is used only
+// once its Gateway has status.addresses: a hostname (published as a
+// namespaced hostname) is preferred to an IP, and the HBONE port is always
+// 15008. A waypoint's own pods and Service never get a waypoint.
+//
+// # Pushes
+//
+// [Controller] reacts to informer events by marking objects dirty; after a
+// short quiet period (or at most a maximum delay) it recomputes exactly the
+// resources those objects affect, compares each with what it last published,
+// and hands only the changed and removed ones to the [Publisher]. One pod
+// change therefore sends one resource.
+package ambient

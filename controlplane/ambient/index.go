@@ -1,0 +1,518 @@
+package ambient
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sort"
+
+	"google.golang.org/protobuf/proto"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/controlplane/authpolicy"
+	"github.com/weftmesh/weft/internal/pb/securitypb"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// Kinds of objects the index watches, as dirty-set keys and metric labels.
+const (
+	kindPod           = "Pod"
+	kindService       = "Service"
+	kindEndpointSlice = "EndpointSlice"
+	kindNamespace     = "Namespace"
+	kindGateway       = "Gateway"
+	kindPolicy        = "AuthorizationPolicy"
+)
+
+// indexServiceName indexes EndpointSlices by "<namespace>/<service name>".
+const indexServiceName = "weft-service-name"
+
+// Stores are the informer caches the index reads. Gateways may be nil when
+// the Gateway API is not installed (then there are no waypoints).
+type Stores struct {
+	Pods, Services, EndpointSlices, Namespaces, Gateways, Policies cache.Indexer
+}
+
+// Update is the outcome of one batch: the resources to publish and remove,
+// by type URL, and the policy conditions that changed.
+type Update struct {
+	Addresses      map[string]proto.Message
+	AddressRemoved []string
+	Authz          map[string]proto.Message
+	AuthzRemoved   []string
+	Conditions     []PolicyCondition
+}
+
+// PolicyCondition is the status to write on one policy.
+type PolicyCondition struct {
+	Namespace, Name string
+	Generation      int64
+	// Condition is nil to remove the control plane's condition.
+	Condition *authpolicy.Condition
+}
+
+// empty reports whether u publishes nothing.
+func (u *Update) empty() bool {
+	return len(u.Addresses)+len(u.AddressRemoved)+len(u.Authz)+len(u.AuthzRemoved) == 0
+}
+
+// batch is the set of dirty object keys by kind.
+type batch map[string]map[string]struct{}
+
+func (b batch) add(kind, key string) {
+	m := b[kind]
+	if m == nil {
+		m = map[string]struct{}{}
+		b[kind] = m
+	}
+	m[key] = struct{}{}
+}
+
+type objRef struct{ kind, key string }
+
+type policyEntry struct {
+	namespace string
+	scope     securitypb.Scope
+	selector  map[string]string // for WORKLOAD_SELECTOR policies that are sent
+	cond      *authpolicy.Condition
+}
+
+// index computes resources from the stores. It is owned by one goroutine.
+type index struct {
+	cfg    Config
+	stores Stores
+	log    *slog.Logger
+
+	addresses map[string]*workloadpb.Address       // published, by resource name
+	authz     map[string]*securitypb.Authorization // published, by resource name
+	policies  map[string]*policyEntry              // by "<ns>/<name>"
+	waypoints map[string]*Waypoint                 // by gateway key
+	// sliceTargets is the pods each EndpointSlice lists; podSlices the reverse.
+	sliceTargets map[string][]string
+	podSlices    map[string]map[string]struct{}
+	// bindings is the waypoint each pod or Service asks for; boundTo the reverse.
+	bindings map[objRef]string
+	boundTo  map[string]map[objRef]struct{}
+}
+
+func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
+	return &index{
+		cfg:          cfg.withDefaults(),
+		stores:       stores,
+		log:          log,
+		addresses:    map[string]*workloadpb.Address{},
+		authz:        map[string]*securitypb.Authorization{},
+		policies:     map[string]*policyEntry{},
+		waypoints:    map[string]*Waypoint{},
+		sliceTargets: map[string][]string{},
+		podSlices:    map[string]map[string]struct{}{},
+		bindings:     map[objRef]string{},
+		boundTo:      map[string]map[objRef]struct{}{},
+	}
+}
+
+// all returns a batch holding every object in the stores.
+func (ix *index) all() batch {
+	b := batch{}
+	add := func(kind string, s cache.Indexer) {
+		if s == nil {
+			return
+		}
+		for _, k := range s.ListKeys() {
+			b.add(kind, k)
+		}
+	}
+	add(kindNamespace, ix.stores.Namespaces)
+	add(kindGateway, ix.stores.Gateways)
+	add(kindPolicy, ix.stores.Policies)
+	add(kindEndpointSlice, ix.stores.EndpointSlices)
+	add(kindService, ix.stores.Services)
+	add(kindPod, ix.stores.Pods)
+	return b
+}
+
+// process recomputes what the dirty objects affect and returns what changed.
+// The order matters: each step may mark more pods and Services dirty.
+func (ix *index) process(b batch) *Update {
+	u := &Update{Addresses: map[string]proto.Message{}, Authz: map[string]proto.Message{}}
+	for key := range b[kindNamespace] {
+		ix.namespaceChanged(key, b)
+	}
+	for key := range b[kindGateway] {
+		ix.gatewayChanged(key, b)
+	}
+	for _, key := range sortedKeys(b[kindPolicy]) {
+		ix.policyChanged(key, b, u)
+	}
+	for key := range b[kindEndpointSlice] {
+		ix.sliceChanged(key, b)
+	}
+	for key := range b[kindService] {
+		ix.serviceChanged(key, b, u)
+	}
+	for key := range b[kindPod] {
+		ix.podChanged(key, u)
+	}
+	return u
+}
+
+func getObj[T any](s cache.Indexer, key string) *T {
+	if s == nil {
+		return nil
+	}
+	obj, ok, err := s.GetByKey(key)
+	if err != nil || !ok {
+		return nil
+	}
+	t, _ := obj.(*T)
+	return t
+}
+
+func (ix *index) byNamespace(s cache.Indexer, ns string) []any {
+	if s == nil {
+		return nil
+	}
+	objs, err := s.ByIndex(cache.NamespaceIndex, ns)
+	if err != nil {
+		// The namespace index is missing: fall back to a scan.
+		var out []any
+		for _, o := range s.List() {
+			if m, ok := o.(interface{ GetNamespace() string }); ok && m.GetNamespace() == ns {
+				out = append(out, o)
+			}
+		}
+		return out
+	}
+	return objs
+}
+
+func keyOf(obj any) string {
+	k, _ := cache.MetaNamespaceKeyFunc(obj)
+	return k
+}
+
+func (ix *index) namespaceChanged(ns string, b batch) {
+	for _, p := range ix.byNamespace(ix.stores.Pods, ns) {
+		b.add(kindPod, keyOf(p))
+	}
+	for _, s := range ix.byNamespace(ix.stores.Services, ns) {
+		b.add(kindService, keyOf(s))
+	}
+}
+
+func (ix *index) gatewayChanged(key string, b batch) {
+	gw := getObj[gwv1.Gateway](ix.stores.Gateways, key)
+	wp := NewWaypoint(gw, ix.cfg.Network)
+	old := ix.waypoints[key]
+	if wp == nil {
+		delete(ix.waypoints, key)
+	} else {
+		ix.waypoints[key] = wp
+	}
+	if (old == nil) == (wp == nil) && (old == nil || (old.For == wp.For && proto.Equal(old.Address, wp.Address))) {
+		return
+	}
+	for ref := range ix.boundTo[key] {
+		b.add(ref.kind, ref.key)
+	}
+	// The waypoint's own pods and Service, which never get a waypoint.
+	ns, name, _ := cache.SplitMetaNamespaceKey(key)
+	for _, p := range ix.byNamespace(ix.stores.Pods, ns) {
+		if p.(*corev1.Pod).Labels[LabelGatewayName] == name {
+			b.add(kindPod, keyOf(p))
+		}
+	}
+	for _, s := range ix.byNamespace(ix.stores.Services, ns) {
+		if s.(*corev1.Service).Labels[LabelGatewayName] == name {
+			b.add(kindService, keyOf(s))
+		}
+	}
+}
+
+func (ix *index) policyChanged(key string, b batch, u *Update) {
+	p := getObj[securityv1.AuthorizationPolicy](ix.stores.Policies, key)
+	old := ix.policies[key]
+	var entry *policyEntry
+	var res authpolicy.Result
+	if p != nil {
+		res = authpolicy.Translate(ix.cfg.RootNamespace, p)
+		entry = &policyEntry{namespace: p.Namespace, cond: res.Condition}
+		if res.Authorization != nil {
+			entry.scope = res.Authorization.GetScope()
+			if entry.scope == securitypb.Scope_WORKLOAD_SELECTOR {
+				entry.selector = res.Selector
+			}
+		}
+	}
+	// Publish or remove the resource.
+	if res.Authorization != nil {
+		if prev := ix.authz[key]; prev == nil || !proto.Equal(prev, res.Authorization) {
+			ix.authz[key] = res.Authorization
+			u.Authz[key] = res.Authorization
+		}
+	} else if _, ok := ix.authz[key]; ok {
+		delete(ix.authz, key)
+		u.AuthzRemoved = append(u.AuthzRemoved, key)
+	}
+	// Status: only when it changed (or the policy is new to this process).
+	if p != nil && (old == nil || !condEqual(old.cond, res.Condition)) {
+		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation, Condition: res.Condition})
+	}
+	if entry == nil {
+		delete(ix.policies, key)
+	} else {
+		ix.policies[key] = entry
+	}
+	// Workloads list selector policies: re-examine the pods in scope when
+	// the policy enters, leaves or changes its selector.
+	oldSel, newSel := selectorOf(old), selectorOf(entry)
+	if (oldSel == nil) == (newSel == nil) && (oldSel == nil || mapsEqual(oldSel, newSel)) {
+		return
+	}
+	ns, _, _ := cache.SplitMetaNamespaceKey(key)
+	if ns == ix.cfg.RootNamespace {
+		if ix.stores.Pods != nil {
+			for _, k := range ix.stores.Pods.ListKeys() {
+				b.add(kindPod, k)
+			}
+		}
+		return
+	}
+	for _, pod := range ix.byNamespace(ix.stores.Pods, ns) {
+		b.add(kindPod, keyOf(pod))
+	}
+}
+
+func selectorOf(e *policyEntry) map[string]string {
+	if e == nil {
+		return nil
+	}
+	return e.selector
+}
+
+func condEqual(a, b *authpolicy.Condition) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+func mapsEqual(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+func (ix *index) sliceChanged(key string, b batch) {
+	slice := getObj[discoveryv1.EndpointSlice](ix.stores.EndpointSlices, key)
+	var targets []string
+	if slice != nil {
+		for _, ep := range slice.Endpoints {
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" && ep.TargetRef.Name != "" {
+				ns := ep.TargetRef.Namespace
+				if ns == "" {
+					ns = slice.Namespace
+				}
+				targets = append(targets, ns+"/"+ep.TargetRef.Name)
+			}
+		}
+		slices.Sort(targets)
+		targets = slices.Compact(targets)
+	}
+	for _, pod := range ix.sliceTargets[key] {
+		delete(ix.podSlices[pod], key)
+		if len(ix.podSlices[pod]) == 0 {
+			delete(ix.podSlices, pod)
+		}
+		b.add(kindPod, pod)
+	}
+	if len(targets) == 0 {
+		delete(ix.sliceTargets, key)
+	} else {
+		ix.sliceTargets[key] = targets
+	}
+	for _, pod := range targets {
+		m := ix.podSlices[pod]
+		if m == nil {
+			m = map[string]struct{}{}
+			ix.podSlices[pod] = m
+		}
+		m[key] = struct{}{}
+		b.add(kindPod, pod)
+	}
+}
+
+func (ix *index) serviceChanged(key string, b batch, u *Update) {
+	ns, name, _ := cache.SplitMetaNamespaceKey(key)
+	ref := objRef{kindService, key}
+	rname := ServiceKey(ns, Hostname(name, ns, ix.cfg.ClusterDomain))
+	svc := getObj[corev1.Service](ix.stores.Services, key)
+	var res *workloadpb.Service
+	if svc != nil {
+		in := ServiceInput{Service: svc, Binding: ix.binding(ref, ns, svc.Labels)}
+		in.Waypoint = ix.waypoints[in.Binding.Key]
+		in.IsWaypoint = ix.waypoints[ns+"/"+svc.Labels[LabelGatewayName]] != nil
+		var note string
+		res, note = ix.cfg.Service(in)
+		if note != "" && ix.log.Enabled(context.Background(), slog.LevelDebug) {
+			ix.log.Debug("service waypoint binding ignored", "service", key, "reason", note)
+		}
+	} else {
+		ix.unbind(ref)
+	}
+	publishAddress(ix, rname, res, u, func(s *workloadpb.Service) *workloadpb.Address {
+		return &workloadpb.Address{Type: &workloadpb.Address_Service{Service: s}}
+	})
+	// The pods of the Service carry its ports.
+	if ix.stores.EndpointSlices != nil {
+		slicesOf, _ := ix.stores.EndpointSlices.ByIndex(indexServiceName, key)
+		for _, s := range slicesOf {
+			for _, pod := range ix.sliceTargets[keyOf(s)] {
+				b.add(kindPod, pod)
+			}
+		}
+	}
+}
+
+func (ix *index) podChanged(key string, u *Update) {
+	ns, name, _ := cache.SplitMetaNamespaceKey(key)
+	ref := objRef{kindPod, key}
+	uid := PodUID(ix.cfg.ClusterID, ns, name)
+	pod := getObj[corev1.Pod](ix.stores.Pods, key)
+	var res *workloadpb.Workload
+	if pod != nil {
+		in := PodInput{Pod: pod, Binding: ix.binding(ref, ns, pod.Labels)}
+		in.Waypoint = ix.waypoints[in.Binding.Key]
+		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[LabelGatewayName]] != nil
+		in.Services = ix.podServices(key)
+		in.Policies = ix.podPolicies(pod)
+		var note string
+		res, note = ix.cfg.Workload(in)
+		if note != "" && ix.log.Enabled(context.Background(), slog.LevelDebug) {
+			ix.log.Debug("pod waypoint binding ignored", "pod", key, "reason", note)
+		}
+	} else {
+		ix.unbind(ref)
+	}
+	publishAddress(ix, uid, res, u, func(w *workloadpb.Workload) *workloadpb.Address {
+		return &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}}
+	})
+}
+
+// publishAddress records a computed resource (nil: none) under name and adds
+// it to u if it differs from what was published.
+func publishAddress[T proto.Message](ix *index, name string, res T, u *Update, wrap func(T) *workloadpb.Address) {
+	var zero T
+	prev, had := ix.addresses[name]
+	if any(res) == any(zero) {
+		if had {
+			delete(ix.addresses, name)
+			delete(u.Addresses, name)
+			u.AddressRemoved = append(u.AddressRemoved, name)
+		}
+		return
+	}
+	a := wrap(res)
+	if had && proto.Equal(prev, a) {
+		return
+	}
+	ix.addresses[name] = a
+	u.Addresses[name] = a
+}
+
+// binding reads an object's waypoint binding and keeps the reverse index
+// current, so that a waypoint change finds the objects that use it.
+func (ix *index) binding(ref objRef, ns string, labels map[string]string) Binding {
+	var nsLabels map[string]string
+	if n := getObj[corev1.Namespace](ix.stores.Namespaces, ns); n != nil {
+		nsLabels = n.Labels
+	}
+	b := BindingFor(ns, labels, nsLabels)
+	if old := ix.bindings[ref]; old != b.Key {
+		ix.unbind(ref)
+		if b.Key != "" {
+			ix.bindings[ref] = b.Key
+			m := ix.boundTo[b.Key]
+			if m == nil {
+				m = map[objRef]struct{}{}
+				ix.boundTo[b.Key] = m
+			}
+			m[ref] = struct{}{}
+		}
+	}
+	return b
+}
+
+func (ix *index) unbind(ref objRef) {
+	old, ok := ix.bindings[ref]
+	if !ok {
+		return
+	}
+	delete(ix.bindings, ref)
+	delete(ix.boundTo[old], ref)
+	if len(ix.boundTo[old]) == 0 {
+		delete(ix.boundTo, old)
+	}
+}
+
+// podServices builds a pod's services map from the EndpointSlices listing it.
+func (ix *index) podServices(podKey string) map[string][]*workloadpb.Port {
+	keys := sortedKeys(ix.podSlices[podKey])
+	if len(keys) == 0 {
+		return nil
+	}
+	out := map[string][]*workloadpb.Port{}
+	for _, k := range keys {
+		slice := getObj[discoveryv1.EndpointSlice](ix.stores.EndpointSlices, k)
+		if slice == nil {
+			continue
+		}
+		svcName := slice.Labels[discoveryv1.LabelServiceName]
+		if svcName == "" {
+			continue
+		}
+		svc := getObj[corev1.Service](ix.stores.Services, slice.Namespace+"/"+svcName)
+		if svc == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
+			continue
+		}
+		if ports := ServicePorts(svc, slice); len(ports) > 0 {
+			out[ServiceKey(svc.Namespace, Hostname(svc.Name, svc.Namespace, ix.cfg.ClusterDomain))] = ports
+		}
+	}
+	return out
+}
+
+// podPolicies lists the workload-selector policies, of the pod's namespace
+// and of the root namespace, that select it.
+func (ix *index) podPolicies(pod *corev1.Pod) []string {
+	var out []string
+	for key, e := range ix.policies {
+		if e.selector == nil || (e.namespace != pod.Namespace && e.namespace != ix.cfg.RootNamespace) {
+			continue
+		}
+		if _, sent := ix.authz[key]; sent && SelectorMatches(e.selector, pod.Labels) {
+			out = append(out, key)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

@@ -1,0 +1,328 @@
+package ambient
+
+import (
+	"log/slog"
+	"slices"
+	"sort"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	securityv1beta1 "istio.io/api/security/v1beta1"
+	typev1beta1 "istio.io/api/type/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// world is a set of in-memory stores the index reads, as informers would
+// fill them.
+type world struct {
+	t      *testing.T
+	stores Stores
+	ix     *index
+}
+
+func newWorld(t *testing.T) *world {
+	newStore := func(extra cache.Indexers) cache.Indexer {
+		idx := cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc}
+		for k, v := range extra {
+			idx[k] = v
+		}
+		return cache.NewIndexer(cache.MetaNamespaceKeyFunc, idx)
+	}
+	s := Stores{
+		Pods: newStore(nil), Services: newStore(nil), Namespaces: newStore(nil),
+		EndpointSlices: newStore(cache.Indexers{indexServiceName: sliceServiceIndex}),
+		Gateways:       newStore(nil), Policies: newStore(nil),
+	}
+	return &world{t: t, stores: s, ix: newIndex(testCfg, s, slog.New(slog.DiscardHandler))}
+}
+
+func (w *world) store(kind string) cache.Indexer {
+	switch kind {
+	case kindPod:
+		return w.stores.Pods
+	case kindService:
+		return w.stores.Services
+	case kindEndpointSlice:
+		return w.stores.EndpointSlices
+	case kindNamespace:
+		return w.stores.Namespaces
+	case kindGateway:
+		return w.stores.Gateways
+	case kindPolicy:
+		return w.stores.Policies
+	}
+	panic(kind)
+}
+
+// set adds or replaces objects and returns the batch an informer would
+// have produced.
+func (w *world) set(kind string, objs ...any) batch {
+	b := batch{}
+	for _, o := range objs {
+		if err := w.store(kind).Update(o); err != nil {
+			w.t.Fatal(err)
+		}
+		b.add(kind, keyOf(o))
+	}
+	return b
+}
+
+func (w *world) del(kind string, obj any) batch {
+	if err := w.store(kind).Delete(obj); err != nil {
+		w.t.Fatal(err)
+	}
+	b := batch{}
+	b.add(kind, keyOf(obj))
+	return b
+}
+
+// names returns the sorted names of an update's changed and removed
+// addresses.
+func names(u *Update) (changed, removed []string) {
+	for k := range u.Addresses {
+		changed = append(changed, k)
+	}
+	sort.Strings(changed)
+	removed = slices.Clone(u.AddressRemoved)
+	sort.Strings(removed)
+	return changed, removed
+}
+
+func (w *world) workload(uid string) *workloadpb.Workload {
+	a := w.ix.addresses[uid]
+	if a == nil {
+		w.t.Fatalf("no workload %s published", uid)
+	}
+	return a.GetWorkload()
+}
+
+func ns(name string, labels map[string]string) *corev1.Namespace {
+	return &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+}
+
+func endpointSlice(ns, name, svc string, port int32, pods ...string) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{discoveryv1.LabelServiceName: svc}},
+		Ports:      []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(port)}},
+	}
+	for _, p := range pods {
+		s.Endpoints = append(s.Endpoints, discoveryv1.Endpoint{TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: p}})
+	}
+	return s
+}
+
+func selectorPolicy(ns, name string, labels map[string]string) *securityv1.AuthorizationPolicy {
+	p := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Generation: 1}}
+	p.Spec.Selector = &typev1beta1.WorkloadSelector{MatchLabels: labels}
+	p.Spec.Rules = []*securityv1beta1.Rule{{}}
+	return p
+}
+
+const cartSvc = "shop/cart.shop.svc.cluster.local"
+
+// TestIndexIncremental drives the index through a sequence of changes and
+// checks after each that exactly the affected resources are published.
+func TestIndexIncremental(t *testing.T) {
+	w := newWorld(t)
+	w.set(kindNamespace, ns("shop", nil), ns("weft-system", nil))
+	w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart")), newPod("shop", "cart-2", withLabel("app", "cart")),
+		newPod("shop", "db", withLabel("app", "db")))
+	w.set(kindService, newService("shop", "cart", nil))
+	w.set(kindEndpointSlice, endpointSlice("shop", "cart-abc", "cart", 8080, "cart-1", "cart-2"))
+
+	u := w.ix.process(w.ix.all())
+	changed, _ := names(u)
+	want := []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2", "Kubernetes//Pod/shop/db", cartSvc}
+	if diff := cmp.Diff(want, changed); diff != "" {
+		t.Fatalf("initial resources (-want +got):\n%s", diff)
+	}
+	if got := w.workload("Kubernetes//Pod/shop/cart-1").GetServices()[cartSvc].GetPorts(); len(got) != 1 || got[0].GetTargetPort() != 8080 {
+		t.Errorf("cart-1 ports for %s = %v, want only 80->8080 (the named port 9000 is not resolved by the slice)", cartSvc, got)
+	}
+
+	steps := []struct {
+		name        string
+		change      func() batch
+		wantChanged []string
+		wantRemoved []string
+		check       func(t *testing.T)
+	}{
+		{
+			name:   "recomputing everything again publishes nothing",
+			change: func() batch { return w.ix.all() },
+		},
+		{
+			name: "one pod annotated: one resource",
+			change: func() batch {
+				return w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart"), withAnnotation(AnnotationRedirection, "enabled")))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1"},
+			check: func(t *testing.T) {
+				if w.workload("Kubernetes//Pod/shop/cart-1").GetTunnelProtocol() != workloadpb.TunnelProtocol_HBONE {
+					t.Error("cart-1 does not speak HBONE")
+				}
+			},
+		},
+		{
+			name: "pod status change without effect: nothing",
+			change: func() batch {
+				return w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart"), withAnnotation(AnnotationRedirection, "enabled"),
+					func(p *corev1.Pod) { p.ResourceVersion = "2" }))
+			},
+		},
+		{
+			name: "endpoint slice drops a pod: that pod only",
+			change: func() batch {
+				return w.set(kindEndpointSlice, endpointSlice("shop", "cart-abc", "cart", 8080, "cart-1"))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-2"},
+			check: func(t *testing.T) {
+				if s := w.workload("Kubernetes//Pod/shop/cart-2").GetServices(); len(s) != 0 {
+					t.Errorf("cart-2 still has services %v", s)
+				}
+			},
+		},
+		{
+			name: "target port changes: the service's pods",
+			change: func() batch {
+				return w.set(kindEndpointSlice, endpointSlice("shop", "cart-abc", "cart", 8081, "cart-1"))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1"},
+		},
+		{
+			name: "selector policy: published, listed by the pods it selects",
+			change: func() batch {
+				return w.set(kindPolicy, selectorPolicy("shop", "cart-only", map[string]string{"app": "cart"}))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2"},
+			check: func(t *testing.T) {
+				if _, ok := w.ix.authz["shop/cart-only"]; !ok {
+					t.Error("policy shop/cart-only not published")
+				}
+				if got := w.workload("Kubernetes//Pod/shop/cart-2").GetAuthorizationPolicies(); !slices.Equal(got, []string{"shop/cart-only"}) {
+					t.Errorf("cart-2 policies = %v", got)
+				}
+				if got := w.workload("Kubernetes//Pod/shop/db").GetAuthorizationPolicies(); len(got) != 0 {
+					t.Errorf("db policies = %v, want none", got)
+				}
+			},
+		},
+		{
+			name: "root-namespace selector policy applies in every namespace",
+			change: func() batch {
+				return w.set(kindPolicy, selectorPolicy("weft-system", "dbs", map[string]string{"app": "db"}))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/db"},
+		},
+		{
+			name:        "policy deleted: removed, and unlisted",
+			change:      func() batch { return w.del(kindPolicy, selectorPolicy("shop", "cart-only", nil)) },
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2"},
+			check: func(t *testing.T) {
+				if _, ok := w.ix.authz["shop/cart-only"]; ok {
+					t.Error("policy shop/cart-only still published")
+				}
+			},
+		},
+		{
+			name: "namespace points at a waypoint that does not exist yet: nothing",
+			change: func() batch {
+				return w.set(kindNamespace, ns("shop", map[string]string{LabelUseWaypoint: "waypoint"}))
+			},
+		},
+		{
+			name: "waypoint gets an address: the service binds, pods do not (service waypoint)",
+			change: func() batch {
+				return w.set(kindGateway, gateway(WaypointClass, nil, gwv1.GatewayStatusAddress{
+					Type: ptr(gwv1.HostnameAddressType), Value: "waypoint.shop.svc.cluster.local"}))
+			},
+			wantChanged: []string{cartSvc},
+			check: func(t *testing.T) {
+				if w.ix.addresses[cartSvc].GetService().GetWaypoint() == nil {
+					t.Error("cart service has no waypoint")
+				}
+			},
+		},
+		{
+			name: "waypoint serves all: pods bind too",
+			change: func() batch {
+				return w.set(kindGateway, gateway(WaypointClass, map[string]string{LabelWaypointFor: ForAll}, gwv1.GatewayStatusAddress{
+					Type: ptr(gwv1.HostnameAddressType), Value: "waypoint.shop.svc.cluster.local"}))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2", "Kubernetes//Pod/shop/db"},
+		},
+		{
+			name: "a pod opts out",
+			change: func() batch {
+				return w.set(kindPod, newPod("shop", "db", withLabel("app", "db"), withLabel(LabelUseWaypoint, "none")))
+			},
+			wantChanged: []string{"Kubernetes//Pod/shop/db"},
+			check: func(t *testing.T) {
+				if w.workload("Kubernetes//Pod/shop/db").GetWaypoint() != nil {
+					t.Error("db still has a waypoint")
+				}
+			},
+		},
+		{
+			name:        "waypoint deleted: bound objects lose it",
+			change:      func() batch { return w.del(kindGateway, gateway(WaypointClass, nil)) },
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2", cartSvc},
+		},
+		{
+			name:        "service deleted: removed, and gone from its pods",
+			change:      func() batch { return w.del(kindService, newService("shop", "cart", nil)) },
+			wantChanged: []string{"Kubernetes//Pod/shop/cart-1"},
+			wantRemoved: []string{cartSvc},
+		},
+		{
+			name:        "pod deleted: removed",
+			change:      func() batch { return w.del(kindPod, newPod("shop", "cart-2")) },
+			wantRemoved: []string{"Kubernetes//Pod/shop/cart-2"},
+		},
+		{
+			name:        "pod loses its IP: removed",
+			change:      func() batch { return w.set(kindPod, newPod("shop", "db", withIPs())) },
+			wantRemoved: []string{"Kubernetes//Pod/shop/db"},
+		},
+	}
+	for _, st := range steps {
+		u := w.ix.process(st.change())
+		changed, removed := names(u)
+		if diff := cmp.Diff(st.wantChanged, changed); diff != "" {
+			t.Errorf("%s: changed (-want +got):\n%s", st.name, diff)
+		}
+		if diff := cmp.Diff(st.wantRemoved, removed); diff != "" {
+			t.Errorf("%s: removed (-want +got):\n%s", st.name, diff)
+		}
+		if st.check != nil {
+			st.check(t)
+		}
+	}
+}
+
+// TestIndexPolicyConditions checks that a policy's condition is reported
+// once, and again only when it changes.
+func TestIndexPolicyConditions(t *testing.T) {
+	w := newWorld(t)
+	p := selectorPolicy("shop", "p", map[string]string{"app": "x"})
+	u := w.ix.process(w.set(kindPolicy, p))
+	if len(u.Conditions) != 1 || !u.Conditions[0].Condition.Status || u.Conditions[0].Generation != 1 {
+		t.Fatalf("conditions = %+v, want one accepted at generation 1", u.Conditions)
+	}
+	if u := w.ix.process(w.set(kindPolicy, p)); len(u.Conditions) != 0 {
+		t.Errorf("unchanged policy reported again: %+v", u.Conditions)
+	}
+	p2 := p.DeepCopy()
+	p2.Spec.Rules = []*securityv1beta1.Rule{{To: []*securityv1beta1.Rule_To{{Operation: &securityv1beta1.Operation{Methods: []string{"GET"}}}}}}
+	u = w.ix.process(w.set(kindPolicy, p2))
+	if len(u.Conditions) != 1 || u.Conditions[0].Condition.Reason != "UnsupportedValue" {
+		t.Errorf("conditions after adding an HTTP rule = %+v", u.Conditions)
+	}
+}

@@ -1,0 +1,500 @@
+package ambient
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// User-facing names (Istio's).
+const (
+	LabelUseWaypoint          = "istio.io/use-waypoint"
+	LabelUseWaypointNamespace = "istio.io/use-waypoint-namespace"
+	LabelWaypointFor          = "istio.io/waypoint-for"
+	// LabelGatewayName marks the pods and Service deployed for a Gateway.
+	LabelGatewayName = "gateway.networking.k8s.io/gateway-name"
+	// AnnotationRedirection is written by the node agent once a pod's
+	// traffic is redirected to ztunnel.
+	AnnotationRedirection = "ambient.istio.io/redirection"
+	// WaypointClass is the GatewayClass of waypoints.
+	WaypointClass = "istio-waypoint"
+	// HBONEPort is where waypoints and ztunnel terminate HBONE.
+	HBONEPort = 15008
+
+	labelCanonicalName     = "service.istio.io/canonical-name"
+	labelCanonicalRevision = "service.istio.io/canonical-revision"
+	labelPodTemplateHash   = "pod-template-hash"
+)
+
+// Waypoint-for values.
+const (
+	ForService  = "service"
+	ForWorkload = "workload"
+	ForAll      = "all"
+	ForNone     = "none"
+)
+
+// Config holds the mesh settings the translation depends on.
+type Config struct {
+	// ClusterID names the cluster in workload uids. Default "Kubernetes".
+	ClusterID string
+	// TrustDomain is the mesh trust domain. Default "cluster.local"
+	// (sent as an empty trust_domain).
+	TrustDomain string
+	// ClusterDomain is the DNS suffix of Service hostnames. Default
+	// "cluster.local".
+	ClusterDomain string
+	// Network is the network of every workload and address. Default "".
+	Network string
+	// RootNamespace holds the mesh-wide policies. Required.
+	RootNamespace string
+}
+
+func (c Config) withDefaults() Config {
+	if c.ClusterID == "" {
+		c.ClusterID = "Kubernetes"
+	}
+	if c.TrustDomain == "" {
+		c.TrustDomain = "cluster.local"
+	}
+	if c.ClusterDomain == "" {
+		c.ClusterDomain = "cluster.local"
+	}
+	return c
+}
+
+// Validate reports whether c can be used.
+func (c Config) Validate() error {
+	if c.RootNamespace == "" {
+		return errors.New("no root namespace")
+	}
+	return nil
+}
+
+// PodUID is the xDS name of a pod's Workload.
+func PodUID(clusterID, namespace, name string) string {
+	return clusterID + "//Pod/" + namespace + "/" + name
+}
+
+// Hostname is a Service's DNS name.
+func Hostname(name, namespace, clusterDomain string) string {
+	return name + "." + namespace + ".svc." + clusterDomain
+}
+
+// ServiceKey is the xDS name of a Service, and its key in a Workload's
+// services map: "<namespace>/<hostname>".
+func ServiceKey(namespace, hostname string) string { return namespace + "/" + hostname }
+
+// Waypoint is a Gateway of class istio-waypoint.
+type Waypoint struct {
+	Namespace, Name string
+	// For is the traffic it serves: ForService, ForWorkload, ForAll or ForNone.
+	For string
+	// Address is what ztunnel sends to; nil until the Gateway has a status
+	// address, and then the waypoint is not used.
+	Address *workloadpb.GatewayAddress
+}
+
+// Key is "<namespace>/<name>".
+func (w *Waypoint) Key() string { return w.Namespace + "/" + w.Name }
+
+func (w *Waypoint) serves(kind string) bool {
+	return w.For == ForAll || w.For == kind
+}
+
+// NewWaypoint returns the waypoint a Gateway defines, or nil if it is not of
+// the waypoint class.
+func NewWaypoint(gw *gwv1.Gateway, network string) *Waypoint {
+	if gw == nil || string(gw.Spec.GatewayClassName) != WaypointClass {
+		return nil
+	}
+	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: ForService}
+	switch v := gw.Labels[LabelWaypointFor]; v {
+	case ForService, ForWorkload, ForAll, ForNone:
+		w.For = v
+	}
+	var ip *workloadpb.GatewayAddress
+	for _, a := range gw.Status.Addresses {
+		switch {
+		case a.Type != nil && *a.Type == gwv1.HostnameAddressType && a.Value != "":
+			w.Address = &workloadpb.GatewayAddress{
+				Destination:   &workloadpb.GatewayAddress_Hostname{Hostname: &workloadpb.NamespacedHostname{Namespace: gw.Namespace, Hostname: a.Value}},
+				HboneMtlsPort: HBONEPort,
+			}
+			return w
+		case ip == nil && (a.Type == nil || *a.Type == gwv1.IPAddressType):
+			if addr, err := netip.ParseAddr(a.Value); err == nil {
+				ip = &workloadpb.GatewayAddress{
+					Destination:   &workloadpb.GatewayAddress_Address{Address: &workloadpb.NetworkAddress{Network: network, Address: addr.Unmap().AsSlice()}},
+					HboneMtlsPort: HBONEPort,
+				}
+			}
+		}
+	}
+	w.Address = ip
+	return w
+}
+
+// Binding is the waypoint an object asks for through its labels.
+type Binding struct {
+	// Key is the waypoint's "<namespace>/<name>"; empty for none.
+	Key string
+	// Explicit is true when the object itself carries the label, false when
+	// it inherits it from its namespace.
+	Explicit bool
+}
+
+// BindingFor reads istio.io/use-waypoint(-namespace) from an object and its
+// namespace. The object's own label wins, and "none" on the object opts out
+// even when its namespace names a waypoint.
+func BindingFor(objNamespace string, objLabels, nsLabels map[string]string) Binding {
+	if name, ok := objLabels[LabelUseWaypoint]; ok {
+		if name == "" || name == ForNone {
+			return Binding{}
+		}
+		ns := objNamespace
+		if v := objLabels[LabelUseWaypointNamespace]; v != "" {
+			ns = v
+		}
+		return Binding{Key: ns + "/" + name, Explicit: true}
+	}
+	if name := nsLabels[LabelUseWaypoint]; name != "" && name != ForNone {
+		ns := objNamespace
+		if v := nsLabels[LabelUseWaypointNamespace]; v != "" {
+			ns = v
+		}
+		return Binding{Key: ns + "/" + name}
+	}
+	return Binding{}
+}
+
+// resolveWaypoint returns the address for a binding to a waypoint serving
+// kind, or nil (with the reason) when it cannot be used.
+func resolveWaypoint(b Binding, wp *Waypoint, kind string) (*workloadpb.GatewayAddress, string) {
+	switch {
+	case b.Key == "":
+		return nil, ""
+	case wp == nil:
+		return nil, "waypoint " + b.Key + " not found"
+	case !wp.serves(kind):
+		return nil, fmt.Sprintf("waypoint %s serves %q traffic, not %s traffic", b.Key, wp.For, kind)
+	case wp.Address == nil:
+		return nil, "waypoint " + b.Key + " has no address yet"
+	}
+	return wp.Address, ""
+}
+
+// PodInput is what a pod's Workload is built from.
+type PodInput struct {
+	Pod *corev1.Pod
+	// Waypoint is the waypoint the pod is bound to, resolved; nil for none.
+	Waypoint *Waypoint
+	// Binding is the pod's waypoint binding (BindingFor).
+	Binding Binding
+	// IsWaypoint is true for a waypoint's own pod: it never gets a waypoint.
+	IsWaypoint bool
+	// Services maps "<namespace>/<hostname>" to the ports the pod serves for
+	// that Service (ServicePorts).
+	Services map[string][]*workloadpb.Port
+	// Policies are the resource names of the workload-selector policies
+	// that select the pod.
+	Policies []string
+}
+
+// Workload builds a pod's Workload, or returns nil when the pod is not a
+// workload yet or any more (no IP, or terminated). note explains a waypoint
+// binding that was ignored, for logs.
+func (c Config) Workload(in PodInput) (w *workloadpb.Workload, note string) {
+	c = c.withDefaults()
+	p := in.Pod
+	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+		return nil, ""
+	}
+	addrs := podIPs(p)
+	if len(addrs) == 0 {
+		return nil, ""
+	}
+	w = &workloadpb.Workload{
+		Uid:                   PodUID(c.ClusterID, p.Namespace, p.Name),
+		Name:                  p.Name,
+		Namespace:             p.Namespace,
+		Addresses:             addrs,
+		Network:               c.Network,
+		ServiceAccount:        serviceAccount(p),
+		Node:                  p.Spec.NodeName,
+		ClusterId:             c.ClusterID,
+		WorkloadType:          workloadpb.WorkloadType_POD,
+		WorkloadName:          workloadName(p),
+		Status:                workloadpb.WorkloadStatus_HEALTHY,
+		AuthorizationPolicies: slices.Clone(in.Policies),
+	}
+	if c.TrustDomain != "cluster.local" {
+		w.TrustDomain = c.TrustDomain
+	}
+	if p.Annotations[AnnotationRedirection] == "enabled" {
+		w.TunnelProtocol = workloadpb.TunnelProtocol_HBONE
+	}
+	if p.Spec.HostNetwork {
+		w.NetworkMode = workloadpb.NetworkMode_HOST_NETWORK
+	}
+	if !podReady(p) || p.DeletionTimestamp != nil {
+		w.Status = workloadpb.WorkloadStatus_UNHEALTHY
+	}
+	w.CanonicalName, w.CanonicalRevision = canonical(p.Labels, w.WorkloadName)
+	if !in.IsWaypoint {
+		w.Waypoint, note = resolveWaypoint(in.Binding, in.Waypoint, ForWorkload)
+	}
+	if len(in.Services) > 0 {
+		w.Services = make(map[string]*workloadpb.PortList, len(in.Services))
+		for k, ports := range in.Services {
+			w.Services[k] = &workloadpb.PortList{Ports: ports}
+		}
+	}
+	return w, note
+}
+
+func serviceAccount(p *corev1.Pod) string {
+	if p.Spec.ServiceAccountName != "" {
+		return p.Spec.ServiceAccountName
+	}
+	return "default"
+}
+
+func podIPs(p *corev1.Pod) [][]byte {
+	ips := p.Status.PodIPs
+	if len(ips) == 0 && p.Status.PodIP != "" {
+		ips = []corev1.PodIP{{IP: p.Status.PodIP}}
+	}
+	var out [][]byte
+	for _, ip := range ips {
+		a, err := netip.ParseAddr(ip.IP)
+		if err != nil {
+			continue
+		}
+		out = append(out, a.Unmap().AsSlice())
+	}
+	return out
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// workloadName names the controller a pod belongs to: the Deployment for a
+// pod of a ReplicaSet made by one (the ReplicaSet's name less its
+// pod-template-hash suffix), the CronJob for a pod of a Job it made, else the
+// owning controller, else the pod itself.
+func workloadName(p *corev1.Pod) string {
+	for _, ref := range p.OwnerReferences {
+		if ref.Controller == nil || !*ref.Controller {
+			continue
+		}
+		switch ref.Kind {
+		case "ReplicaSet":
+			if h := p.Labels[labelPodTemplateHash]; h != "" {
+				if name, ok := strings.CutSuffix(ref.Name, "-"+h); ok {
+					return name
+				}
+			}
+		case "Job":
+			// A CronJob names its Jobs <cronjob>-<scheduled time in minutes>.
+			if i := strings.LastIndexByte(ref.Name, '-'); i > 0 && isDigits(ref.Name[i+1:]) && p.Labels["batch.kubernetes.io/cronjob-name"] == ref.Name[:i] {
+				return ref.Name[:i]
+			}
+		}
+		return ref.Name
+	}
+	return p.Name
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// canonical returns the canonical service name and revision of a workload,
+// from Istio's labels, then the Kubernetes recommended ones, then app/version.
+func canonical(labels map[string]string, workload string) (string, string) {
+	name := firstLabel(labels, labelCanonicalName, "app.kubernetes.io/name", "app")
+	if name == "" {
+		name = workload
+	}
+	rev := firstLabel(labels, labelCanonicalRevision, "app.kubernetes.io/version", "version")
+	if rev == "" {
+		rev = "latest"
+	}
+	return name, rev
+}
+
+func firstLabel(labels map[string]string, keys ...string) string {
+	for _, k := range keys {
+		if v := labels[k]; v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// ServiceInput is what a Service resource is built from.
+type ServiceInput struct {
+	Service  *corev1.Service
+	Waypoint *Waypoint
+	Binding  Binding
+	// IsWaypoint is true for a waypoint's own Service.
+	IsWaypoint bool
+}
+
+// Service builds a Service resource, or nil for an ExternalName Service.
+func (c Config) Service(in ServiceInput) (s *workloadpb.Service, note string) {
+	c = c.withDefaults()
+	svc := in.Service
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil, ""
+	}
+	s = &workloadpb.Service{
+		Name:      svc.Name,
+		Namespace: svc.Namespace,
+		Hostname:  Hostname(svc.Name, svc.Namespace, c.ClusterDomain),
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	for _, ip := range ips {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: a.Unmap().AsSlice()})
+		}
+	}
+	for _, p := range svc.Spec.Ports {
+		port := &workloadpb.Port{ServicePort: uint32(p.Port), AppProtocol: appProtocol(p)}
+		if p.TargetPort.Type == intstr.Int {
+			port.TargetPort = uint32(p.TargetPort.IntVal)
+		}
+		if p.TargetPort.Type == intstr.Int && p.TargetPort.IntVal == 0 {
+			port.TargetPort = uint32(p.Port)
+		}
+		s.Ports = append(s.Ports, port)
+	}
+	s.LoadBalancing = loadBalancing(svc)
+	if !in.IsWaypoint {
+		s.Waypoint, note = resolveWaypoint(in.Binding, in.Waypoint, ForService)
+	}
+	return s, note
+}
+
+// appProtocol maps a Service port's appProtocol, or else its name prefix
+// (Istio's port-naming convention), to the xDS enum.
+func appProtocol(p corev1.ServicePort) workloadpb.AppProtocol {
+	proto := ""
+	if p.AppProtocol != nil {
+		proto = strings.ToLower(*p.AppProtocol)
+	} else {
+		proto, _, _ = strings.Cut(strings.ToLower(p.Name), "-")
+	}
+	switch proto {
+	case "http", "kubernetes.io/http":
+		return workloadpb.AppProtocol_HTTP11
+	case "http2", "kubernetes.io/h2c":
+		return workloadpb.AppProtocol_HTTP2
+	case "grpc":
+		return workloadpb.AppProtocol_GRPC
+	case "tcp":
+		return workloadpb.AppProtocol_TCP
+	case "tls", "https":
+		return workloadpb.AppProtocol_TLS
+	}
+	return workloadpb.AppProtocol_UNKNOWN
+}
+
+// loadBalancing maps internalTrafficPolicy and trafficDistribution.
+func loadBalancing(svc *corev1.Service) *workloadpb.LoadBalancing {
+	if p := svc.Spec.InternalTrafficPolicy; p != nil && *p == corev1.ServiceInternalTrafficPolicyLocal {
+		return &workloadpb.LoadBalancing{
+			RoutingPreference: []workloadpb.LoadBalancing_Scope{workloadpb.LoadBalancing_NODE},
+			Mode:              workloadpb.LoadBalancing_STRICT,
+		}
+	}
+	if svc.Spec.TrafficDistribution == nil {
+		return nil
+	}
+	scopes := []workloadpb.LoadBalancing_Scope{
+		workloadpb.LoadBalancing_NETWORK, workloadpb.LoadBalancing_REGION,
+		workloadpb.LoadBalancing_ZONE, workloadpb.LoadBalancing_SUBZONE,
+	}
+	switch *svc.Spec.TrafficDistribution {
+	case corev1.ServiceTrafficDistributionPreferClose, corev1.ServiceTrafficDistributionPreferSameZone:
+	case corev1.ServiceTrafficDistributionPreferSameNode:
+		scopes = append(scopes, workloadpb.LoadBalancing_NODE)
+	default:
+		return nil
+	}
+	return &workloadpb.LoadBalancing{RoutingPreference: scopes, Mode: workloadpb.LoadBalancing_FAILOVER}
+}
+
+// ServicePorts returns the ports a Service's endpoint in slice serves: each
+// service port with its target port as the EndpointSlice resolved it
+// (matching by port name), or the service's numeric target port when the
+// slice does not list it. A named target port the slice did not resolve is
+// left out.
+func ServicePorts(svc *corev1.Service, slice *discoveryv1.EndpointSlice) []*workloadpb.Port {
+	var out []*workloadpb.Port
+	for _, sp := range svc.Spec.Ports {
+		port := &workloadpb.Port{ServicePort: uint32(sp.Port)}
+		found := false
+		for _, ep := range slice.Ports {
+			name := ""
+			if ep.Name != nil {
+				name = *ep.Name
+			}
+			if name == sp.Name && ep.Port != nil {
+				port.TargetPort = uint32(*ep.Port)
+				found = true
+				break
+			}
+		}
+		if !found {
+			switch {
+			case sp.TargetPort.Type == intstr.Int && sp.TargetPort.IntVal != 0:
+				port.TargetPort = uint32(sp.TargetPort.IntVal)
+			case sp.TargetPort.Type == intstr.Int:
+				port.TargetPort = uint32(sp.Port)
+			default:
+				continue
+			}
+		}
+		out = append(out, port)
+	}
+	return out
+}
+
+// SelectorMatches reports whether a policy's match labels select labels. An
+// empty selector selects everything.
+func SelectorMatches(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if got, ok := labels[k]; !ok || got != v {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,197 @@
+package authpolicy
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	metav1alpha1 "istio.io/api/meta/v1alpha1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	securityclient "istio.io/client-go/pkg/clientset/versioned/typed/security/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// StatusWriter writes the ZtunnelAccepted condition onto policies, leaving
+// every other condition (a waypoint's, for instance) alone. Set is cheap and
+// may be called from any goroutine; the writes happen in Run, retried with
+// backoff, and skipped when the policy already shows the condition.
+type StatusWriter struct {
+	client securityclient.AuthorizationPoliciesGetter
+	store  cache.Indexer
+	log    *slog.Logger
+	queue  workqueue.TypedRateLimitingInterface[string]
+	writes *prometheus.CounterVec
+
+	mu      sync.Mutex
+	pending map[string]desired // guarded by mu; by "<ns>/<name>"
+}
+
+type desired struct {
+	generation int64
+	cond       *Condition // nil removes the condition
+}
+
+// NewStatusWriter returns a writer that reads policies from store (the
+// policy informer's) and writes through client. It starts nothing.
+func NewStatusWriter(client securityclient.AuthorizationPoliciesGetter, store cache.Indexer, log *slog.Logger, reg prometheus.Registerer) (*StatusWriter, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w := &StatusWriter{
+		client: client, store: store, log: log, pending: map[string]desired{},
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-status"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_policy_status_writes_total",
+			Help: "AuthorizationPolicy status writes, by result.",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		if err := reg.Register(w.writes); err != nil {
+			return nil, fmt.Errorf("creating policy status writer: registering metrics: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// SetCondition records the condition a policy should show (nil: none).
+func (w *StatusWriter) SetCondition(namespace, name string, generation int64, c *Condition) {
+	key := namespace + "/" + name
+	w.mu.Lock()
+	w.pending[key] = desired{generation: generation, cond: c}
+	w.mu.Unlock()
+	w.queue.Add(key)
+}
+
+// Run writes until ctx is done.
+func (w *StatusWriter) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		wait.UntilWithContext(ctx, w.worker, time.Second)
+	}()
+	<-ctx.Done()
+	w.queue.ShutDown()
+	wg.Wait()
+	return nil
+}
+
+func (w *StatusWriter) worker(ctx context.Context) {
+	for {
+		key, quit := w.queue.Get()
+		if quit {
+			return
+		}
+		err := w.sync(ctx, key)
+		switch {
+		case err == nil:
+			w.queue.Forget(key)
+		case apierrors.IsConflict(err):
+			w.queue.AddRateLimited(key) // re-read and retry, quietly
+		default:
+			w.writes.WithLabelValues("error").Inc()
+			w.log.Warn("writing policy status failed; retrying", "policy", key, "error", err)
+			w.queue.AddRateLimited(key)
+		}
+		w.queue.Done(key)
+	}
+}
+
+func (w *StatusWriter) sync(ctx context.Context, key string) error {
+	w.mu.Lock()
+	d, ok := w.pending[key]
+	w.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	obj, exists, err := w.store.GetByKey(key)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		w.forget(key, d)
+		return nil
+	}
+	p := obj.(*securityv1.AuthorizationPolicy)
+	status, changed := withCondition(&p.Status, d, time.Now())
+	if !changed {
+		w.forget(key, d)
+		return nil
+	}
+	p = p.DeepCopy()
+	proto.Reset(&p.Status)
+	proto.Merge(&p.Status, status)
+	_, err = w.client.AuthorizationPolicies(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		w.forget(key, d)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("updating status of AuthorizationPolicy %s: %w", key, err)
+	}
+	w.writes.WithLabelValues("ok").Inc()
+	w.forget(key, d)
+	return nil
+}
+
+// forget drops the pending entry if it is still d.
+func (w *StatusWriter) forget(key string, d desired) {
+	w.mu.Lock()
+	if cur, ok := w.pending[key]; ok && cur.generation == d.generation && condEq(cur.cond, d.cond) {
+		delete(w.pending, key)
+	}
+	w.mu.Unlock()
+}
+
+func condEq(a, b *Condition) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// withCondition returns the status with the control plane's condition set
+// (or removed), and whether anything changed.
+func withCondition(cur *metav1alpha1.IstioStatus, d desired, now time.Time) (*metav1alpha1.IstioStatus, bool) {
+	out := proto.Clone(cur).(*metav1alpha1.IstioStatus)
+	var kept []*metav1alpha1.IstioCondition
+	var old *metav1alpha1.IstioCondition
+	for _, c := range out.GetConditions() {
+		if c.GetType() == ConditionType {
+			old = c
+			continue
+		}
+		kept = append(kept, c)
+	}
+	if d.cond == nil {
+		out.Conditions = kept
+		return out, old != nil
+	}
+	st := "False"
+	if d.cond.Status {
+		st = "True"
+	}
+	next := &metav1alpha1.IstioCondition{
+		Type: ConditionType, Status: st, Reason: d.cond.Reason, Message: d.cond.Message,
+		ObservedGeneration: d.generation, LastTransitionTime: timestamppb.New(now),
+	}
+	if old != nil && old.GetStatus() == st {
+		next.LastTransitionTime = old.GetLastTransitionTime()
+	}
+	if old != nil && old.GetStatus() == st && old.GetReason() == next.Reason && old.GetMessage() == next.Message &&
+		old.GetObservedGeneration() == next.ObservedGeneration {
+		return cur, false
+	}
+	out.Conditions = append(kept, next)
+	return out, true
+}

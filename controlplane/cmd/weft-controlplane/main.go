@@ -1,0 +1,201 @@
+// Command weft-controlplane is Weft's control plane: the mesh CA, workload
+// discovery over delta xDS and L4 authorization policy for ztunnel and
+// waypoints. Every setting is a flag; each flag's default comes from the
+// environment variable named in its help (Istio's name where istiod has
+// one), so the chart sets env and a developer passes flags.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/weftmesh/weft/controlplane"
+)
+
+// options are the command's settings beyond controlplane.Config.
+type options struct {
+	kubeconfig string
+	logFormat  string
+	logLevel   string
+	qps        float64
+	burst      int
+}
+
+func main() {
+	cfg, opts, err := parse(os.Args[1:], os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "weft-controlplane:", err)
+		os.Exit(2)
+	}
+	log, err := newLogger(opts.logFormat, opts.logLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "weft-controlplane:", err)
+		os.Exit(2)
+	}
+	if err := run(cfg, opts, log); err != nil {
+		log.Error("control plane failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+func run(cfg controlplane.Config, opts options, log *slog.Logger) error {
+	rc, err := restConfig(opts.kubeconfig)
+	if err != nil {
+		return err
+	}
+	rc.QPS, rc.Burst = float32(opts.qps), opts.burst
+	rc.UserAgent = "weft-controlplane"
+	var clients controlplane.Clients
+	if clients.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+		return fmt.Errorf("creating the Kubernetes client: %w", err)
+	}
+	if clients.Istio, err = istioclient.NewForConfig(rc); err != nil {
+		return fmt.Errorf("creating the Istio API client: %w", err)
+	}
+	if clients.Gateway, err = gwclient.NewForConfig(rc); err != nil {
+		return fmt.Errorf("creating the Gateway API client: %w", err)
+	}
+	cp, err := controlplane.New(cfg, clients, log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return cp.Run(ctx)
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("reading the in-cluster API configuration (outside a cluster, pass --kubeconfig): %w", err)
+		}
+		return rc, nil
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return rc, nil
+}
+
+// parse reads flags, with defaults from the environment, into a validated
+// Config.
+func parse(args []string, getenv func(string) string) (controlplane.Config, options, error) {
+	var cfg controlplane.Config
+	var opts options
+	fs := flag.NewFlagSet("weft-controlplane", flag.ContinueOnError)
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var errs []error
+	envDur := func(name string, def time.Duration) time.Duration {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return d
+	}
+	envBool := func(name string, def bool) bool {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return b
+	}
+	var trusted, extraDNS string
+	var xdsAuth, waypoints bool
+	fs.StringVar(&cfg.Namespace, "namespace", env("POD_NAMESPACE", ""), "release namespace (env POD_NAMESPACE)")
+	fs.StringVar(&cfg.ServiceName, "service-name", env("SERVICE_NAME", "weft-controlplane"), "the control plane's Service, named in its certificate (env SERVICE_NAME)")
+	fs.StringVar(&extraDNS, "extra-dns-names", env("EXTRA_DNS_NAMES", ""), "comma-separated extra DNS names for the serving certificate (env EXTRA_DNS_NAMES)")
+	fs.StringVar(&cfg.TrustDomain, "trust-domain", env("TRUST_DOMAIN", "cluster.local"), "SPIFFE trust domain (env TRUST_DOMAIN)")
+	fs.StringVar(&cfg.ClusterID, "cluster-id", env("CLUSTER_ID", "Kubernetes"), "cluster name in workload uids (env CLUSTER_ID)")
+	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", env("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Service hostnames (env CLUSTER_DOMAIN)")
+	fs.StringVar(&cfg.Network, "network", env("NETWORK", ""), "network of every workload (env NETWORK)")
+	fs.StringVar(&cfg.RootNamespace, "root-namespace", env("ROOT_NAMESPACE", ""), "namespace of mesh-wide policies; default the release namespace (env ROOT_NAMESPACE)")
+	fs.StringVar(&trusted, "trusted-node-accounts", env("CA_TRUSTED_NODE_ACCOUNTS", ""), "comma-separated <namespace>/<service account> of node proxies; default <namespace>/ztunnel (env CA_TRUSTED_NODE_ACCOUNTS)")
+	fs.StringVar(&cfg.TokenAudience, "token-audience", env("TOKEN_AUDIENCE", "istio-ca"), "audience of callers' tokens (env TOKEN_AUDIENCE)")
+	fs.DurationVar(&cfg.TokenReviewCacheTTL, "token-review-cache", envDur("TOKEN_REVIEW_CACHE", 10*time.Second), "reuse a TokenReview for the same token this long; negative disables (env TOKEN_REVIEW_CACHE)")
+	fs.BoolVar(&xdsAuth, "xds-auth", envBool("XDS_AUTH", true), "require a token on TLS xDS streams (env XDS_AUTH)")
+	fs.DurationVar(&cfg.DefaultCertTTL, "default-cert-ttl", envDur("DEFAULT_WORKLOAD_CERT_TTL", 24*time.Hour), "workload certificate lifetime when none is asked (env DEFAULT_WORKLOAD_CERT_TTL)")
+	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", envDur("MAX_WORKLOAD_CERT_TTL", 90*24*time.Hour), "longest workload certificate (env MAX_WORKLOAD_CERT_TTL)")
+	fs.StringVar(&cfg.CASecret, "ca-secret", env("CA_SECRET", "istio-ca-secret"), "Secret of the self-signed root (env CA_SECRET)")
+	fs.StringVar(&cfg.PluginCASecret, "plugin-ca-secret", env("PLUGIN_CA_SECRET", "cacerts"), "Secret of a user-supplied CA, used when it exists (env PLUGIN_CA_SECRET)")
+	fs.StringVar(&cfg.SecureAddr, "secure-addr", env("SECURE_ADDR", ":15012"), "CA and xDS over TLS (env SECURE_ADDR)")
+	fs.StringVar(&cfg.PlaintextAddr, "plaintext-addr", env("PLAINTEXT_ADDR", ""), "plaintext xDS, e.g. :15010; empty disables (env PLAINTEXT_ADDR)")
+	fs.StringVar(&cfg.MonitorAddr, "monitor-addr", env("MONITOR_ADDR", ":15014"), "/ready, /metrics, /debug (env MONITOR_ADDR)")
+	fs.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", envDur("PILOT_DEBOUNCE_AFTER", 10*time.Millisecond), "push once no change arrived for this long (env PILOT_DEBOUNCE_AFTER)")
+	fs.DurationVar(&cfg.DebounceMax, "debounce-max", envDur("PILOT_DEBOUNCE_MAX", 100*time.Millisecond), "push at most this long after a change (env PILOT_DEBOUNCE_MAX)")
+	fs.BoolVar(&waypoints, "waypoints", envBool("PILOT_ENABLE_AMBIENT_WAYPOINTS", true), "watch Gateways for waypoints (env PILOT_ENABLE_AMBIENT_WAYPOINTS)")
+	fs.StringVar(&opts.kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig; default the in-cluster configuration (env KUBECONFIG)")
+	fs.StringVar(&opts.logFormat, "log-format", env("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
+	fs.StringVar(&opts.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	fs.Float64Var(&opts.qps, "kube-qps", 50, "API request rate")
+	fs.IntVar(&opts.burst, "kube-burst", 100, "API request burst")
+	if err := fs.Parse(args); err != nil {
+		return cfg, opts, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, opts, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if len(errs) > 0 {
+		return cfg, opts, errs[0]
+	}
+	cfg.TrustedNodeAccounts = splitList(trusted)
+	cfg.ExtraDNSNames = splitList(extraDNS)
+	cfg.XDSAuth, cfg.Waypoints = &xdsAuth, &waypoints
+	if err := cfg.Validate(); err != nil {
+		return cfg, opts, err
+	}
+	return cfg, opts, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func newLogger(format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
+	}
+	o := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want json or text", format)
+}

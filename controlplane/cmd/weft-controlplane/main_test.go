@@ -1,0 +1,62 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParse(t *testing.T) {
+	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+	t.Run("defaults from the environment", func(t *testing.T) {
+		cfg, opts, err := parse(nil, env(map[string]string{
+			"POD_NAMESPACE": "weft-system", "CA_TRUSTED_NODE_ACCOUNTS": "weft-system/ztunnel, infra/node-proxy",
+			"PILOT_DEBOUNCE_AFTER": "5ms", "LOG_FORMAT": "text", "XDS_AUTH": "false",
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff([]string{"weft-system/ztunnel", "infra/node-proxy"}, cfg.TrustedNodeAccounts); diff != "" {
+			t.Errorf("trusted accounts (-want +got):\n%s", diff)
+		}
+		if cfg.RootNamespace != "weft-system" || cfg.DebounceQuiet != 5*time.Millisecond || *cfg.XDSAuth || opts.logFormat != "text" {
+			t.Errorf("cfg %+v opts %+v", cfg, opts)
+		}
+		if cfg.SecureAddr != ":15012" || cfg.MonitorAddr != ":15014" || cfg.PlaintextAddr != "" {
+			t.Errorf("addresses %q %q %q", cfg.SecureAddr, cfg.MonitorAddr, cfg.PlaintextAddr)
+		}
+	})
+	t.Run("flags win", func(t *testing.T) {
+		cfg, _, err := parse([]string{"--namespace", "a", "--trust-domain", "example.org"}, env(map[string]string{"POD_NAMESPACE": "b"}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.Namespace != "a" || cfg.TrustDomain != "example.org" || cfg.TrustedNodeAccounts[0] != "a/ztunnel" {
+			t.Errorf("cfg %+v", cfg)
+		}
+	})
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr string
+	}{
+		{"no namespace", nil, nil, "no namespace"},
+		{"bad duration", nil, map[string]string{"POD_NAMESPACE": "x", "MAX_WORKLOAD_CERT_TTL": "soon"}, "MAX_WORKLOAD_CERT_TTL"},
+		{"ttl above 90 days", []string{"--namespace", "x", "--max-cert-ttl", "2200h"}, nil, "above 90 days"},
+		{"bad trusted account", []string{"--namespace", "x", "--trusted-node-accounts", "ztunnel"}, nil, "trusted node account"},
+		{"bad trust domain", []string{"--namespace", "x", "--trust-domain", "Bad Domain"}, nil, "trust domain"},
+		{"unknown flag", []string{"--nope"}, nil, "nope"},
+		{"stray argument", []string{"--namespace", "x", "extra"}, nil, "unexpected arguments"},
+		{"bad address", []string{"--namespace", "x", "--monitor-addr", "15014"}, nil, "listen address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := parse(tc.args, env(tc.env))
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("err %v, want it to mention %q", err, tc.wantErr)
+			}
+		})
+	}
+}

@@ -1,0 +1,507 @@
+// Package controlplane assembles Weft's control plane, what istiod is to
+// Istio's ambient mode minus sidecars: the mesh CA, workload discovery over
+// delta xDS and L4 authorization policy, served to ztunnel and waypoints.
+//
+// # Ports
+//
+//	15012  gRPC over TLS: IstioCertificateService (the CA) and delta ADS.
+//	       The serving certificate names <service>.<namespace>.svc and
+//	       istiod.<namespace>.svc (and their .svc.<cluster domain> forms) and
+//	       is signed by the mesh root, which clients read from ConfigMap
+//	       istio-ca-root-cert. xDS streams authenticate like CA calls, with a
+//	       service-account token for audience istio-ca.
+//	15010  plaintext delta ADS, unauthenticated; off unless configured.
+//	15014  HTTP: /ready, /metrics, and /debug/xds (loopback callers only).
+//
+// # Start-up
+//
+// Run loads (or creates) the root CA, starts the informers, publishes the
+// whole cluster's workload state once, and only then serves gRPC and
+// reports ready, so that no client is ever handed an empty mesh.
+package controlplane
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	istioinformers "istio.io/client-go/pkg/informers/externalversions"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/controlplane/authpolicy"
+	"github.com/weftmesh/weft/controlplane/ca"
+	"github.com/weftmesh/weft/controlplane/xdsserver"
+	"github.com/weftmesh/weft/internal/spiffe"
+)
+
+// Config configures the control plane. Zero fields take the defaults named;
+// Validate applies them.
+type Config struct {
+	// Namespace is the release namespace (the pod's own). Required.
+	Namespace string
+	// ServiceName is the control plane's Service, named in its serving
+	// certificate. Default "weft-controlplane".
+	ServiceName string
+	// ExtraDNSNames are further names for the serving certificate.
+	ExtraDNSNames []string
+	// TrustDomain of the mesh. Default "cluster.local".
+	TrustDomain string
+	// ClusterID names this cluster in workload uids and must match the
+	// clusterid clients send. Default "Kubernetes".
+	ClusterID string
+	// ClusterDomain is the DNS suffix of Service hostnames. Default
+	// "cluster.local".
+	ClusterDomain string
+	// Network of every workload. Default "".
+	Network string
+	// RootNamespace holds mesh-wide AuthorizationPolicies. Default Namespace.
+	RootNamespace string
+	// TrustedNodeAccounts may request the identities of pods on their node.
+	// Default ["<Namespace>/ztunnel"].
+	TrustedNodeAccounts []string
+	// TokenAudience of callers' tokens. Default "istio-ca".
+	TokenAudience string
+	// TokenReviewCacheTTL reuses a TokenReview for the same token. Default
+	// 10s; negative disables.
+	TokenReviewCacheTTL time.Duration
+	// XDSAuth requires a token on the TLS port's xDS streams. Default true.
+	XDSAuth *bool
+	// DefaultCertTTL and MaxCertTTL bound workload certificates. Defaults
+	// 24h and 90 days.
+	DefaultCertTTL, MaxCertTTL time.Duration
+	// CASecret and PluginCASecret name the root CA's Secrets. Defaults
+	// "istio-ca-secret" and "cacerts".
+	CASecret, PluginCASecret string
+	// SecureAddr serves CA and xDS over TLS. Default ":15012".
+	SecureAddr string
+	// PlaintextAddr serves plaintext xDS when set (":15010"). Default off.
+	PlaintextAddr string
+	// MonitorAddr serves /ready, /metrics and /debug. Default ":15014".
+	MonitorAddr string
+	// DebounceQuiet and DebounceMax batch changes before a push. Defaults
+	// 10ms and 100ms.
+	DebounceQuiet, DebounceMax time.Duration
+	// Waypoints watches Gateways for waypoints. Default true; without the
+	// Gateway API CRDs the control plane runs without waypoints.
+	Waypoints *bool
+	// ShutdownGrace bounds the drain of gRPC streams. Default 5s.
+	ShutdownGrace time.Duration
+}
+
+// Validate applies the defaults and checks the configuration.
+func (c *Config) Validate() error {
+	if c.Namespace == "" {
+		return errors.New("no namespace: set POD_NAMESPACE or --namespace")
+	}
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.ServiceName, "weft-controlplane")
+	def(&c.TrustDomain, "cluster.local")
+	def(&c.ClusterID, "Kubernetes")
+	def(&c.ClusterDomain, "cluster.local")
+	def(&c.RootNamespace, c.Namespace)
+	def(&c.TokenAudience, ca.DefaultAudience)
+	def(&c.CASecret, ca.DefaultSecretName)
+	def(&c.PluginCASecret, ca.DefaultPluginSecretName)
+	def(&c.SecureAddr, ":15012")
+	def(&c.MonitorAddr, ":15014")
+	if c.TrustedNodeAccounts == nil {
+		c.TrustedNodeAccounts = []string{c.Namespace + "/ztunnel"}
+	}
+	if c.XDSAuth == nil {
+		t := true
+		c.XDSAuth = &t
+	}
+	if c.Waypoints == nil {
+		t := true
+		c.Waypoints = &t
+	}
+	if c.DefaultCertTTL == 0 {
+		c.DefaultCertTTL = spiffe.DefaultCertTTL
+	}
+	if c.MaxCertTTL == 0 {
+		c.MaxCertTTL = spiffe.DefaultMaxCertTTL
+	}
+	if c.DebounceQuiet == 0 {
+		c.DebounceQuiet = ambient.DefaultDebounceQuiet
+	}
+	if c.DebounceMax == 0 {
+		c.DebounceMax = ambient.DefaultDebounceMax
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 5 * time.Second
+	}
+	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
+		return fmt.Errorf("trust domain %q: %w", c.TrustDomain, err)
+	}
+	for _, a := range c.TrustedNodeAccounts {
+		if ns, sa, ok := strings.Cut(a, "/"); !ok || ns == "" || sa == "" {
+			return fmt.Errorf("trusted node account %q is not <namespace>/<service account>", a)
+		}
+	}
+	switch {
+	case c.DefaultCertTTL < 0 || c.MaxCertTTL < c.DefaultCertTTL:
+		return fmt.Errorf("certificate TTLs: default %v must be positive and at most the maximum %v", c.DefaultCertTTL, c.MaxCertTTL)
+	case c.MaxCertTTL > spiffe.DefaultMaxCertTTL:
+		return fmt.Errorf("maximum certificate TTL %v is above 90 days", c.MaxCertTTL)
+	case c.DebounceQuiet < 0 || c.DebounceMax < c.DebounceQuiet:
+		return fmt.Errorf("debounce: quiet %v must be positive and at most max %v", c.DebounceQuiet, c.DebounceMax)
+	}
+	for _, a := range []string{c.SecureAddr, c.MonitorAddr, c.PlaintextAddr} {
+		if a == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("listen address %q: %w", a, err)
+		}
+	}
+	return nil
+}
+
+// DNSNames are the names in the serving certificate.
+func (c *Config) DNSNames() []string {
+	var out []string
+	for _, svc := range []string{c.ServiceName, "istiod"} {
+		out = append(out, svc+"."+c.Namespace+".svc", svc+"."+c.Namespace+".svc."+c.ClusterDomain)
+	}
+	return append(out, c.ExtraDNSNames...)
+}
+
+// Clients are the API clients. Gateway may be nil (no waypoints).
+type Clients struct {
+	Kube    kubernetes.Interface
+	Istio   istioclient.Interface
+	Gateway gwclient.Interface
+}
+
+// ControlPlane is the assembled control plane.
+type ControlPlane struct {
+	cfg     Config
+	clients Clients
+	log     *slog.Logger
+	reg     *prometheus.Registry
+
+	ready   atomic.Bool
+	readyCh chan struct{}
+	addrs   map[string]net.Addr // set before readyCh is closed
+	roots   []byte              // set before readyCh is closed
+	xds     *xdsserver.Server
+}
+
+// New returns a control plane for a validated cfg. It starts nothing.
+func New(cfg Config, clients Clients, log *slog.Logger) (*ControlPlane, error) {
+	if clients.Kube == nil || clients.Istio == nil {
+		return nil, errors.New("creating control plane: the Kubernetes and Istio clients are required")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &ControlPlane{cfg: cfg, clients: clients, log: log, reg: reg, readyCh: make(chan struct{}), addrs: map[string]net.Addr{}}, nil
+}
+
+// Ready is closed once the control plane serves.
+func (cp *ControlPlane) Ready() <-chan struct{} { return cp.readyCh }
+
+// Addr returns the bound address of a listener ("secure", "plaintext",
+// "monitor") once Ready is closed.
+func (cp *ControlPlane) Addr(name string) net.Addr { return cp.addrs[name] }
+
+// RootsPEM returns the mesh roots once Ready is closed.
+func (cp *ControlPlane) RootsPEM() []byte { return cp.roots }
+
+// Registry is the control plane's metrics registry.
+func (cp *ControlPlane) Registry() *prometheus.Registry { return cp.reg }
+
+// XDS is the xDS server (for tests and debugging). Set once Run started.
+func (cp *ControlPlane) XDS() *xdsserver.Server { return cp.xds }
+
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// Run runs the control plane until ctx is done, then drains and returns.
+func (cp *ControlPlane) Run(ctx context.Context) error {
+	cfg, log := cp.cfg, cp.log
+	td := spiffeid.RequireTrustDomainFromString(cfg.TrustDomain)
+
+	mesh, err := ca.LoadCA(ctx, cp.clients.Kube.CoreV1(), ca.KeystoreConfig{
+		Namespace: cfg.Namespace, SecretName: cfg.CASecret, PluginSecretName: cfg.PluginCASecret, Logger: log,
+		CA: spiffe.CAConfig{TrustDomain: td, DefaultTTL: cfg.DefaultCertTTL, MaxTTL: cfg.MaxCertTTL},
+	})
+	if err != nil {
+		return err
+	}
+	cp.roots = mesh.RootsPEM()
+	serving, err := ca.NewServingCert(mesh, cfg.DNSNames(), 0, log)
+	if err != nil {
+		return err
+	}
+
+	// Informers.
+	kubeInf := informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields))
+	cmInf := informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ca.RootCertConfigMap).String()
+		}))
+	istioInf := istioinformers.NewSharedInformerFactory(cp.clients.Istio, 0)
+	inf := ambient.Informers{
+		Pods:           kubeInf.Core().V1().Pods().Informer(),
+		Services:       kubeInf.Core().V1().Services().Informer(),
+		EndpointSlices: kubeInf.Discovery().V1().EndpointSlices().Informer(),
+		Namespaces:     kubeInf.Core().V1().Namespaces().Informer(),
+		Policies:       istioInf.Security().V1().AuthorizationPolicies().Informer(),
+	}
+	var gwInf gwinformers.SharedInformerFactory
+	if *cfg.Waypoints && cp.clients.Gateway != nil {
+		if ok, err := hasGatewayAPI(cp.clients.Kube); err != nil {
+			return err
+		} else if ok {
+			gwInf = gwinformers.NewSharedInformerFactory(cp.clients.Gateway, 0)
+			inf.Gateways = gwInf.Gateway().V1().Gateways().Informer()
+		} else {
+			log.Warn("the Gateway API CRDs are not installed; running without waypoints")
+		}
+	}
+	if err := ca.AddPodIndexers(inf.Pods); err != nil {
+		return err
+	}
+
+	// Parts.
+	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL},
+		cp.clients.Kube.AuthenticationV1().TokenReviews(), ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
+	if err != nil {
+		return err
+	}
+	xcfg := xdsserver.Config{Logger: log.With("part", "xds"), Registerer: cp.reg}
+	if *cfg.XDSAuth {
+		xcfg.Authenticator = authn
+	}
+	xds, err := xdsserver.New(xcfg)
+	if err != nil {
+		return err
+	}
+	cp.xds = xds
+	caServer, err := ca.NewServer(ca.ServerConfig{
+		TrustDomain: td, TrustedNodeAccounts: cfg.TrustedNodeAccounts, ClusterID: cfg.ClusterID,
+		Logger: log.With("part", "ca"), Registerer: cp.reg,
+	}, mesh, authn, ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
+	if err != nil {
+		return err
+	}
+	status, err := authpolicy.NewStatusWriter(cp.clients.Istio.SecurityV1(), inf.Policies.GetIndexer(), log.With("part", "policy-status"), cp.reg)
+	if err != nil {
+		return err
+	}
+	ctrl, err := ambient.NewController(ambient.ControllerConfig{
+		Mesh: ambient.Config{ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
+			Network: cfg.Network, RootNamespace: cfg.RootNamespace},
+		DebounceQuiet: cfg.DebounceQuiet, DebounceMax: cfg.DebounceMax,
+		Logger: log.With("part", "workloads"), Registerer: cp.reg,
+	}, inf, xds, status)
+	if err != nil {
+		return err
+	}
+	roots, err := ca.NewRootCertPublisher(mesh.RootsPEM(), inf.Namespaces, cmInf.Core().V1().ConfigMaps().Informer(),
+		cp.clients.Kube.CoreV1(), log.With("part", "root-cert"), cp.reg)
+	if err != nil {
+		return err
+	}
+
+	// Listeners, bound now so that a port conflict fails start-up.
+	var lc net.ListenConfig
+	secureLn, err := lc.Listen(ctx, "tcp", cfg.SecureAddr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", cfg.SecureAddr, err)
+	}
+	monLn, err := lc.Listen(ctx, "tcp", cfg.MonitorAddr)
+	if err != nil {
+		secureLn.Close()
+		return fmt.Errorf("listening on %s: %w", cfg.MonitorAddr, err)
+	}
+	var plainLn net.Listener
+	if cfg.PlaintextAddr != "" {
+		if plainLn, err = lc.Listen(ctx, "tcp", cfg.PlaintextAddr); err != nil {
+			secureLn.Close()
+			monLn.Close()
+			return fmt.Errorf("listening on %s: %w", cfg.PlaintextAddr, err)
+		}
+		cp.addrs["plaintext"] = plainLn.Addr()
+	}
+	cp.addrs["secure"], cp.addrs["monitor"] = secureLn.Addr(), monLn.Addr()
+
+	kp := keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
+	tlsCfg := &tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	secure := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.KeepaliveEnforcementPolicy(kp))
+	xds.Register(secure)
+	caServer.Register(secure)
+	var plain *grpc.Server
+	if plainLn != nil {
+		// The same resources, never authenticated (as istiod's 15010).
+		plain = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(kp))
+		xds.RegisterPlaintext(plain)
+	}
+	mon := &http.Server{Handler: cp.monitorMux(xds), ReadHeaderTimeout: 5 * time.Second}
+
+	kubeInf.Start(ctx.Done())
+	cmInf.Start(ctx.Done())
+	istioInf.Start(ctx.Done())
+	if gwInf != nil {
+		gwInf.Start(ctx.Done())
+	}
+	defer kubeInf.Shutdown()
+	defer cmInf.Shutdown()
+	defer istioInf.Shutdown()
+	if gwInf != nil {
+		defer gwInf.Shutdown()
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ctrl.Run(gctx) })
+	g.Go(func() error { return status.Run(gctx) })
+	g.Go(func() error { return roots.Run(gctx) })
+	g.Go(func() error { return serving.Run(gctx) })
+	g.Go(func() error { return xds.Run(gctx) })
+	g.Go(func() error {
+		if err := mon.Serve(monLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving monitoring on %s: %w", monLn.Addr(), err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		select {
+		case <-gctx.Done():
+			return nil
+		case <-ctrl.Synced():
+		}
+		if !cache.WaitForCacheSync(gctx.Done(), inf.Pods.HasSynced) {
+			return nil
+		}
+		serve := func(s *grpc.Server, ln net.Listener, name string) {
+			g.Go(func() error {
+				if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+					return fmt.Errorf("serving %s gRPC on %s: %w", name, ln.Addr(), err)
+				}
+				return nil
+			})
+		}
+		serve(secure, secureLn, "TLS")
+		if plain != nil {
+			serve(plain, plainLn, "plaintext")
+		}
+		cp.ready.Store(true)
+		close(cp.readyCh)
+		log.Info("control plane ready", "secure", secureLn.Addr().String(), "monitor", monLn.Addr().String(),
+			"plaintext", cfg.PlaintextAddr != "", "trust_domain", cfg.TrustDomain, "cluster_id", cfg.ClusterID,
+			"trusted_node_accounts", cfg.TrustedNodeAccounts)
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		// Shutdown: not ready, stop accepting, drain with a deadline.
+		cp.ready.Store(false)
+		stopGRPC(secure, cfg.ShutdownGrace)
+		if plain != nil {
+			stopGRPC(plain, cfg.ShutdownGrace)
+		}
+		secureLn.Close()
+		if plainLn != nil {
+			plainLn.Close()
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
+		defer cancel()
+		_ = mon.Shutdown(sctx)
+		return nil
+	})
+	return g.Wait()
+}
+
+// stopGRPC drains s, then stops it at the deadline (xDS streams never end
+// on their own; the xDS server's Run has already ended them).
+func stopGRPC(s *grpc.Server, grace time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		s.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.Stop()
+		<-done
+	}
+}
+
+// hasGatewayAPI reports whether gateway.networking.k8s.io/v1 Gateways are
+// served.
+func hasGatewayAPI(kube kubernetes.Interface) (bool, error) {
+	res, err := kube.Discovery().ServerResourcesForGroupVersion("gateway.networking.k8s.io/v1")
+	if err != nil {
+		if strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "could not find") {
+			return false, nil
+		}
+		return false, fmt.Errorf("discovering the Gateway API: %w", err)
+	}
+	return slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == "gateways" }), nil
+}
+
+func (cp *ControlPlane) monitorMux(xds *xdsserver.Server) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /ready", func(w http.ResponseWriter, _ *http.Request) {
+		if !cp.ready.Load() {
+			http.Error(w, "not ready: the initial workload state is not published yet", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(cp.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /debug/xds", loopbackOnly(xds.DebugHandler()))
+	return mux
+}
+
+// loopbackOnly refuses callers that are not on loopback: debug output holds
+// the whole mesh's configuration (reach it with kubectl port-forward).
+func loopbackOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil || !ap.Addr().Unmap().IsLoopback() {
+			http.Error(w, "debug endpoints answer loopback callers only; use kubectl port-forward", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}

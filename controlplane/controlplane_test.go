@@ -1,0 +1,576 @@
+package controlplane_test
+
+import (
+	"context"
+	"crypto/x509"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
+	securityv1beta1 "istio.io/api/security/v1beta1"
+	typev1beta1 "istio.io/api/type/v1beta1"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/weftmesh/weft/controlplane/ca"
+	"github.com/weftmesh/weft/controlplane/internal/apitest"
+	"github.com/weftmesh/weft/controlplane/internal/xdstest"
+	"github.com/weftmesh/weft/internal/pb/capb"
+	"github.com/weftmesh/weft/internal/pb/securitypb"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/spiffe"
+)
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustRun(t *testing.T, c *apitest.Cluster, p apitest.PodOnNode) *corev1.Pod {
+	t.Helper()
+	pod, err := c.RunPod(context.Background(), p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pod
+}
+
+// TestCAImpersonationMatrix runs every kind of caller against the real CA
+// over TLS and gRPC, with tokens issued and reviewed by the real API
+// server, and checks that exactly the allowed requests are granted.
+func TestCAImpersonationMatrix(t *testing.T) {
+	c := realAPI(t)
+	const rel, app = "weft-ca", "shop-ca"
+	cp := startControlPlane(t, c, rel, nil)
+
+	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel-a", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.10.0.2"})
+	cart := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "cart", ServiceAccount: "cart", Node: "node-a", IP: "10.10.1.2"})
+	db := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "db", ServiceAccount: "db", Node: "node-b", IP: "10.10.2.2"})
+	fake := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "fake-ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.10.1.3"})
+	gone := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "gone", ServiceAccount: "cart", Node: "node-a", IP: "10.10.1.4"})
+	goneTok := podToken(t, c, gone)
+	if err := c.Kube.CoreV1().Pods(app).Delete(context.Background(), gone.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+
+	ident := func(ns, sa string) spiffe.Identity {
+		return spiffe.Identity{TrustDomain: spiffe.DefaultTrustDomain, Namespace: ns, ServiceAccount: sa}
+	}
+	cases := []struct {
+		name        string
+		token       string
+		impersonate bool
+		want        spiffe.Identity
+		wantCode    codes.Code // OK: granted
+	}{
+		{"own identity", podToken(t, c, cart), false, ident(app, "cart"), codes.OK},
+		{"ztunnel for a pod on its node", podToken(t, c, zt), true, ident(app, "cart"), codes.OK},
+		{"ztunnel for its own identity", podToken(t, c, zt), true, ident(rel, "ztunnel"), codes.OK},
+		{"ztunnel for a pod on another node", podToken(t, c, zt), true, ident(app, "db"), codes.PermissionDenied},
+		{"ztunnel for an identity with no pod", podToken(t, c, zt), true, ident(app, "nobody"), codes.PermissionDenied},
+		{"non-ztunnel caller impersonating", podToken(t, c, cart), true, ident(app, "db"), codes.PermissionDenied},
+		{"untrusted ztunnel-named account", podToken(t, c, fake), true, ident(app, "cart"), codes.PermissionDenied},
+		{"wrong audience", podToken(t, c, cart, "kubernetes"), false, ident(app, "cart"), codes.Unauthenticated},
+		{"wrong audience as ztunnel", podToken(t, c, zt, "other"), true, ident(app, "cart"), codes.Unauthenticated},
+		{"token of a deleted pod", goneTok, false, ident(app, "cart"), codes.Unauthenticated},
+		{"garbage token", "not-a-token", false, ident(app, "cart"), codes.Unauthenticated},
+		{"db from the other node for itself", podToken(t, c, db), false, ident(app, "db"), codes.OK},
+	}
+	wrongGrants := 0
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxFor(t, 30*time.Second)
+			cl := cp.caClient(t, tc.token, tc.impersonate)
+			key, csr, err := spiffe.NewCSR(tc.want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chain, err := cl.SignCSR(ctx, csr, tc.want, time.Hour)
+			if tc.wantCode != codes.OK {
+				if err == nil {
+					wrongGrants++
+					t.Fatalf("granted %s, want %s", tc.want, tc.wantCode)
+				}
+				if got := status.Code(unwrap(err)); got != tc.wantCode {
+					t.Errorf("refused with %s (%v), want %s", got, err, tc.wantCode)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("refused: %v", err)
+			}
+			svid, err := spiffe.NewSVID(chain, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if svid.ID != tc.want {
+				wrongGrants++
+				t.Errorf("issued %s, want %s", svid.ID, tc.want)
+			}
+			if d := chain[0].NotAfter.Sub(chain[0].NotBefore); d < time.Hour || d > time.Hour+2*time.Minute {
+				t.Errorf("lifetime %v, want about the 1h asked", d)
+			}
+			if last := chain[len(chain)-1]; !last.IsCA || string(last.RawIssuer) != string(last.RawSubject) {
+				t.Error("the chain does not end with the root")
+			}
+		})
+	}
+	if wrongGrants != 0 {
+		t.Errorf("%d wrong grants", wrongGrants)
+	}
+
+	// A CSR naming another identity than the one granted is refused.
+	t.Run("CSR for another identity", func(t *testing.T) {
+		ctx := ctxFor(t, 30*time.Second)
+		_, csr, _ := spiffe.NewCSR(ident(app, "db"))
+		conn, err := grpc.NewClient(cp.secureAddr(), grpc.WithTransportCredentials(credentials.NewTLS(cp.tlsConfig(t))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+podToken(t, c, cart))
+		_, err = capb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &capb.IstioCertificateRequest{Csr: string(csr)})
+		if status.Code(err) != codes.PermissionDenied {
+			t.Errorf("got %v, want PermissionDenied", err)
+		}
+	})
+
+	// Every decision is counted.
+	body := get(t, "http://"+cp.cp.Addr("monitor").String()+"/metrics")
+	for _, want := range []string{
+		`weft_ca_requests_total{reason="identity_not_on_node",result="refused"} 2`,
+		`weft_ca_requests_total{reason="impersonation_not_trusted",result="refused"} 2`,
+		`weft_ca_requests_total{reason="ok",result="granted"} 4`,
+		`citadel_server_success_cert_issuance_count 4`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+}
+
+// unwrap finds the gRPC status error inside a wrapped error.
+func unwrap(err error) error {
+	for e := err; e != nil; {
+		if _, ok := status.FromError(e); ok {
+			return e
+		}
+		u, ok := e.(interface{ Unwrap() error })
+		if !ok {
+			break
+		}
+		e = u.Unwrap()
+	}
+	return err
+}
+
+func get(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestWorkloadDiscovery watches the resources a ztunnel-shaped client
+// receives over TLS as pods, services, endpoints, labels, waypoints and
+// policies change in the real API server.
+func TestWorkloadDiscovery(t *testing.T) {
+	c := realAPI(t)
+	const rel, app = "weft-xds", "shop-xds"
+	cp := startControlPlane(t, c, rel, nil)
+	ctx := ctxFor(t, 2*time.Minute)
+	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.20.0.2"})
+	tok := podToken(t, c, zt)
+	client, err := xdstest.New(xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = client.Run(cctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	istio, _ := istioclient.NewForConfig(c.Config)
+	gw, _ := gwclient.NewForConfig(c.Config)
+	const uid = "Kubernetes//Pod/" + app + "/web-1"
+	const svcName = app + "/web." + app + ".svc.cluster.local"
+	wait := func(what, typeURL string, cond func(map[string]*anypb.Any) bool) {
+		t.Helper()
+		if err := client.Wait(ctx, typeURL, cond); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	workload := func(m map[string]*anypb.Any) *workloadpb.Workload { return xdstest.Workload(m[uid]) }
+
+	// A pod appears.
+	mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "web-1", ServiceAccount: "web", Node: "node-a", IP: "10.20.1.5",
+		Labels: map[string]string{"app": "web"}})
+	wait("pod appears", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		w := workload(m)
+		return w != nil && len(w.GetAddresses()) == 1 && w.GetServiceAccount() == "web" && w.GetNode() == "node-a" &&
+			w.GetTunnelProtocol() == workloadpb.TunnelProtocol_NONE && w.GetTrustDomain() == ""
+	})
+
+	// The node agent marks it redirected: HBONE, and one resource sent.
+	before := len(client.Responses())
+	patch(t, c, "pods", app, "web-1", `{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"}}}`)
+	wait("pod speaks HBONE", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		return workload(m).GetTunnelProtocol() == workloadpb.TunnelProtocol_HBONE
+	})
+	for _, r := range client.Responses()[before:] {
+		if r.TypeURL == workloadpb.AddressTypeURL && (len(r.Upserts) != 1 || r.Upserts[0] != uid || len(r.Removes) != 0) {
+			t.Errorf("one pod change sent %v (removed %v), want only %s", r.Upserts, r.Removes, uid)
+		}
+	}
+
+	// A Service and its EndpointSlice.
+	svc, err := c.Kube.CoreV1().Services(app).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: app},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{
+			{Name: "http", Port: 80, TargetPort: intstr.FromString("http")}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait("service appears", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		s := xdstest.Service(m[svcName])
+		return s != nil && len(s.GetAddresses()) == 1 && len(s.GetPorts()) == 1 && s.GetPorts()[0].GetServicePort() == 80
+	})
+	name, port := "http", int32(8080)
+	_, err = c.Kube.DiscoveryV1().EndpointSlices(app).Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "web-x1", Namespace: app, Labels: map[string]string{discoveryv1.LabelServiceName: svc.Name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.20.1.5"},
+			TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: app, Name: "web-1"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait("workload lists its service", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		p := workload(m).GetServices()[svcName].GetPorts()
+		return len(p) == 1 && p[0].GetServicePort() == 80 && p[0].GetTargetPort() == 8080
+	})
+
+	// A waypoint for everything in the namespace, once it has an address.
+	_, err = gw.GatewayV1().Gateways(app).Create(ctx, &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "waypoint", Namespace: app, Labels: map[string]string{"istio.io/waypoint-for": "all"}},
+		Spec:       gwv1.GatewaySpec{GatewayClassName: "istio-waypoint", Listeners: []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	patch(t, c, "namespaces", "", app, `{"metadata":{"labels":{"istio.io/use-waypoint":"waypoint"}}}`)
+	g, err := gw.GatewayV1().Gateways(app).Get(ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := gwv1.HostnameAddressType
+	g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "waypoint." + app + ".svc.cluster.local"}}
+	if _, err := gw.GatewayV1().Gateways(app).UpdateStatus(ctx, g, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("service and pod use the waypoint", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		sw, ww := xdstest.Service(m[svcName]).GetWaypoint(), workload(m).GetWaypoint()
+		return sw.GetHostname().GetHostname() == "waypoint."+app+".svc.cluster.local" && sw.GetHboneMtlsPort() == 15008 &&
+			ww.GetHostname().GetNamespace() == app
+	})
+
+	// A selector policy: sent, listed by the pod, accepted in its status.
+	pol := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "allow-web", Namespace: app}}
+	pol.Spec.Selector = &typev1beta1.WorkloadSelector{MatchLabels: map[string]string{"app": "web"}}
+	pol.Spec.Rules = []*securityv1beta1.Rule{{From: []*securityv1beta1.Rule_From{{Source: &securityv1beta1.Source{
+		Principals: []string{"cluster.local/ns/" + app + "/sa/client"}}}}}}
+	if _, err := istio.SecurityV1().AuthorizationPolicies(app).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("policy sent", securitypb.AuthorizationTypeURL, func(m map[string]*anypb.Any) bool {
+		a := xdstest.Authorization(m[app+"/allow-web"])
+		return a.GetScope() == securitypb.Scope_WORKLOAD_SELECTOR && len(a.GetRules()) == 1
+	})
+	wait("pod lists the policy", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		p := workload(m).GetAuthorizationPolicies()
+		return len(p) == 1 && p[0] == app+"/allow-web"
+	})
+	waitCondition(t, ctx, istio, app, "allow-web", "True", "Accepted")
+
+	// A DENY with only HTTP attributes: not sent, and the status says so.
+	deny := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny-delete", Namespace: app}}
+	deny.Spec.Action = securityv1beta1.AuthorizationPolicy_DENY
+	deny.Spec.Rules = []*securityv1beta1.Rule{{To: []*securityv1beta1.Rule_To{{Operation: &securityv1beta1.Operation{Methods: []string{"DELETE"}}}}}}
+	if _, err := istio.SecurityV1().AuthorizationPolicies(app).Create(ctx, deny, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ctx, istio, app, "deny-delete", "False", "UnsupportedValue")
+	if client.Resources(securitypb.AuthorizationTypeURL)[app+"/deny-delete"] != nil {
+		t.Error("an unenforceable DENY was sent")
+	}
+
+	// A label change that unselects the pod.
+	patch(t, c, "pods", app, "web-1", `{"metadata":{"labels":{"app":"other"}}}`)
+	wait("pod unlisted", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		return len(workload(m).GetAuthorizationPolicies()) == 0
+	})
+
+	// Deletions.
+	if err := c.Kube.CoreV1().Services(app).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("service removed", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		return m[svcName] == nil && len(workload(m).GetServices()) == 0
+	})
+	if err := c.Kube.CoreV1().Pods(app).Delete(ctx, "web-1", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	wait("pod removed", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return m[uid] == nil })
+	if err := istio.SecurityV1().AuthorizationPolicies(app).Delete(ctx, "allow-web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("policy removed", securitypb.AuthorizationTypeURL, func(m map[string]*anypb.Any) bool { return m[app+"/allow-web"] == nil })
+
+	// The debug endpoint shows this client (loopback caller).
+	if body := get(t, "http://"+cp.cp.Addr("monitor").String()+"/debug/xds"); !strings.Contains(body, "ztunnel~10.0.0.1") {
+		t.Errorf("debug dump does not show the client:\n%.500s", body)
+	}
+	if body := get(t, "http://"+cp.cp.Addr("monitor").String()+"/ready"); body != "ok\n" {
+		t.Errorf("/ready = %q", body)
+	}
+}
+
+func patch(t testing.TB, c *apitest.Cluster, resource, ns, name, body string) {
+	t.Helper()
+	req := c.Kube.CoreV1().RESTClient().Patch("application/strategic-merge-patch+json").Resource(resource).Name(name).Body([]byte(body))
+	if ns != "" {
+		req = req.Namespace(ns)
+	}
+	if err := req.Do(context.Background()).Error(); err != nil {
+		t.Fatalf("patching %s %s/%s: %v", resource, ns, name, err)
+	}
+}
+
+func waitCondition(t *testing.T, ctx context.Context, istio istioclient.Interface, ns, name, st, reason string) {
+	t.Helper()
+	for {
+		p, err := istio.SecurityV1().AuthorizationPolicies(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range p.Status.GetConditions() {
+				if c.GetType() == "ZtunnelAccepted" && c.GetStatus() == st && c.GetReason() == reason && c.GetObservedGeneration() == p.Generation {
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("policy %s/%s never showed ZtunnelAccepted=%s/%s (status %v)", ns, name, st, reason, p.Status.GetConditions())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestRootCertDistribution checks that every namespace gets the root and
+// keeps it.
+func TestRootCertDistribution(t *testing.T) {
+	c := realAPI(t)
+	cp := startControlPlane(t, c, "weft-roots", nil)
+	ctx := ctxFor(t, time.Minute)
+	const ns = "roots-new"
+	if err := c.EnsureNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitRoot := func(what string) {
+		t.Helper()
+		for {
+			cm, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, ca.RootCertConfigMap, metav1.GetOptions{})
+			if err == nil && cm.Data[ca.RootCertKey] == string(cp.roots) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("%s: root not (re)published: %v", what, err)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	waitRoot("new namespace")
+	patch(t, c, "configmaps", ns, ca.RootCertConfigMap, `{"data":{"root-cert.pem":"tampered"}}`)
+	waitRoot("edited")
+	if err := c.Kube.CoreV1().ConfigMaps(ns).Delete(ctx, ca.RootCertConfigMap, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitRoot("deleted")
+	if _, err := spiffe.ParseRoots(cp.roots); err != nil {
+		t.Errorf("published roots do not parse: %v", err)
+	}
+}
+
+// TestCASecretRace starts two keystores against a namespace without a CA
+// Secret at once: both must end up with the same root.
+func TestCASecretRace(t *testing.T) {
+	c := realAPI(t)
+	ctx := ctxFor(t, time.Minute)
+	const ns = "weft-race"
+	if err := c.EnsureNamespace(ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	roots := make([][]byte, 4)
+	errs := make([]error, 4)
+	for i := range roots {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m, err := ca.LoadCA(ctx, c.Kube.CoreV1(), ca.KeystoreConfig{Namespace: ns})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			roots[i] = m.RootsPEM()
+		}()
+	}
+	wg.Wait()
+	for i := range roots {
+		if errs[i] != nil {
+			t.Fatalf("replica %d: %v", i, errs[i])
+		}
+		if string(roots[i]) != string(roots[0]) {
+			t.Errorf("replica %d has another root", i)
+		}
+	}
+	// A later start loads the same root.
+	m, err := ca.LoadCA(ctx, c.Kube.CoreV1(), ca.KeystoreConfig{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.RootsPEM()) != string(roots[0]) {
+		t.Error("a restart made a new root")
+	}
+	// A plugged-in CA wins over the self-signed one.
+	plug, err := spiffe.NewCA(spiffe.CAConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, _ := plug.KeyPEM()
+	_, err = c.Kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "cacerts"},
+		Data: map[string][]byte{"ca-cert.pem": plug.CertPEM(), "ca-key.pem": key, "root-cert.pem": plug.RootsPEM(), "cert-chain.pem": plug.CertPEM()}},
+		metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err = ca.LoadCA(ctx, c.Kube.CoreV1(), ca.KeystoreConfig{Namespace: ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(m.RootsPEM()) != string(plug.RootsPEM()) {
+		t.Error("the plugged-in CA was not used")
+	}
+	pool, _ := spiffe.ParseRoots(m.RootsPEM())
+	if pool.Equal(x509.NewCertPool()) {
+		t.Error("empty roots")
+	}
+}
+
+// TestChartRBAC runs the control plane with the permissions the chart
+// grants it (rendered with helm from charts/weft, applied to the API
+// server) instead of an administrator's, and checks that it becomes ready,
+// serves a workload, issues a certificate and writes policy status.
+func TestChartRBAC(t *testing.T) {
+	c := realAPI(t)
+	helm := findHelm()
+	if helm == "" {
+		t.Skip("helm is needed to render the chart (bin/helm or PATH)")
+	}
+	const rel = "weft-rbac"
+	ctx := ctxFor(t, 2*time.Minute)
+	if err := c.EnsureNamespace(ctx, rel, nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(helm, "template", "weft", filepath.Join("..", "charts", "weft"), "--namespace", rel,
+		"--kube-version", "1.37.0", "--show-only", "templates/controlplane-rbac.yaml").Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	if err := c.ApplyFile(ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Kube.CoreV1().ServiceAccounts(rel).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "weft-controlplane"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	exp := int64(3600)
+	tr, err := c.Kube.CoreV1().ServiceAccounts(rel).CreateToken(ctx, "weft-controlplane", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &exp}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := rest.AnonymousClientConfig(c.Config)
+	rc.BearerToken = tr.Status.Token
+	rc.TLSClientConfig = rest.TLSClientConfig{CAFile: c.Config.TLSClientConfig.CAFile}
+	limited, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := startControlPlaneWith(t, c, rc, limited, rel, nil)
+
+	// It can review tokens, read pods and sign.
+	app := "shop-rbac"
+	pod := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "cart", ServiceAccount: "cart", Node: "node-a", IP: "10.30.1.2"})
+	want := spiffe.Identity{TrustDomain: spiffe.DefaultTrustDomain, Namespace: app, ServiceAccount: "cart"}
+	_, csr, _ := spiffe.NewCSR(want)
+	if _, err := cp.caClient(t, podToken(t, c, pod), false).SignCSR(ctx, csr, want, 0); err != nil {
+		t.Fatalf("CA with the chart's RBAC: %v", err)
+	}
+	// It writes policy status.
+	istio, _ := istioclient.NewForConfig(c.Config)
+	pol := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: app}}
+	if _, err := istio.SecurityV1().AuthorizationPolicies(app).Create(ctx, pol, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitCondition(t, ctx, istio, app, "p", "True", "Accepted")
+	// It publishes the root in new namespaces.
+	for {
+		cm, err := c.Kube.CoreV1().ConfigMaps(app).Get(ctx, ca.RootCertConfigMap, metav1.GetOptions{})
+		if err == nil && cm.Data[ca.RootCertKey] == string(cp.roots) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("root not published with the chart's RBAC: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func findHelm() string {
+	if p, err := filepath.Abs(filepath.Join("..", "bin", "helm")); err == nil {
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	p, _ := exec.LookPath("helm")
+	return p
+}

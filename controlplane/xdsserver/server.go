@@ -1,0 +1,419 @@
+// Package xdsserver serves the workload discovery resources over delta
+// Aggregated Discovery Service (envoy.service.discovery.v3, delta ADS only),
+// as ztunnel expects from istiod (protocols.md §5.1).
+//
+// It holds one go-control-plane LinearCache per type URL,
+// type.googleapis.com/istio.workload.Address and
+// type.googleapis.com/istio.security.Authorization, and its delta server.
+// Resource versions are hashes of the resources' bytes, so replicas agree on
+// them and a client that reconnects with initial_resource_versions is sent
+// only what changed. A client's first request for a type with no names is a
+// wildcard subscription to every resource of that type.
+//
+// Each published update reaches every connected client as one response
+// holding exactly the changed resources (and the names of removed ones). A
+// NACK is logged and counted; the rejected resource is not resent until it
+// changes, and every other resource keeps flowing.
+//
+// State-of-the-world streams are refused: ztunnel speaks delta only.
+package xdsserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/weftmesh/weft/internal/pb/securitypb"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// TypeURLs are the resource types served.
+var TypeURLs = []string{workloadpb.AddressTypeURL, securitypb.AuthorizationTypeURL}
+
+// shortType is Istio's metric label for a type URL.
+func shortType(typeURL string) string {
+	switch typeURL {
+	case workloadpb.AddressTypeURL:
+		return "wds"
+	case securitypb.AuthorizationTypeURL:
+		return "wads"
+	}
+	return "unknown"
+}
+
+// Authenticator authenticates the caller of a stream from its gRPC context
+// (the authorization metadata). It returns a name for logs.
+type Authenticator interface {
+	Authenticate(ctx context.Context) (string, error)
+}
+
+// Config configures a Server.
+type Config struct {
+	// Authenticator, when set, must accept a stream on the service that
+	// Register adds before it is served. Default nil: every stream is served.
+	Authenticator Authenticator
+	// Logger: default discard.
+	Logger *slog.Logger
+	// Registerer receives the server's metrics. Default: none.
+	Registerer prometheus.Registerer
+}
+
+// Server is the delta ADS server. It implements ambient.Publisher.
+type Server struct {
+	cfg    Config
+	log    *slog.Logger
+	caches map[string]*cachev3.LinearCache
+	mux    *cachev3.MuxCache
+	ads    serverv3.Server
+	ctx    context.Context // ends every stream when cancelled
+	cancel context.CancelFunc
+	m      metrics
+
+	changes changeLog
+
+	mu      sync.Mutex
+	clients map[int64]*client // guarded by mu
+}
+
+var _ serverv3.Callbacks = (*callbacks)(nil)
+
+// New returns a Server. It starts nothing: Register it on a gRPC server and
+// call Run.
+func New(cfg Config) (*Server, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		caches:  map[string]*cachev3.LinearCache{},
+		ctx:     ctx,
+		cancel:  cancel,
+		m:       newMetrics(),
+		clients: map[int64]*client{},
+		changes: changeLog{at: map[string]time.Time{}},
+	}
+	if cfg.Registerer != nil {
+		if err := s.m.register(cfg.Registerer); err != nil {
+			cancel()
+			return nil, fmt.Errorf("creating xDS server: registering metrics: %w", err)
+		}
+	}
+	mux := &cachev3.MuxCache{
+		Classify:      func(r *cachev3.Request) string { return r.GetTypeUrl() },
+		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return r.GetTypeUrl() },
+		Caches:        map[string]cachev3.Cache{},
+	}
+	logger := cacheLogger{s.log}
+	for _, t := range TypeURLs {
+		c := cachev3.NewLinearCache(t, cachev3.WithLogger(logger))
+		s.caches[t] = c
+		mux.Caches[t] = c
+	}
+	s.mux = mux
+	s.ads = serverv3.NewServer(ctx, mux, &callbacks{s: s, auth: cfg.Authenticator})
+	return s, nil
+}
+
+// Register adds the Aggregated Discovery Service to g, authenticating
+// streams with Config.Authenticator.
+func (s *Server) Register(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, ads{s.ads})
+}
+
+// RegisterPlaintext adds a second Aggregated Discovery Service on the same
+// resources to g, one that authenticates nobody: for the plaintext port,
+// which istiod also leaves unauthenticated. Stream ids of this service are
+// odd, those of Register's even.
+func (s *Server) RegisterPlaintext(g *grpc.Server) {
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, ads{serverv3.NewServer(s.ctx, s.mux, &callbacks{s: s, plaintext: true})})
+}
+
+// ads exposes only delta ADS.
+type ads struct{ serverv3.Server }
+
+func (a ads) StreamAggregatedResources(discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
+	return status.Error(codes.Unimplemented, "only delta xDS (DeltaAggregatedResources) is served")
+}
+
+// Run waits for ctx to end, then ends every open stream and returns nil.
+func (s *Server) Run(ctx context.Context) error {
+	<-ctx.Done()
+	s.cancel()
+	return nil
+}
+
+// Publish implements ambient.Publisher: it stores the resources of one type
+// and notifies every client watching them.
+func (s *Server) Publish(typeURL string, update map[string]proto.Message, remove []string, changedAt time.Time) error {
+	c := s.caches[typeURL]
+	if c == nil {
+		return fmt.Errorf("publishing %s: type not served", typeURL)
+	}
+	if changedAt.IsZero() {
+		changedAt = time.Now()
+	}
+	names := slices.Collect(maps.Keys(update))
+	s.changes.record(typeURL, append(names, remove...), changedAt)
+	res := make(map[string]types.Resource, len(update))
+	for k, v := range update {
+		res[k] = v
+	}
+	if err := c.UpdateResources(res, remove); err != nil {
+		return fmt.Errorf("publishing %d %s resources: %w", len(update)+len(remove), shortType(typeURL), err)
+	}
+	s.m.resources.WithLabelValues(shortType(typeURL)).Set(float64(c.NumResources()))
+	return nil
+}
+
+// Resources returns how many resources of a type are held.
+func (s *Server) Resources(typeURL string) int {
+	if c := s.caches[typeURL]; c != nil {
+		return c.NumResources()
+	}
+	return 0
+}
+
+// client is one delta ADS stream.
+type client struct {
+	id        int64
+	peer      string
+	caller    string
+	connected time.Time
+	node      *core.Node
+	types     map[string]*typeState
+}
+
+type typeState struct {
+	lastSent     time.Time
+	lastNonce    string
+	lastResponse *discovery.DeltaDiscoveryResponse
+	ackedNonce   string
+	responses    int
+	nacks        int
+	lastNACK     string
+}
+
+func (c *client) state(typeURL string) *typeState {
+	t := c.types[typeURL]
+	if t == nil {
+		t = &typeState{}
+		c.types[typeURL] = t
+	}
+	return t
+}
+
+// nodeID names a client for logs.
+func (c *client) nodeID() string {
+	if c.node != nil && c.node.GetId() != "" {
+		return c.node.GetId()
+	}
+	return "stream-" + strconv.FormatInt(c.id, 10)
+}
+
+type callbacks struct {
+	s         *Server
+	auth      Authenticator
+	plaintext bool
+}
+
+// global makes a server's stream id unique across both services.
+func (cb *callbacks) global(id int64) int64 {
+	if cb.plaintext {
+		return 2*id + 1
+	}
+	return 2 * id
+}
+
+func (cb *callbacks) OnStreamOpen(context.Context, int64, string) error {
+	return status.Error(codes.Unimplemented, "only delta xDS is served")
+}
+func (cb *callbacks) OnStreamClosed(int64, *core.Node)                         {}
+func (cb *callbacks) OnStreamRequest(int64, *discovery.DiscoveryRequest) error { return nil }
+func (cb *callbacks) OnStreamResponse(context.Context, int64, *discovery.DiscoveryRequest, *discovery.DiscoveryResponse) {
+}
+func (cb *callbacks) OnFetchRequest(context.Context, *discovery.DiscoveryRequest) error {
+	return status.Error(codes.Unimplemented, "only delta xDS is served")
+}
+func (cb *callbacks) OnFetchResponse(*discovery.DiscoveryRequest, *discovery.DiscoveryResponse) {}
+
+func (cb *callbacks) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) error {
+	s := cb.s
+	id = cb.global(id)
+	c := &client{id: id, connected: time.Now(), types: map[string]*typeState{}}
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		c.peer = p.Addr.String()
+	}
+	if cb.auth != nil {
+		caller, err := cb.auth.Authenticate(ctx)
+		if err != nil {
+			s.m.authFailures.Inc()
+			s.log.Warn("xDS stream refused", "peer", c.peer, "error", err)
+			if _, ok := status.FromError(err); ok {
+				return err
+			}
+			return status.Error(codes.Unauthenticated, "authentication failed")
+		}
+		c.caller = caller
+	}
+	s.mu.Lock()
+	s.clients[id] = c
+	n := len(s.clients)
+	s.mu.Unlock()
+	s.m.clients.Set(float64(n))
+	s.log.Info("xDS client connected", "stream", id, "peer", c.peer, "caller", c.caller)
+	return nil
+}
+
+func (cb *callbacks) OnDeltaStreamClosed(id int64, _ *core.Node) {
+	s := cb.s
+	id = cb.global(id)
+	s.mu.Lock()
+	c, ok := s.clients[id]
+	delete(s.clients, id)
+	n := len(s.clients)
+	s.mu.Unlock()
+	if !ok {
+		return // refused at open
+	}
+	s.m.clients.Set(float64(n))
+	s.log.Info("xDS client disconnected", "stream", id, "node", c.nodeID(), "peer", c.peer,
+		"connected_for", time.Since(c.connected).Round(time.Millisecond))
+}
+
+// maxNACKDetail bounds how much of a client's error message is kept.
+const maxNACKDetail = 1024
+
+func (cb *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscoveryRequest) error {
+	s := cb.s
+	id = cb.global(id)
+	typeURL := req.GetTypeUrl()
+	if typeURL != "" && s.caches[typeURL] == nil {
+		s.log.Warn("xDS request for a type that is not served", "stream", id, "type_url", typeURL)
+		return status.Errorf(codes.InvalidArgument, "type %q is not served; this control plane serves %s", typeURL, strings.Join(TypeURLs, ", "))
+	}
+	s.mu.Lock()
+	c := s.clients[id]
+	if c == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	if req.GetNode() != nil && c.node == nil {
+		c.node = req.GetNode()
+	}
+	node := c.nodeID()
+	st := c.state(typeURL)
+	var nackMsg string
+	if d := req.GetErrorDetail(); d != nil {
+		st.nacks++
+		nackMsg = d.GetMessage()
+		if len(nackMsg) > maxNACKDetail {
+			nackMsg = nackMsg[:maxNACKDetail] + "..."
+		}
+		st.lastNACK = nackMsg
+	} else if req.GetResponseNonce() != "" {
+		st.ackedNonce = req.GetResponseNonce()
+	}
+	s.mu.Unlock()
+	if req.GetErrorDetail() != nil {
+		s.m.rejects.WithLabelValues(shortType(typeURL)).Inc()
+		s.log.Warn("xDS client rejected resources", "stream", id, "node", node, "type", shortType(typeURL),
+			"nonce", req.GetResponseNonce(), "code", req.GetErrorDetail().GetCode(), "error", nackMsg)
+	}
+	return nil
+}
+
+func (cb *callbacks) OnStreamDeltaResponse(id int64, req *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+	s := cb.s
+	id = cb.global(id)
+	now := time.Now()
+	typ := shortType(resp.GetTypeUrl())
+	s.m.pushes.WithLabelValues(typ).Inc()
+	s.m.sent.WithLabelValues(typ).Add(float64(len(resp.GetResources()) + len(resp.GetRemovedResources())))
+	if req.GetResponseNonce() != "" || len(req.GetInitialResourceVersions()) > 0 {
+		// An update, not the first response: how long since the change?
+		names := make([]string, 0, len(resp.GetResources())+len(resp.GetRemovedResources()))
+		for _, r := range resp.GetResources() {
+			names = append(names, r.GetName())
+		}
+		names = append(names, resp.GetRemovedResources()...)
+		if t, ok := s.changes.earliest(resp.GetTypeUrl(), names); ok {
+			s.m.convergence.WithLabelValues(typ).Observe(now.Sub(t).Seconds())
+		}
+	}
+	s.mu.Lock()
+	if c := s.clients[id]; c != nil {
+		st := c.state(resp.GetTypeUrl())
+		st.lastSent, st.lastNonce, st.lastResponse = now, resp.GetNonce(), resp
+		st.responses++
+	}
+	s.mu.Unlock()
+}
+
+// changeLog remembers when each resource last changed, to measure how long
+// a change takes to reach clients.
+type changeLog struct {
+	mu sync.Mutex
+	at map[string]time.Time // guarded by mu; by typeURL + " " + name
+}
+
+// maxChangeAge bounds how long a change time is kept once the log is large.
+const maxChangeAge = 5 * time.Minute
+
+func (l *changeLog) record(typeURL string, names []string, t time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range names {
+		l.at[typeURL+" "+n] = t
+	}
+	if len(l.at) > 1<<16 {
+		for k, v := range l.at {
+			if time.Since(v) > maxChangeAge {
+				delete(l.at, k)
+			}
+		}
+	}
+}
+
+func (l *changeLog) earliest(typeURL string, names []string) (time.Time, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var min time.Time
+	for _, n := range names {
+		if t, ok := l.at[typeURL+" "+n]; ok && (min.IsZero() || t.Before(min)) {
+			min = t
+		}
+	}
+	return min, !min.IsZero()
+}
+
+// cacheLogger sends go-control-plane's warnings and errors to slog.
+type cacheLogger struct{ log *slog.Logger }
+
+func (l cacheLogger) Debugf(string, ...any) {}
+func (l cacheLogger) Infof(string, ...any)  {}
+func (l cacheLogger) Warnf(format string, args ...any) {
+	l.log.Warn("xDS cache warning", "detail", fmt.Sprintf(format, args...))
+}
+func (l cacheLogger) Errorf(format string, args ...any) {
+	l.log.Error("xDS cache error", "detail", fmt.Sprintf(format, args...))
+}

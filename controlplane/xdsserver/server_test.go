@@ -1,0 +1,256 @@
+package xdsserver
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/weftmesh/weft/controlplane/internal/xdstest"
+	"github.com/weftmesh/weft/internal/pb/securitypb"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+func workload(name, node string) *workloadpb.Address {
+	return &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: &workloadpb.Workload{
+		Uid: "Kubernetes//Pod/shop/" + name, Name: name, Namespace: "shop", Node: node,
+		Addresses: [][]byte{{10, 0, 0, byte(len(name))}}, ServiceAccount: "sa",
+	}}}
+}
+
+type harness struct {
+	srv  *Server
+	reg  *prometheus.Registry
+	addr string
+}
+
+// start serves s on a loopback port until the test ends.
+func start(t *testing.T, auth Authenticator) *harness {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Registerer: reg, Authenticator: auth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	s.Register(g)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { _ = g.Serve(ln); done <- struct{}{} }()
+	go func() { _ = s.Run(ctx); done <- struct{}{} }()
+	t.Cleanup(func() {
+		cancel()
+		<-done // Run ended the streams
+		g.Stop()
+		<-done
+	})
+	return &harness{srv: s, reg: reg, addr: ln.Addr().String()}
+}
+
+func (h *harness) client(t *testing.T, ctx context.Context, cfg xdstest.Config) *xdstest.Client {
+	t.Helper()
+	cfg.Address = h.addr
+	c, err := xdstest.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { _ = c.Run(cctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+func publish(t *testing.T, s *Server, typeURL string, upd map[string]proto.Message, remove ...string) {
+	t.Helper()
+	if err := s.Publish(typeURL, upd, remove, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestIncrementalPush checks the delta protocol end to end: the first
+// response holds everything, each later update exactly what changed, and a
+// removal only the name.
+func TestIncrementalPush(t *testing.T) {
+	// Registered first, so it runs after every other cleanup.
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	ctx := testCtx(t)
+	h := start(t, nil)
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{
+		"Kubernetes//Pod/shop/a": workload("a", "n1"), "Kubernetes//Pod/shop/b": workload("b", "n1"), "Kubernetes//Pod/shop/c": workload("c", "n2"),
+	})
+	publish(t, h.srv, securitypb.AuthorizationTypeURL, map[string]proto.Message{
+		"shop/p": &securitypb.Authorization{Name: "p", Namespace: "shop", Scope: securitypb.Scope_NAMESPACE},
+	})
+	c := h.client(t, ctx, xdstest.Config{})
+	if err := c.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return len(m) == 3 }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Wait(ctx, securitypb.AuthorizationTypeURL, func(m map[string]*anypb.Any) bool { return len(m) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	before := len(c.Responses())
+
+	// One workload changes: one resource.
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{"Kubernetes//Pod/shop/b": workload("b", "n2")})
+	if err := c.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		return xdstest.Workload(m["Kubernetes//Pod/shop/b"]).GetNode() == "n2"
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Publishing an identical resource sends nothing; a removal sends the name.
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{"Kubernetes//Pod/shop/a": workload("a", "n1")}, "Kubernetes//Pod/shop/c")
+	if err := c.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return len(m) == 2 }); err != nil {
+		t.Fatal(err)
+	}
+	got := c.Responses()[before:]
+	want := []xdstest.Response{
+		{TypeURL: workloadpb.AddressTypeURL, Upserts: []string{"Kubernetes//Pod/shop/b"}},
+		{TypeURL: workloadpb.AddressTypeURL, Removes: []string{"Kubernetes//Pod/shop/c"}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("responses after the first = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].TypeURL != want[i].TypeURL || !slices.Equal(got[i].Upserts, want[i].Upserts) || !slices.Equal(got[i].Removes, want[i].Removes) {
+			t.Errorf("response %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	if n := testutil.ToFloat64(h.srv.m.clients); n != 1 {
+		t.Errorf("pilot_xds = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(h.srv.m.pushes.WithLabelValues("wds")); n < 3 {
+		t.Errorf("pilot_xds_pushes{type=wds} = %v, want at least 3", n)
+	}
+}
+
+// TestNACK checks that a rejected resource is counted and logged and does
+// not stop later updates.
+func TestNACK(t *testing.T) {
+	ctx := testCtx(t)
+	h := start(t, nil)
+	c := h.client(t, ctx, xdstest.Config{Reject: func(_, name string, _ *anypb.Any) error {
+		if name == "Kubernetes//Pod/shop/bad" {
+			return errors.New("bad workload")
+		}
+		return nil
+	}})
+	<-c.Synced()
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{"Kubernetes//Pod/shop/bad": workload("bad", "n1")})
+	if _, err := c.WaitResponses(ctx, 3); err != nil { // two initial, one rejected
+		t.Fatal(err)
+	}
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{"Kubernetes//Pod/shop/good": workload("good", "n1")})
+	if err := c.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return m["Kubernetes//Pod/shop/good"] != nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(h.srv.m.rejects.WithLabelValues("wds")); n != 1 {
+		t.Errorf("pilot_total_xds_rejects{type=wds} = %v, want 1", n)
+	}
+	if c.Resources(workloadpb.AddressTypeURL)["Kubernetes//Pod/shop/bad"] != nil {
+		t.Error("the rejected resource was applied")
+	}
+	d := h.srv.dump(-1, false)
+	if len(d.Clients) != 1 || d.Clients[0].Types["wds"].NACKs != 1 || d.Clients[0].Types["wds"].LastNACK == "" {
+		t.Errorf("debug dump does not show the NACK: %+v", d.Clients)
+	}
+}
+
+type denyAll struct{}
+
+func (denyAll) Authenticate(context.Context) (string, error) {
+	return "", status.Error(codes.Unauthenticated, "no token")
+}
+
+// TestAuthenticatorRefuses checks that a refused stream never gets a
+// resource.
+func TestAuthenticatorRefuses(t *testing.T) {
+	ctx := testCtx(t)
+	h := start(t, denyAll{})
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{"Kubernetes//Pod/shop/a": workload("a", "n1")})
+	c := h.client(t, ctx, xdstest.Config{})
+	for c.Stats().LastError == "" {
+		if err := ctx.Err(); err != nil {
+			t.Fatal("the refused stream never failed")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st := c.Stats(); st.Responses != 0 {
+		t.Errorf("a refused client got %d responses", st.Responses)
+	}
+	if n := testutil.ToFloat64(h.srv.m.authFailures); n < 1 {
+		t.Errorf("auth failures = %v, want at least 1", n)
+	}
+}
+
+// TestDebugHandler checks the dump of what a client was sent.
+func TestDebugHandler(t *testing.T) {
+	ctx := testCtx(t)
+	h := start(t, nil)
+	publish(t, h.srv, workloadpb.AddressTypeURL, map[string]proto.Message{"Kubernetes//Pod/shop/a": workload("a", "n1")})
+	c := h.client(t, ctx, xdstest.Config{NodeID: "ztunnel~10.0.0.9~zt.weft-system~weft-system.svc.cluster.local"})
+	if err := c.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return len(m) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	// The server records the response just before sending it.
+	srv := httptest.NewServer(h.srv.DebugHandler())
+	defer srv.Close()
+	var d debugDump
+	get := func(q string) *http.Response {
+		resp, err := http.Get(srv.URL + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	resp := get("/")
+	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(d.Clients) != 1 || d.Clients[0].Node != "ztunnel~10.0.0.9~zt.weft-system~weft-system.svc.cluster.local" {
+		t.Fatalf("clients = %+v", d.Clients)
+	}
+	wds := d.Clients[0].Types["wds"]
+	if len(wds.LastSentResources) != 1 || wds.LastSentResources[0].Name != "Kubernetes//Pod/shop/a" || wds.LastSentResources[0].Version == "" {
+		t.Errorf("last sent = %+v", wds.LastSentResources)
+	}
+	resp = get(fmt.Sprintf("/?client=%d&resources=1", d.Clients[0].Stream))
+	var one debugDump
+	if err := json.NewDecoder(resp.Body).Decode(&one); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if r := one.Clients[0].Types["wds"].LastSentResources; len(r) != 1 || len(r[0].Resource) == 0 {
+		t.Errorf("resources not included: %+v", r)
+	}
+	if resp := get("/?client=999"); resp.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown client: status %d, want 404", resp.StatusCode)
+	}
+}

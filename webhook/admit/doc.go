@@ -1,0 +1,85 @@
+// Package admit holds the admission rules for ambient configuration: pure
+// functions of an AdmissionRequest and a read-only view of the cluster
+// ([Gateways], [Services], [Namespaces]) plus a SubjectAccessReview
+// ([AccessReviewer]). Every denial names the field and says how to fix it;
+// warnings fit in 120 bytes. Each rule has an ID, reported as the Result's
+// Reason (the deciding rule) and Rules (every rule that fired):
+//
+// Waypoint Gateways (gatewayClassName istio-waypoint; other classes pass):
+//
+//	waypoint-listeners       exactly one listener {name: mesh, port: 15008, protocol: HBONE},
+//	                         without hostname or tls (Istio accepts nothing else on a waypoint)
+//	waypoint-for             istio.io/waypoint-for is service, workload, all or none
+//	waypoint-addresses       none, or one IPv4 and/or one IPv6 ClusterIP (no Hostname or
+//	                         NamedAddress: Weft makes the waypoint's Service itself)
+//	waypoint-name            the name (or gateway.istio.io/name-override) is a DNS-1035 label,
+//	                         since the waypoint's Service and Deployment take it
+//	waypoint-listener-sets   no spec.allowedListeners
+//	waypoint-tls             warning: spec.tls is ignored
+//	waypoint-infrastructure  spec.infrastructure labels and annotations are valid and free of
+//	                         control characters (they are copied onto generated objects)
+//	gateway-annotations      gateway.istio.io/service-account names a ServiceAccount
+//
+// Defaulting (Mutate) gives a waypoint without listeners the mesh listener and
+// one without istio.io/waypoint-for the value service, as JSON Patch "add"
+// operations of what is missing only; a second call patches nothing.
+//
+// Namespaces, Services, Pods, and the pod templates of Deployments,
+// StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs:
+//
+//	dataplane-mode               istio.io/dataplane-mode is ambient or none
+//	sidecar-conflict             ambient together with istio-injection=enabled (Namespace) or
+//	                             sidecar.istio.io/inject=true (Pod label or annotation)
+//	sidecar-in-ambient-namespace warning: a pod asks for a sidecar in an ambient namespace
+//	pod-annotations              ambient.istio.io/dns-capture and bypass-inbound-capture are
+//	                             true or false; istio.io/reroute-virtual-interfaces lists
+//	                             interface names
+//	redirection-annotation       warning: ambient.istio.io/redirection is the node agent's status
+//	use-waypoint                 istio.io/use-waypoint is none or a Gateway name;
+//	                             istio.io/use-waypoint-namespace a namespace name
+//	use-waypoint-namespace       warning: the namespace label without istio.io/use-waypoint
+//	waypoint-missing             warning: the named waypoint does not exist (yet)
+//	waypoint-class               the named Gateway is not of class istio-waypoint
+//	waypoint-for-mismatch        the waypoint's istio.io/waypoint-for does not take this kind's
+//	                             traffic (Service: service/all; workloads: workload/all;
+//	                             Namespace: anything but none)
+//	waypoint-cross-namespace     the user may not use Gateways in the waypoint's namespace
+//	                             (SubjectAccessReview, verb use, 403)
+//
+// The last four read the cluster, so they run only when the binding (the two
+// labels) is new or changed; an unrelated update never depends on another
+// object. The SubjectAccessReview runs before the lookup, so a user without
+// the right learns nothing about Gateways in that namespace. An object a
+// built-in controller creates from a checked template (kube-controller-manager
+// or a kube-system service account, with a controller owner of a kind
+// checked here: a Deployment's ReplicaSet, a CronJob's Job, their Pods) is
+// not reviewed again: the template was, against the user who wrote it.
+//
+// HTTPRoutes and GRPCRoutes with a Service parent (GAMMA):
+//
+//	route-service-parent   a Service parent has group "" (core)
+//	route-service-port     port and sectionName exist on the Service
+//	route-service-missing  warning: the Service does not exist (yet)
+//	route-consumer         warning: a Service in another namespace (a consumer route)
+//	route-no-waypoint      warning: neither the Service nor its namespace uses a waypoint
+//
+// AuthorizationPolicies (security.istio.io v1 and v1beta1):
+//
+//	authz-target-refs   targetRef(s) of kind Gateway, GatewayClass (root namespace only),
+//	                    Service or ServiceEntry, named, in the policy's namespace; not
+//	                    targetRef and targetRefs both
+//	authz-selector      not a selector and targetRefs both
+//	authz-provider      CUSTOM has a provider; other actions have none
+//	authz-rule          no empty source, operation or condition; known condition keys;
+//	                    valid ports, IPs and CIDRs; '*' only whole, as prefix or suffix;
+//	                    no empty values
+//	authz-l7-on-ztunnel warning: HTTP attributes (or CUSTOM) on a policy without targetRefs,
+//	                    which only ztunnel enforces: an ALLOW rule becomes deny-all, a DENY
+//	                    or AUDIT rule has no effect
+//
+// Everywhere: every consumed free-form value is at most [MaxValueBytes] and
+// has no control, bidirectional-formatting or invalid UTF-8 characters. An
+// object that does not decode is an error (400, object-undecodable); a failed
+// lookup or review an error (500). No regular expression is compiled from
+// input.
+package admit

@@ -1,0 +1,124 @@
+package admit
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// validateRoute checks the Service parents of an HTTPRoute or GRPCRoute:
+// the mesh (GAMMA) attachment a waypoint applies.
+func (a *Admitter) validateRoute(rv *review) {
+	var parents []gwv1.ParentReference
+	var ns string
+	if rv.req.Kind.Kind == "GRPCRoute" {
+		var r gwv1.GRPCRoute
+		if !rv.decodeObject(&r, nil) {
+			return
+		}
+		parents, ns = r.Spec.ParentRefs, r.Namespace
+	} else {
+		var r gwv1.HTTPRoute
+		if !rv.decodeObject(&r, nil) {
+			return
+		}
+		parents, ns = r.Spec.ParentRefs, r.Namespace
+	}
+	if rv.req.Namespace != "" {
+		ns = rv.req.Namespace
+	}
+	any := false
+	for i, p := range parents {
+		if p.Kind == nil || *p.Kind != "Service" {
+			continue
+		}
+		any = true
+		a.checkServiceParent(rv, fmt.Sprintf("spec.parentRefs[%d]", i), p, ns)
+	}
+	if !any {
+		rv.rep.skip()
+	}
+}
+
+func (a *Admitter) checkServiceParent(rv *review, field string, p gwv1.ParentReference, home string) {
+	rep := &rv.rep
+	if p.Group == nil || (*p.Group != "" && *p.Group != "core") {
+		g := gwv1.GroupName
+		if p.Group != nil {
+			g = string(*p.Group)
+		}
+		rep.deny("route-service-parent", field+".group", "a Service parent has group \"\" (core), not %s; set group: \"\"", q(g))
+		return
+	}
+	ns := home
+	if p.Namespace != nil && *p.Namespace != "" {
+		ns = string(*p.Namespace)
+	}
+	name := string(p.Name)
+	if ns != home {
+		rep.warn("route-consumer", field+".namespace", "a Service parent in another namespace is a consumer route, which waypoints don't apply")
+		return
+	}
+	svc, err := a.cfg.Services.Service(ns, name)
+	switch {
+	case apierrors.IsNotFound(err):
+		rep.warn("route-service-missing", field+".name", "Service %s/%s does not exist yet; the route applies once it does", ns, name)
+		return
+	case err != nil:
+		rep.fail("service-lookup-failed", "looking up Service %s/%s: %v; retry", ns, name, err)
+		return
+	}
+	if p.Port != nil && !hasPort(svc, func(sp corev1.ServicePort) bool { return sp.Port == int32(*p.Port) }) {
+		rep.deny("route-service-port", field+".port", "Service %s/%s has no port %d (it has %s); use one of those or remove port",
+			ns, name, *p.Port, portList(svc, false))
+	}
+	if p.SectionName != nil && !hasPort(svc, func(sp corev1.ServicePort) bool { return sp.Name == string(*p.SectionName) }) {
+		rep.deny("route-service-port", field+".sectionName", "Service %s/%s has no port named %s (it has %s); use one of those or remove sectionName",
+			ns, name, q(string(*p.SectionName)), portList(svc, true))
+	}
+	bound, ok := svc.Labels[LabelUseWaypoint]
+	if !ok {
+		if n, err := a.cfg.Namespaces.Namespace(ns); err == nil {
+			bound = n.Labels[LabelUseWaypoint]
+		}
+	}
+	switch bound {
+	case "":
+		rep.warn("route-no-waypoint", field, "Service %s/%s uses no waypoint, so nothing applies this route; label it istio.io/use-waypoint", ns, name)
+	case WaypointNone:
+		rep.warn("route-no-waypoint", field, "Service %s/%s opts out of waypoints (use-waypoint=none), so nothing applies this route", ns, name)
+	}
+}
+
+func hasPort(svc *corev1.Service, match func(corev1.ServicePort) bool) bool {
+	for _, sp := range svc.Spec.Ports {
+		if match(sp) {
+			return true
+		}
+	}
+	return false
+}
+
+func portList(svc *corev1.Service, names bool) string {
+	if len(svc.Spec.Ports) == 0 {
+		return "none"
+	}
+	var parts []string
+	for _, sp := range svc.Spec.Ports {
+		if names {
+			if sp.Name != "" {
+				parts = append(parts, strconv.Quote(sp.Name))
+			}
+		} else {
+			parts = append(parts, strconv.Itoa(int(sp.Port)))
+		}
+	}
+	if len(parts) == 0 {
+		return "no named ports"
+	}
+	return clip(strings.Join(parts, ", "), 200)
+}

@@ -1,0 +1,404 @@
+// Command weft-webhook is Weft's admission webhook: it validates and
+// defaults ambient configuration, reviews cross-namespace waypoint use, and
+// writes one audit record per decision. Every setting is a flag whose default
+// comes from the environment variable named in its help, so the chart sets
+// env and a developer passes flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"golang.org/x/sync/errgroup"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+
+	"github.com/weftmesh/weft/webhook"
+	"github.com/weftmesh/weft/webhook/admit"
+	"github.com/weftmesh/weft/webhook/audit"
+	"github.com/weftmesh/weft/webhook/registration"
+	"github.com/weftmesh/weft/webhook/servingcert"
+)
+
+// Config is every setting of the command.
+type Config struct {
+	// Addr and MonitoringAddr are the listeners; defaults :15017 and :15014.
+	Addr, MonitoringAddr string
+	// Namespace is the webhook's own (release) namespace. Required.
+	Namespace string
+	// PodName names this replica in audit records; default the hostname.
+	PodName string
+	// ServiceName is the webhook's Service, named in its certificate. Required.
+	ServiceName string
+	// ClusterDomain is the DNS suffix of Services; default cluster.local.
+	ClusterDomain string
+	// ValidatingConfiguration and MutatingConfiguration name the two
+	// webhook configurations to keep patched. Required.
+	ValidatingConfiguration, MutatingConfiguration string
+	// FailurePolicy is reached after the self-check: Fail (default) or Ignore.
+	FailurePolicy string
+	// SelfCheckWebhook is the validating webhook that must deny the
+	// self-check; default labels.validation.weft.dev.
+	SelfCheckWebhook string
+	// CertMode is self (default) or secret; CertSecret the Secret (required).
+	CertMode, CertSecret string
+	// CertValidity and CAValidity; defaults 90 days and 10 years.
+	CertValidity, CAValidity time.Duration
+	// AuditSink is stdout (default) or file.
+	AuditSink string
+	// AuditFile, AuditMaxBytes and AuditMaxBackups configure the file sink;
+	// defaults /var/log/weft/audit.log, 100 MiB, 5.
+	AuditFile       string
+	AuditMaxBytes   int64
+	AuditMaxBackups int
+	// RootNamespace is the mesh root namespace; default Namespace.
+	RootNamespace string
+	// WaypointUserRole is the ClusterRole granting use on gateways, named in
+	// denial messages; default weft-waypoint-user.
+	WaypointUserRole string
+	// LogFormat is json (default) or text; LogLevel debug, info (default),
+	// warn or error.
+	LogFormat, LogLevel string
+	// Kubeconfig is for running outside a cluster; default in-cluster.
+	Kubeconfig string
+}
+
+// Validate checks the settings.
+func (c *Config) Validate() error {
+	var errs []error
+	for _, req := range []struct{ flag, value string }{
+		{"--namespace", c.Namespace}, {"--service-name", c.ServiceName}, {"--cert-secret", c.CertSecret},
+		{"--validating-configuration", c.ValidatingConfiguration}, {"--mutating-configuration", c.MutatingConfiguration},
+	} {
+		if req.value == "" {
+			errs = append(errs, fmt.Errorf("%s is required", req.flag))
+		}
+	}
+	if c.FailurePolicy != string(admissionregistrationv1.Fail) && c.FailurePolicy != string(admissionregistrationv1.Ignore) {
+		errs = append(errs, fmt.Errorf("--failure-policy %q: want Fail or Ignore", c.FailurePolicy))
+	}
+	if c.CertMode != string(servingcert.SelfManaged) && c.CertMode != string(servingcert.UserSupplied) {
+		errs = append(errs, fmt.Errorf("--cert-mode %q: want self or secret", c.CertMode))
+	}
+	if c.CertValidity <= 0 || c.CAValidity <= 0 || c.CertValidity > c.CAValidity {
+		errs = append(errs, errors.New("--cert-validity and --ca-validity must be positive, the CA's the longer"))
+	}
+	switch c.AuditSink {
+	case "stdout":
+	case "file":
+		if c.AuditFile == "" {
+			errs = append(errs, errors.New("--audit-file is required with --audit-sink=file"))
+		}
+		if c.AuditMaxBytes <= 0 || c.AuditMaxBackups <= 0 {
+			errs = append(errs, errors.New("--audit-max-size-mb and --audit-max-backups must be positive"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--audit-sink %q: want stdout or file", c.AuditSink))
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", c.LogFormat))
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		errs = append(errs, fmt.Errorf("--log-level %q: %w", c.LogLevel, err))
+	}
+	return errors.Join(errs...)
+}
+
+// parse reads flags, with defaults from the environment, into a Config.
+func parse(args []string, getenv func(string) string) (Config, error) {
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	var errs []error
+	envDur := func(name string, def time.Duration) time.Duration {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return d
+	}
+	envInt := func(name string, def int) int {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return n
+	}
+	var c Config
+	var maxMB int
+	hostname, _ := os.Hostname()
+	fs := flag.NewFlagSet("weft-webhook", flag.ContinueOnError)
+	fs.StringVar(&c.Addr, "addr", env("ADDR", webhook.DefaultAddr), "admission listener, HTTPS (env ADDR)")
+	fs.StringVar(&c.MonitoringAddr, "monitoring-addr", env("MONITORING_ADDR", webhook.DefaultMonitoringAddr), "metrics and readiness listener, HTTP (env MONITORING_ADDR)")
+	fs.StringVar(&c.Namespace, "namespace", env("POD_NAMESPACE", ""), "the webhook's namespace (env POD_NAMESPACE)")
+	fs.StringVar(&c.PodName, "pod-name", env("POD_NAME", hostname), "this replica's name in audit records (env POD_NAME)")
+	fs.StringVar(&c.ServiceName, "service-name", env("SERVICE_NAME", ""), "the webhook's Service (env SERVICE_NAME)")
+	fs.StringVar(&c.ClusterDomain, "cluster-domain", env("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Services (env CLUSTER_DOMAIN)")
+	fs.StringVar(&c.ValidatingConfiguration, "validating-configuration", env("VALIDATING_CONFIGURATION", ""), "ValidatingWebhookConfiguration to patch (env VALIDATING_CONFIGURATION)")
+	fs.StringVar(&c.MutatingConfiguration, "mutating-configuration", env("MUTATING_CONFIGURATION", ""), "MutatingWebhookConfiguration to patch (env MUTATING_CONFIGURATION)")
+	fs.StringVar(&c.FailurePolicy, "failure-policy", env("FAILURE_POLICY", "Fail"), "failurePolicy once the webhook has proven it rejects: Fail or Ignore (env FAILURE_POLICY)")
+	fs.StringVar(&c.SelfCheckWebhook, "self-check-webhook", env("SELF_CHECK_WEBHOOK", "labels.validation.weft.dev"), "validating webhook that must deny the self-check (env SELF_CHECK_WEBHOOK)")
+	fs.StringVar(&c.CertMode, "cert-mode", env("CERT_MODE", "self"), "serving certificate: self (managed) or secret (user-supplied) (env CERT_MODE)")
+	fs.StringVar(&c.CertSecret, "cert-secret", env("CERT_SECRET", ""), "Secret holding the serving certificate (env CERT_SECRET)")
+	fs.DurationVar(&c.CertValidity, "cert-validity", envDur("CERT_VALIDITY", servingcert.DefaultCertValidity), "lifetime of a self-managed serving certificate (env CERT_VALIDITY)")
+	fs.DurationVar(&c.CAValidity, "ca-validity", envDur("CA_VALIDITY", servingcert.DefaultCAValidity), "lifetime of a self-managed CA (env CA_VALIDITY)")
+	fs.StringVar(&c.AuditSink, "audit-sink", env("AUDIT_SINK", "stdout"), "audit log: stdout or file (env AUDIT_SINK)")
+	fs.StringVar(&c.AuditFile, "audit-file", env("AUDIT_FILE", "/var/log/weft/audit.log"), "audit log file for --audit-sink=file (env AUDIT_FILE)")
+	fs.IntVar(&maxMB, "audit-max-size-mb", envInt("AUDIT_MAX_SIZE_MB", 100), "rotate the audit file at this size (env AUDIT_MAX_SIZE_MB)")
+	fs.IntVar(&c.AuditMaxBackups, "audit-max-backups", envInt("AUDIT_MAX_BACKUPS", audit.DefaultMaxBackups), "rotated audit files kept (env AUDIT_MAX_BACKUPS)")
+	fs.StringVar(&c.RootNamespace, "root-namespace", env("ROOT_NAMESPACE", ""), "mesh root namespace; default --namespace (env ROOT_NAMESPACE)")
+	fs.StringVar(&c.WaypointUserRole, "waypoint-user-role", env("WAYPOINT_USER_ROLE", "weft-waypoint-user"), "ClusterRole granting use on gateways, for messages (env WAYPOINT_USER_ROLE)")
+	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
+	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig outside a cluster; default in-cluster (env KUBECONFIG)")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+	c.AuditMaxBytes = int64(maxMB) << 20
+	if c.RootNamespace == "" {
+		c.RootNamespace = c.Namespace
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, err
+	}
+	return c, c.Validate()
+}
+
+func main() {
+	cfg, err := parse(os.Args[1:], os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "weft-webhook:", err)
+		os.Exit(2)
+	}
+	log := newLogger(cfg.LogFormat, cfg.LogLevel, os.Stderr)
+	if err := run(cfg, log); err != nil {
+		log.Error("webhook failed", "error", err)
+		os.Exit(1)
+	}
+}
+
+// newLogger builds the debug log. It goes to stderr: stdout is the audit
+// log's default sink.
+func newLogger(format, level string, w io.Writer) *slog.Logger {
+	var lvl slog.Level
+	_ = lvl.UnmarshalText([]byte(level)) // checked by Validate
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+func run(cfg Config, log *slog.Logger) error {
+	rc, err := restConfig(cfg.Kubeconfig)
+	if err != nil {
+		return err
+	}
+	rc.UserAgent = "weft-webhook"
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("creating the Kubernetes client: %w", err)
+	}
+	gw, err := gwclient.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("creating the Gateway API client: %w", err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	// Caches of what the rules read.
+	kf := informers.NewSharedInformerFactory(kube, 0)
+	gf := gwinformers.NewSharedInformerFactory(gw, 0)
+	services, namespaces, gateways := kf.Core().V1().Services(), kf.Core().V1().Namespaces(), gf.Gateway().V1().Gateways()
+	for _, inf := range []cache.SharedIndexInformer{services.Informer(), namespaces.Informer(), gateways.Informer()} {
+		if err := inf.SetTransform(stripManagedFields); err != nil {
+			return fmt.Errorf("configuring an informer: %w", err)
+		}
+	}
+	var synced atomic.Bool
+
+	certs, err := servingcert.New(servingcert.Config{
+		Mode:         servingcert.Mode(cfg.CertMode),
+		SecretName:   cfg.CertSecret,
+		Namespace:    cfg.Namespace,
+		DNSNames:     dnsNames(cfg.ServiceName, cfg.Namespace, cfg.ClusterDomain),
+		CAValidity:   cfg.CAValidity,
+		CertValidity: cfg.CertValidity,
+		Logger:       log,
+		Registerer:   reg,
+	}, kube.CoreV1().Secrets(cfg.Namespace))
+	if err != nil {
+		return err
+	}
+
+	sink, err := openSink(cfg, log)
+	if err != nil {
+		return err
+	}
+	listers := webhook.Listers{GatewayLister: gateways.Lister(), ServiceLister: services.Lister(), NamespaceLister: namespaces.Lister()}
+	adm, err := admit.New(admit.Config{
+		Gateways: listers, Services: listers, Namespaces: listers,
+		Access:           webhook.AccessReviews{Client: kube.AuthorizationV1().SubjectAccessReviews()},
+		RootNamespace:    cfg.RootNamespace,
+		WaypointUserRole: cfg.WaypointUserRole,
+	})
+	if err != nil {
+		return err
+	}
+	srv, err := webhook.New(webhook.Config{
+		Addr:           cfg.Addr,
+		MonitoringAddr: cfg.MonitoringAddr,
+		GetCertificate: certs.GetCertificate,
+		Replica:        cfg.PodName,
+		ReadyChecks: map[string]func() error{
+			"serving certificate": certs.Ready,
+			"caches": func() error {
+				if !synced.Load() {
+					return errors.New("the Gateway, Service and Namespace caches are not synced yet")
+				}
+				return nil
+			},
+		},
+		Registry: reg,
+		Logger:   log,
+	}, adm, sink)
+	if err != nil {
+		return err
+	}
+	reg1 := kube.AdmissionregistrationV1()
+	registrar, err := registration.New(registration.Config{
+		ValidatingName:   cfg.ValidatingConfiguration,
+		MutatingName:     cfg.MutatingConfiguration,
+		FailurePolicy:    admissionregistrationv1.FailurePolicyType(cfg.FailurePolicy),
+		SelfCheckWebhook: cfg.SelfCheckWebhook,
+		Logger:           log,
+		Registerer:       reg,
+	}, reg1.ValidatingWebhookConfigurations(), reg1.MutatingWebhookConfigurations(), kube.CoreV1().Namespaces(), certs, srv.Ready)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		kf.Start(ctx.Done())
+		gf.Start(ctx.Done())
+		defer gf.Shutdown()
+		defer kf.Shutdown()
+		ok := true
+		for typ, done := range kf.WaitForCacheSync(ctx.Done()) {
+			if !done {
+				ok = false
+				log.Error("cache not synced", "type", typ.String())
+			}
+		}
+		for typ, done := range gf.WaitForCacheSync(ctx.Done()) {
+			if !done {
+				ok = false
+				log.Error("cache not synced (are the Gateway API CRDs installed?)", "type", typ.String())
+			}
+		}
+		synced.Store(ok && ctx.Err() == nil)
+		<-ctx.Done()
+		return nil
+	})
+	g.Go(func() error { return certs.Run(ctx) })
+	g.Go(func() error {
+		err := srv.Run(ctx)
+		if cerr := sink.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the audit log: %w", cerr)
+		}
+		return err
+	})
+	g.Go(func() error { return registrar.Run(ctx) })
+	log.Info("weft-webhook starting", "namespace", cfg.Namespace, "replica", cfg.PodName, "audit_sink", cfg.AuditSink,
+		"cert_mode", cfg.CertMode, "failure_policy", cfg.FailurePolicy)
+	return g.Wait()
+}
+
+// stripManagedFields drops what the rules never read from cached objects.
+func stripManagedFields(obj any) (any, error) {
+	if m, ok := obj.(metav1.Object); ok {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+func openSink(cfg Config, log *slog.Logger) (audit.Sink, error) {
+	if cfg.AuditSink == "stdout" {
+		return audit.NewWriter(os.Stdout), nil
+	}
+	s, err := audit.OpenFile(audit.FileConfig{
+		Path: cfg.AuditFile, MaxBytes: cfg.AuditMaxBytes, MaxBackups: cfg.AuditMaxBackups,
+		OnRotateError: func(err error) { log.Error("rotating the audit log; still appending", "error", err) },
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// dnsNames are the names the API server may use for the Service.
+func dnsNames(service, namespace, domain string) []string {
+	return []string{
+		service + "." + namespace + ".svc",
+		service + "." + namespace + ".svc." + strings.TrimSuffix(domain, "."),
+		service + "." + namespace,
+		service,
+	}
+}
+
+func restConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig == "" {
+		rc, err := rest.InClusterConfig()
+		if err != nil {
+			return nil, fmt.Errorf("reading the in-cluster API configuration (outside a cluster, pass --kubeconfig): %w", err)
+		}
+		return rc, nil
+	}
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
+	}
+	return rc, nil
+}

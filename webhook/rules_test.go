@@ -1,0 +1,583 @@
+package webhook
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	admissionv1 "k8s.io/api/admission/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/weftmesh/weft/webhook/admit"
+	"github.com/weftmesh/weft/webhook/audit"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// ruleCase is one admission request and, in testdata/rules/<name>.json,
+// the response it must get.
+type ruleCase struct {
+	name    string
+	webhook string // validate (default) or mutate
+	kind    string // group/version/Kind, or version/Kind for the core group
+	op      admissionv1.Operation
+	ns      string
+	user    string // default alice
+	object  string // YAML
+	old     string // YAML, for UPDATE
+	dryRun  bool
+	tweak   func(*cluster)
+}
+
+var resources = map[string]string{
+	"Gateway": "gateways", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "Namespace": "namespaces",
+	"Service": "services", "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "CronJob": "cronjobs",
+	"AuthorizationPolicy": "authorizationpolicies", "ConfigMap": "configmaps",
+}
+
+const (
+	gatewayKind = "gateway.networking.k8s.io/v1/Gateway"
+	routeKind   = "gateway.networking.k8s.io/v1/HTTPRoute"
+	authzKind   = "security.istio.io/v1/AuthorizationPolicy"
+)
+
+// review builds the AdmissionReview the API server would send.
+func (c ruleCase) review(t testing.TB) []byte {
+	t.Helper()
+	parts := strings.Split(c.kind, "/")
+	gvk := metav1.GroupVersionKind{Version: parts[len(parts)-2], Kind: parts[len(parts)-1]}
+	if len(parts) == 3 {
+		gvk.Group = parts[0]
+	}
+	op := c.op
+	if op == "" {
+		op = admissionv1.Create
+	}
+	user := c.user
+	if user == "" {
+		user = "alice"
+	}
+	req := &admissionv1.AdmissionRequest{
+		UID:       types.UID("uid-" + c.name),
+		Kind:      gvk,
+		Resource:  metav1.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resources[gvk.Kind]},
+		Namespace: c.ns,
+		Operation: op,
+		UserInfo:  authenticationv1.UserInfo{Username: user, Groups: []string{"system:authenticated"}},
+		DryRun:    &c.dryRun,
+	}
+	toJSON := func(y string) []byte {
+		j, err := yaml.YAMLToJSON([]byte(y))
+		if err != nil {
+			t.Fatalf("%s: bad YAML: %v", c.name, err)
+		}
+		return j
+	}
+	if c.object != "" {
+		req.Object = runtime.RawExtension{Raw: toJSON(c.object)}
+		var meta struct {
+			Metadata struct{ Name string } `json:"metadata"`
+		}
+		json.Unmarshal(req.Object.Raw, &meta)
+		req.Name = meta.Metadata.Name
+		if gvk.Kind == "Namespace" {
+			req.Namespace = req.Name
+		}
+	}
+	if c.old != "" {
+		req.OldObject = runtime.RawExtension{Raw: toJSON(c.old)}
+	}
+	b, err := json.Marshal(admissionv1.AdmissionReview{
+		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
+		Request:  req,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+var ruleCases = []ruleCase{
+	// Waypoint Gateways: validation.
+	{name: "gateway-waypoint-valid", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint, labels: {istio.io/waypoint-for: service}}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
+	{name: "gateway-other-class", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: ingress}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
+	{name: "gateway-listener-port", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 8080, protocol: HBONE}]}`},
+	{name: "gateway-listener-name-protocol", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: http, port: 15008, protocol: HTTP}]}`},
+	{name: "gateway-two-listeners", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}, {name: http, port: 80, protocol: HTTP}]`},
+	{name: "gateway-no-listeners", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec: {gatewayClassName: istio-waypoint}`},
+	{name: "gateway-listener-hostname-tls", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE, hostname: "*.shop.svc", tls: {mode: Terminate}}]`},
+	{name: "gateway-waypoint-for-invalid", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint, labels: {istio.io/waypoint-for: services}}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
+	{name: "gateway-addresses-hostname", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+  addresses: [{type: Hostname, value: waypoint.shop.svc.cluster.local}]`},
+	{name: "gateway-addresses-ips", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+  addresses: [{type: IPAddress, value: 10.96.0.50}, {value: "fd00:10:96::50"}]`},
+	{name: "gateway-addresses-bad", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+  addresses: [{value: 127.0.0.1}, {value: not-an-ip}]`},
+	{name: "gateway-name-not-a-service-name", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: shop.waypoint}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
+	{name: "gateway-name-override", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: shop.waypoint, annotations: {gateway.istio.io/name-override: shop-waypoint}}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
+	{name: "gateway-listener-sets-and-tls", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+  allowedListeners: {namespaces: {from: Same}}
+  tls: {backend: {}}`},
+	{name: "gateway-infrastructure-control-character", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners: [{name: mesh, port: 15008, protocol: HBONE}]
+  infrastructure:
+    labels: {team: shop, "bad key!": x}
+    annotations: {note: "line one\ncontainers: [evil]"}`},
+	{name: "gateway-service-account-annotation", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint, annotations: {gateway.istio.io/service-account: "Not_A_Name"}}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
+	{name: "gateway-undecodable", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec: {gatewayClassName: istio-waypoint, listeners: "mesh"}`},
+
+	// Waypoint Gateways: defaulting.
+	{name: "mutate-bare-waypoint", webhook: "mutate", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint}
+spec: {gatewayClassName: istio-waypoint}`},
+	{name: "mutate-waypoint-with-labels", webhook: "mutate", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint, labels: {team: shop}}
+spec: {gatewayClassName: istio-waypoint, listeners: []}`},
+	{name: "mutate-complete-waypoint", webhook: "mutate", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: waypoint, labels: {istio.io/waypoint-for: workload}}
+spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
+	{name: "mutate-other-class", webhook: "mutate", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: ingress}
+spec: {gatewayClassName: istio}`},
+	{name: "mutate-not-a-gateway", webhook: "mutate", kind: "v1/Namespace", object: `
+metadata: {name: shop}`},
+
+	// Namespaces.
+	{name: "namespace-ambient", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient}}`},
+	{name: "namespace-mode-unknown", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/dataplane-mode: sidecarless}}`},
+	{name: "namespace-mode-unknown-dry-run", kind: "v1/Namespace", dryRun: true, object: `
+metadata: {name: shop, labels: {istio.io/dataplane-mode: Ambient}}`},
+	{name: "namespace-ambient-and-injection", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient, istio-injection: enabled}}`},
+	{name: "namespace-waypoint-missing", kind: "v1/Namespace", object: `
+metadata: {name: fresh, labels: {istio.io/use-waypoint: waypoint}}`},
+	{name: "namespace-waypoint-same-namespace", kind: "v1/Namespace", op: admissionv1.Update, object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint: waypoint}}`, old: `
+metadata: {name: shop}`},
+	{name: "namespace-waypoint-legacy-label", kind: "v1/Namespace", op: admissionv1.Update, object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint: legacy-waypoint}}`, old: `
+metadata: {name: shop}`},
+	{name: "namespace-waypoint-for-none", kind: "v1/Namespace", op: admissionv1.Update, object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint: off-waypoint}}`, old: `
+metadata: {name: shop}`},
+	{name: "namespace-waypoint-not-a-waypoint", kind: "v1/Namespace", op: admissionv1.Update, object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint: ingress}}`, old: `
+metadata: {name: shop}`},
+	{name: "namespace-cross-namespace-allowed", kind: "v1/Namespace", user: "alice", object: `
+metadata: {name: shop2, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "namespace-cross-namespace-forbidden", kind: "v1/Namespace", user: "bob", object: `
+metadata: {name: shop2, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "namespace-cross-namespace-missing-gateway", kind: "v1/Namespace", user: "alice", object: `
+metadata: {name: shop2, labels: {istio.io/use-waypoint: future, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "namespace-cross-namespace-review-fails", kind: "v1/Namespace", user: "alice", object: `
+metadata: {name: shop2, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`,
+		tweak: func(c *cluster) { c.reviewErr = errAPIDown }},
+	{name: "namespace-binding-unchanged", kind: "v1/Namespace", user: "bob", op: admissionv1.Update, object: `
+metadata: {name: shop2, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra, team: b}}`, old: `
+metadata: {name: shop2, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "namespace-waypoint-namespace-alone", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint-namespace: infra}}`},
+	{name: "namespace-waypoint-bad-values", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint: Way_Point, istio.io/use-waypoint-namespace: "-infra"}}`},
+	{name: "namespace-waypoint-none", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/use-waypoint: none}}`},
+
+	// Services.
+	{name: "service-waypoint-for-service", kind: "v1/Service", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/use-waypoint: waypoint}}`},
+	{name: "service-waypoint-for-workload", kind: "v1/Service", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/use-waypoint: wl-waypoint}}`},
+	{name: "service-mode-unknown", kind: "v1/Service", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/dataplane-mode: "on"}}`},
+	{name: "service-labels-undecodable", kind: "v1/Service", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/dataplane-mode: on}}`},
+
+	// Pods.
+	{name: "pod-ambient-and-sidecar", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, labels: {istio.io/dataplane-mode: ambient, sidecar.istio.io/inject: "true"}}`},
+	{name: "pod-sidecar-annotation-in-ambient-namespace", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, annotations: {sidecar.istio.io/inject: "true"}}`},
+	{name: "pod-annotations-invalid", kind: "v1/Pod", ns: "shop", object: `
+metadata:
+  name: app
+  annotations:
+    ambient.istio.io/dns-capture: "yes"
+    ambient.istio.io/bypass-inbound-capture: "true"
+    istio.io/reroute-virtual-interfaces: "eth0,a/b"`},
+	{name: "pod-annotation-control-character", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, annotations: {istio.io/reroute-virtual-interfaces: "eth0\u202e"}}`},
+	{name: "pod-redirection-annotation", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, annotations: {ambient.istio.io/redirection: enabled}}`},
+	{name: "pod-waypoint-for-service-only", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, labels: {istio.io/use-waypoint: waypoint}}`},
+	{name: "pod-waypoint-for-workload", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, labels: {istio.io/use-waypoint: wl-waypoint}}`},
+	{name: "pod-cross-namespace-by-user", kind: "v1/Pod", ns: "shop", user: "bob", object: `
+metadata: {name: app, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "pod-cross-namespace-by-controller", kind: "v1/Pod", ns: "shop", user: "system:serviceaccount:kube-system:replicaset-controller", object: `
+metadata:
+  name: app-7d9f-x2x
+  labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}
+  ownerReferences: [{apiVersion: apps/v1, kind: ReplicaSet, name: app-7d9f, uid: u1, controller: true}]`},
+	{name: "pod-owner-not-a-controller", kind: "v1/Pod", ns: "shop", user: "system:serviceaccount:kube-system:replicaset-controller", object: `
+metadata:
+  name: app
+  labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}
+  ownerReferences: [{apiVersion: v1, kind: ConfigMap, name: c, uid: u1, controller: true}]`},
+
+	// Workload templates.
+	{name: "deployment-cross-namespace-forbidden", kind: "apps/v1/Deployment", ns: "shop", user: "bob", object: `
+metadata: {name: app}
+spec:
+  template:
+    metadata: {labels: {app: a, istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "deployment-template-unchanged", kind: "apps/v1/Deployment", ns: "shop", user: "bob", op: admissionv1.Update, object: `
+metadata: {name: app}
+spec:
+  replicas: 3
+  template:
+    metadata: {labels: {app: a, istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`, old: `
+metadata: {name: app}
+spec:
+  replicas: 1
+  template:
+    metadata: {labels: {app: a, istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "replicaset-by-deployment-controller", kind: "apps/v1/ReplicaSet", ns: "shop", user: "system:serviceaccount:kube-system:deployment-controller", object: `
+metadata:
+  name: app-7d9f
+  ownerReferences: [{apiVersion: apps/v1, kind: Deployment, name: app, uid: u1, controller: true}]
+spec:
+  template:
+    metadata: {labels: {app: a, istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "replicaset-by-user", kind: "apps/v1/ReplicaSet", ns: "shop", user: "bob", object: `
+metadata:
+  name: app-7d9f
+  ownerReferences: [{apiVersion: apps/v1, kind: Deployment, name: app, uid: u1, controller: true}]
+spec:
+  template:
+    metadata: {labels: {app: a, istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
+	{name: "cronjob-mode-unknown", kind: "batch/v1/CronJob", ns: "shop", object: `
+metadata: {name: nightly}
+spec:
+  jobTemplate:
+    spec:
+      template:
+        metadata: {labels: {istio.io/dataplane-mode: ambiant}}`},
+
+	// Routes with a Service parent.
+	{name: "route-service-parent", kind: routeKind, ns: "shop", object: `
+metadata: {name: web}
+spec: {parentRefs: [{group: "", kind: Service, name: web, port: 80}]}`},
+	{name: "route-service-missing", kind: routeKind, ns: "shop", object: `
+metadata: {name: web}
+spec: {parentRefs: [{group: "", kind: Service, name: cart}]}`},
+	{name: "route-service-port-mismatch", kind: routeKind, ns: "shop", object: `
+metadata: {name: web}
+spec: {parentRefs: [{group: "", kind: Service, name: web, port: 8080, sectionName: grpc}]}`},
+	{name: "route-service-without-waypoint", kind: routeKind, ns: "shop", object: `
+metadata: {name: plain}
+spec: {parentRefs: [{group: "", kind: Service, name: plain}, {group: "", kind: Service, name: optout}]}`},
+	{name: "route-service-namespace-waypoint", kind: "gateway.networking.k8s.io/v1/GRPCRoute", ns: "bound", object: `
+metadata: {name: api}
+spec: {parentRefs: [{group: "", kind: Service, name: api, sectionName: grpc}]}`},
+	{name: "route-consumer", kind: routeKind, ns: "shop", object: `
+metadata: {name: web}
+spec: {parentRefs: [{group: "", kind: Service, name: api, namespace: bound}]}`},
+	{name: "route-service-wrong-group", kind: routeKind, ns: "shop", object: `
+metadata: {name: web}
+spec: {parentRefs: [{group: gateway.networking.k8s.io, kind: Service, name: web}]}`},
+	{name: "route-gateway-parent", kind: routeKind, ns: "shop", object: `
+metadata: {name: web}
+spec: {parentRefs: [{name: ingress}]}`},
+
+	// AuthorizationPolicies.
+	{name: "authz-l4-selector", kind: authzKind, ns: "shop", object: `
+metadata: {name: allow-curl}
+spec:
+  selector: {matchLabels: {app: httpbin}}
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: [cluster.local/ns/shop/sa/curl], ipBlocks: [10.0.0.0/8]}}]
+    to: [{operation: {ports: ["8080"]}}]
+    when: [{key: source.ip, values: [10.1.2.3]}]`},
+	{name: "authz-http-on-ztunnel-allow", kind: authzKind, ns: "shop", object: `
+metadata: {name: allow-get}
+spec:
+  selector: {matchLabels: {app: httpbin}}
+  rules:
+  - from: [{source: {namespaces: [shop]}}]
+  - to: [{operation: {methods: [GET], paths: [/api/*]}}]`},
+	{name: "authz-http-on-ztunnel-deny", kind: authzKind, ns: "shop", object: `
+metadata: {name: deny-admin}
+spec:
+  action: DENY
+  rules:
+  - when: [{key: "request.headers[x-admin]", values: ["true"]}]`},
+	{name: "authz-http-on-waypoint", kind: authzKind, ns: "shop", object: `
+metadata: {name: allow-get}
+spec:
+  targetRefs: [{kind: Service, group: "", name: web}, {kind: Gateway, group: gateway.networking.k8s.io, name: waypoint}]
+  rules:
+  - to: [{operation: {methods: [GET], hosts: ["*.shop.svc.cluster.local"]}}]
+    when: [{key: "request.auth.claims[groups]", values: [admins]}]`},
+	{name: "authz-target-refs-invalid", kind: authzKind, ns: "shop", object: `
+metadata: {name: bad-targets}
+spec:
+  targetRefs:
+  - {kind: Pod, group: "", name: app}
+  - {kind: Service, group: "", name: web, namespace: other}
+  - {kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}
+  - {kind: ServiceEntry, group: networking.istio.io, name: ""}`},
+	{name: "authz-gatewayclass-in-root", kind: authzKind, ns: "weft-system", object: `
+metadata: {name: mesh-wide}
+spec:
+  targetRefs: [{kind: GatewayClass, group: gateway.networking.k8s.io, name: istio-waypoint}]`},
+	{name: "authz-selector-and-targets", kind: authzKind, ns: "shop", object: `
+metadata: {name: both}
+spec:
+  selector: {matchLabels: {app: web}}
+  targetRef: {kind: Service, group: "", name: web}
+  targetRefs: [{kind: Service, group: "", name: web}]`},
+	{name: "authz-custom", kind: authzKind, ns: "shop", object: `
+metadata: {name: ext}
+spec:
+  action: CUSTOM
+  rules: [{to: [{operation: {paths: [/admin]}}]}]`},
+	{name: "authz-provider-without-custom", kind: authzKind, ns: "shop", object: `
+metadata: {name: ext}
+spec:
+  action: DENY
+  provider: {name: opa}`},
+	{name: "authz-rule-values-invalid", kind: authzKind, ns: "shop", object: `
+metadata: {name: bad-values}
+spec:
+  targetRefs: [{kind: Service, group: "", name: web}]
+  rules:
+  - from: [{source: {}}, {source: {principals: ["cluster.*.local/ns/x"], ipBlocks: [10.0.0.0/33]}}]
+    to: [{operation: {ports: ["0", http], notPaths: [""]}}]
+    when:
+    - {key: source.ip}
+    - {key: request.body, values: [x]}
+    - {key: destination.port, values: ["99999"]}`},
+	{name: "authz-value-too-long", kind: authzKind, ns: "shop", object: `
+metadata: {name: long}
+spec:
+  targetRefs: [{kind: Service, group: "", name: web}]
+  rules: [{to: [{operation: {paths: ["/` + strings.Repeat("a", 1100) + `"]}}]}]`},
+	{name: "authz-undecodable-action", kind: authzKind, ns: "shop", object: `
+metadata: {name: bad}
+spec: {action: PERMIT}`},
+
+	// Requests no rule is about.
+	{name: "delete-not-applicable", kind: "v1/Namespace", op: admissionv1.Delete, old: `
+metadata: {name: shop}`},
+	{name: "unknown-kind", kind: "v1/ConfigMap", ns: "shop", object: `
+metadata: {name: cm}`},
+	{name: "no-object", kind: "v1/Namespace"},
+}
+
+// newRuleServer is a Server on the rule fixture with its audit records in
+// buf.
+func newRuleServer(t testing.TB, c *cluster, buf *bytes.Buffer) *Server {
+	t.Helper()
+	adm, err := admit.New(admit.Config{Gateways: c, Services: c, Namespaces: c, Access: c,
+		RootNamespace: "weft-system", WaypointUserRole: "weft-waypoint-user"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{GetCertificate: noCert, Replica: "weft-webhook-test", Logger: discardLogger()}, adm, audit.NewWriter(buf))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// post sends body to the server's handler and returns the decoded response.
+func post(t testing.TB, s *Server, path string, body []byte) (*httptest.ResponseRecorder, *admissionv1.AdmissionReview) {
+	t.Helper()
+	r := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	s.ServeHTTP(w, r)
+	if w.Code != http.StatusOK {
+		return w, nil
+	}
+	var out admissionv1.AdmissionReview
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+		t.Fatalf("response is not an AdmissionReview: %v\n%s", err, w.Body)
+	}
+	return w, &out
+}
+
+// goldenResponse is what testdata/rules/<case>.json holds.
+type goldenResponse struct {
+	Response *admissionv1.AdmissionResponse `json:"response"`
+	Patch    json.RawMessage                `json:"patch,omitempty"`
+}
+
+func TestRules(t *testing.T) {
+	var records bytes.Buffer
+	requests := 0
+	for _, tc := range ruleCases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testCluster()
+			if tc.tweak != nil {
+				tc.tweak(c)
+			}
+			s := newRuleServer(t, c, &records)
+			path := PathValidate
+			if tc.webhook == "mutate" {
+				path = PathMutate
+			}
+			w, review := post(t, s, path, tc.review(t))
+			requests++
+			if review == nil || review.Response == nil {
+				t.Fatalf("HTTP %d: %s", w.Code, w.Body)
+			}
+			resp := review.Response
+			if resp.UID != types.UID("uid-"+tc.name) {
+				t.Errorf("response uid %q, want the request's", resp.UID)
+			}
+			for _, warning := range resp.Warnings {
+				// The fixture's names are short: every warning fits whole.
+				if len(warning) > admit.MaxWarningBytes || strings.HasSuffix(warning, "...") {
+					t.Errorf("warning of %d bytes was clipped: %s", len(warning), warning)
+				}
+			}
+			got := goldenResponse{Response: resp}
+			if len(resp.Patch) > 0 {
+				var indented bytes.Buffer
+				json.Indent(&indented, resp.Patch, "", "  ")
+				got.Patch = indented.Bytes()
+				checkPatch(t, s, tc, resp.Patch)
+				requests += 2
+				resp.Patch = nil
+			}
+			compareGolden(t, filepath.Join("testdata", "rules", tc.name+".json"), got)
+		})
+	}
+	// One audit record per request.
+	if n := bytes.Count(records.Bytes(), []byte("\n")); n != requests {
+		t.Errorf("%d audit records for %d requests", n, requests)
+	}
+}
+
+// checkPatch applies a defaulting patch the way the API server does and
+// checks that the result is valid and that defaulting it again changes
+// nothing (reinvocation is safe).
+func checkPatch(t *testing.T, s *Server, tc ruleCase, patch []byte) {
+	t.Helper()
+	obj, _ := yaml.YAMLToJSON([]byte(tc.object))
+	patched := applyPatch(t, obj, patch)
+	again := tc
+	again.name = tc.name + "-again"
+	again.object = string(patched)
+	_, review := post(t, s, PathMutate, again.review(t))
+	if r := review.Response; len(r.Patch) != 0 || !r.Allowed {
+		t.Errorf("defaulting the defaulted object again: allowed=%v patch=%s", r.Allowed, r.Patch)
+	}
+	_, review = post(t, s, PathValidate, again.review(t))
+	if r := review.Response; !r.Allowed || len(r.Warnings) != 0 {
+		t.Errorf("the defaulted object does not validate cleanly: %+v", r.Result)
+	}
+}
+
+func compareGolden(t *testing.T, path string, got any) {
+	t.Helper()
+	b, err := json.MarshalIndent(got, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = append(b, '\n')
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading the golden file (run with -update to create it): %v", err)
+	}
+	if diff := cmp.Diff(string(want), string(b)); diff != "" {
+		t.Errorf("%s (-want +got):\n%s", path, diff)
+	}
+}
+
+// applyPatch applies a JSON Patch as the API server does.
+func applyPatch(t testing.TB, obj, patch []byte) []byte {
+	t.Helper()
+	p, err := jsonpatch.DecodePatch(patch)
+	if err != nil {
+		t.Fatalf("the patch is not a JSON Patch: %v", err)
+	}
+	out, err := p.Apply(obj)
+	if err != nil {
+		t.Fatalf("the patch %s does not apply: %v", patch, err)
+	}
+	return out
+}

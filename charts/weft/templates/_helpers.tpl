@@ -1,0 +1,12 @@
+{{/* Common labels for every object of the release. */}}
+{{- define "weft.labels" -}}
+app.kubernetes.io/part-of: weft
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Image reference of a component: weft.image (dict "root" . "name" "ztunnel"). */}}
+{{- define "weft.image" -}}
+{{ .root.Values.global.hub }}/{{ .name }}:{{ .root.Values.global.tag }}
+{{- end -}}

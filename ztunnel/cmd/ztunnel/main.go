@@ -1,0 +1,93 @@
+// Command ztunnel is Weft's node L4 proxy (a DaemonSet): it carries every
+// enrolled pod's TCP traffic over HBONE, enforcing L4 policy.
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/weftmesh/weft/ztunnel"
+)
+
+func main() {
+	log := newLogger(os.Getenv("LOG_FORMAT"), os.Getenv("LOG_LEVEL"))
+	cfg, err := configFromEnv()
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		log.Error("invalid configuration", "error", err.Error())
+		os.Exit(2)
+	}
+	z, err := ztunnel.New(cfg, log)
+	if err != nil {
+		log.Error("starting ztunnel", "error", err.Error())
+		os.Exit(1)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("ztunnel starting", "node", cfg.NodeName, "xds", cfg.XDSAddress)
+	if err := z.Run(ctx); err != nil {
+		log.Error("ztunnel stopped", "error", err.Error())
+		os.Exit(1)
+	}
+	log.Info("ztunnel stopped")
+}
+
+// configFromEnv reads Istio's ztunnel variable names where they exist.
+func configFromEnv() (ztunnel.Config, error) {
+	cfg := ztunnel.Config{
+		NodeName:         os.Getenv("NODE_NAME"),
+		PodName:          os.Getenv("POD_NAME"),
+		PodNamespace:     os.Getenv("POD_NAMESPACE"),
+		InstanceIP:       os.Getenv("INSTANCE_IP"),
+		XDSAddress:       os.Getenv("XDS_ADDRESS"),
+		CAAddress:        os.Getenv("CA_ADDRESS"),
+		ControlPlaneName: os.Getenv("XDS_SAN"),
+		RootCertFile:     os.Getenv("ROOT_CERT"),
+		TokenFile:        os.Getenv("TOKEN_FILE"),
+		ClusterID:        os.Getenv("CLUSTER_ID"),
+		TrustDomain:      os.Getenv("TRUST_DOMAIN"),
+		ZDSSocket:        os.Getenv("INPOD_UDS"),
+		AdminAddr:        os.Getenv("ADMIN_ADDR"),
+		MetricsAddr:      os.Getenv("METRICS_ADDR"),
+		ReadyAddr:        os.Getenv("READINESS_ADDR"),
+	}
+	for env, dst := range map[string]*time.Duration{"SECRET_TTL": &cfg.CertTTL, "CONNECTION_TERMINATION_DEADLINE": &cfg.DrainTimeout} {
+		if v := os.Getenv(env); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return cfg, fmt.Errorf("%s=%q: %w", env, v, err)
+			}
+			*dst = d
+		}
+	}
+	if cfg.XDSAddress == "" {
+		// The control plane's Service, from the variables Kubernetes injects
+		// into pods of the same namespace (there may be no cluster DNS).
+		if host := os.Getenv("WEFT_CONTROLPLANE_SERVICE_HOST"); host != "" {
+			cfg.XDSAddress = net.JoinHostPort(host, "15012")
+		}
+	}
+	cfg.SetDefaults()
+	return cfg, nil
+}
+
+func newLogger(format, level string) *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
+		lvl = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}

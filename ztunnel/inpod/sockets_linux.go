@@ -1,0 +1,122 @@
+package inpod
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/weftmesh/weft/internal/netns"
+)
+
+// Mark is the packet mark on every socket ztunnel opens in a pod, which the
+// pod's redirection rules let through (0x539, as Istio's).
+const Mark = 0x539
+
+// Sockets opens ztunnel's sockets inside a pod's network namespace:
+// listeners with SO_REUSEPORT (so an old and a new ztunnel can overlap) and
+// upstream connections, all with the packet mark.
+type Sockets struct {
+	NS *netns.NS
+}
+
+// Listen listens on addr inside the pod.
+func (s Sockets) Listen(ctx context.Context, addr netip.AddrPort) (net.Listener, error) {
+	var ln net.Listener
+	err := s.NS.Do(func() error {
+		lc := net.ListenConfig{Control: control(true)}
+		var err error
+		ln, err = lc.Listen(ctx, "tcp", addr.String())
+		return err
+	})
+	return ln, err
+}
+
+// Dial connects to dst from inside the pod. The thread stays in the pod's
+// namespace only while the socket is made and connected.
+func (s Sockets) Dial(ctx context.Context, dst, _ netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := s.NS.Do(func() error {
+		d := net.Dialer{Control: control(false)}
+		var err error
+		c, err = d.DialContext(ctx, "tcp", dst.String())
+		return err
+	})
+	return c, err
+}
+
+// control sets the mark (and SO_REUSEPORT on listeners).
+func control(listener bool) func(network, address string, c syscall.RawConn) error {
+	return func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, Mark); serr != nil {
+				serr = fmt.Errorf("setting SO_MARK %#x (needs CAP_NET_ADMIN): %w", Mark, serr)
+				return
+			}
+			if listener {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+			}
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}
+}
+
+// OrigDst returns the destination a REDIRECTed connection was sent to
+// (SO_ORIGINAL_DST, or IP6T_SO_ORIGINAL_DST for IPv6).
+func OrigDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("original destination: %T is not a TCP connection", c)
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	local := tc.LocalAddr().(*net.TCPAddr).AddrPort().Addr()
+	var out netip.AddrPort
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		if local.Is4() || local.Is4In6() {
+			var sa unix.RawSockaddrInet4
+			size := uint32(unsafe.Sizeof(sa))
+			serr = getsockopt(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST, unsafe.Pointer(&sa), &size)
+			if serr == nil {
+				out = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:]))
+			}
+			return
+		}
+		var sa unix.RawSockaddrInet6
+		size := uint32(unsafe.Sizeof(sa))
+		serr = getsockopt(int(fd), unix.SOL_IPV6, ip6tSOOriginalDst, unsafe.Pointer(&sa), &size)
+		if serr == nil {
+			out = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), binary.BigEndian.Uint16((*[2]byte)(unsafe.Pointer(&sa.Port))[:]))
+		}
+	})
+	if err == nil {
+		err = serr
+	}
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("original destination: %w (was the connection redirected?)", err)
+	}
+	return out, nil
+}
+
+func getsockopt(fd, level, name int, val unsafe.Pointer, size *uint32) error {
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(val), uintptr(unsafe.Pointer(size)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+// ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST from linux/netfilter_ipv6/ip6_tables.h.
+const ip6tSOOriginalDst = 80

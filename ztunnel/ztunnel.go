@@ -1,0 +1,283 @@
+// Package ztunnel wires Weft's node L4 proxy together: workload state from
+// the control plane over delta xDS, workload certificates from the mesh CA,
+// pods from the CNI node agent over ZDS, one proxy per pod inside its
+// network namespace, and the admin, metrics and readiness servers.
+package ztunnel
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/weftmesh/weft/internal/caclient"
+	"github.com/weftmesh/weft/internal/netns"
+	"github.com/weftmesh/weft/internal/pb/securitypb"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/internal/xdsclient"
+	"github.com/weftmesh/weft/ztunnel/admin"
+	"github.com/weftmesh/weft/ztunnel/identity"
+	"github.com/weftmesh/weft/ztunnel/inpod"
+	"github.com/weftmesh/weft/ztunnel/proxy"
+	"github.com/weftmesh/weft/ztunnel/state"
+)
+
+// Config is ztunnel's configuration; main fills it from the environment
+// (Istio's variable names where they exist) and calls Validate.
+type Config struct {
+	// NodeName is this node (env NODE_NAME). Required.
+	NodeName string
+	// PodName, PodNamespace and InstanceIP describe ztunnel's own pod.
+	PodName, PodNamespace, InstanceIP string
+	// XDSAddress is the control plane, host:port (XDS_ADDRESS); default
+	// weft-controlplane.<PodNamespace>.svc:15012.
+	XDSAddress string
+	// CAAddress is the CA (CA_ADDRESS); default XDSAddress.
+	CAAddress string
+	// ControlPlaneName is the name the control plane's certificate must
+	// carry (XDS_SAN); default weft-controlplane.<PodNamespace>.svc.
+	ControlPlaneName string
+	// RootCertFile holds the mesh roots (ROOT_CERT); default
+	// /var/run/secrets/istio/root-cert.pem.
+	RootCertFile string
+	// TokenFile is ztunnel's projected token, audience istio-ca
+	// (TOKEN_FILE); default /var/run/secrets/tokens/istio-token.
+	TokenFile string
+	// ClusterID (CLUSTER_ID); default Kubernetes.
+	ClusterID string
+	// TrustDomain (TRUST_DOMAIN); default cluster.local.
+	TrustDomain string
+	// ZDSSocket is the node agent's socket (INPOD_UDS); default /var/run/ztunnel/ztunnel.sock.
+	ZDSSocket string
+	// AdminAddr, MetricsAddr, ReadyAddr: defaults 127.0.0.1:15000, :15020, :15021.
+	AdminAddr, MetricsAddr, ReadyAddr string
+	// CertTTL asked of the CA (SECRET_TTL); default 24 h.
+	CertTTL time.Duration
+	// DrainTimeout lets connections finish on shutdown
+	// (CONNECTION_TERMINATION_DEADLINE); default 5 s.
+	DrainTimeout time.Duration
+}
+
+// SetDefaults fills the documented defaults.
+func (c *Config) SetDefaults() {
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.PodNamespace, "weft-system")
+	def(&c.XDSAddress, "weft-controlplane."+c.PodNamespace+".svc:15012")
+	def(&c.CAAddress, c.XDSAddress)
+	def(&c.ControlPlaneName, "weft-controlplane."+c.PodNamespace+".svc")
+	def(&c.RootCertFile, "/var/run/secrets/istio/root-cert.pem")
+	def(&c.TokenFile, "/var/run/secrets/tokens/istio-token")
+	def(&c.ClusterID, "Kubernetes")
+	def(&c.TrustDomain, "cluster.local")
+	def(&c.ZDSSocket, "/var/run/ztunnel/ztunnel.sock")
+	def(&c.AdminAddr, "127.0.0.1:15000")
+	def(&c.MetricsAddr, ":15020")
+	def(&c.ReadyAddr, ":15021")
+	if c.CertTTL == 0 {
+		c.CertTTL = 24 * time.Hour
+	}
+	if c.DrainTimeout == 0 {
+		c.DrainTimeout = 5 * time.Second
+	}
+}
+
+// Validate reports what is missing or malformed.
+func (c *Config) Validate() error {
+	if c.NodeName == "" {
+		return errors.New("NODE_NAME is required (the downward API's spec.nodeName)")
+	}
+	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
+		return fmt.Errorf("TRUST_DOMAIN %q: %w", c.TrustDomain, err)
+	}
+	if c.CertTTL < time.Minute {
+		return fmt.Errorf("SECRET_TTL %s is too short", c.CertTTL)
+	}
+	return nil
+}
+
+// Ztunnel is the node proxy.
+type Ztunnel struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *state.Store
+	xds      *xdsclient.Client
+	ca       *caclient.Client
+	ids      *identity.Manager
+	pods     *inpod.Manager
+	admin    *admin.Servers
+	registry *prometheus.Registry
+}
+
+// New builds ztunnel from cfg; it starts nothing.
+func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rootPEM, err := os.ReadFile(cfg.RootCertFile)
+	if err != nil {
+		return nil, fmt.Errorf("reading the mesh root certificate: %w", err)
+	}
+	roots, err := spiffe.ParseRoots(rootPEM)
+	if err != nil {
+		return nil, fmt.Errorf("mesh root certificate %s: %w", cfg.RootCertFile, err)
+	}
+	td := spiffeid.RequireTrustDomainFromString(cfg.TrustDomain)
+	z := &Ztunnel{cfg: cfg, log: log, store: state.NewStore(), registry: prometheus.NewRegistry()}
+	z.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := proxy.NewMetrics(z.registry)
+
+	token := caclient.TokenFile(cfg.TokenFile)
+	z.ca, err = caclient.New(caclient.Config{
+		Address: cfg.CAAddress, Roots: roots, ServerName: cfg.ControlPlaneName,
+		Token: token, ClusterID: cfg.ClusterID, Impersonate: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("CA client: %w", err)
+	}
+	z.ids, err = identity.New(identity.Config{Signer: z.ca, Roots: roots, TTL: cfg.CertTTL, Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	z.xds, err = xdsclient.New(xdsclient.Config{
+		Address:  cfg.XDSAddress,
+		TLS:      &tls.Config{RootCAs: roots, ServerName: cfg.ControlPlaneName, MinVersion: tls.VersionTLS12},
+		Node:     z.node(),
+		Token:    token,
+		Metadata: map[string]string{"clusterid": cfg.ClusterID},
+		Subscriptions: []xdsclient.Subscription{
+			{TypeURL: workloadpb.AddressTypeURL, Handle: z.applyAddresses},
+			{TypeURL: securitypb.AuthorizationTypeURL, Handle: z.applyPolicies},
+		},
+		Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	access := log.With("log", "access")
+	z.pods, err = inpod.New(inpod.Config{
+		SocketPath: cfg.ZDSSocket,
+		Logger:     log,
+		NewProxy: func(info inpod.PodInfo, ns *netns.NS) (inpod.Proxy, func(), error) {
+			id, err := spiffe.NewIdentity(td, info.Namespace, info.ServiceAccount)
+			if err != nil {
+				return nil, nil, err
+			}
+			creds, err := z.ids.Acquire(id)
+			if err != nil {
+				return nil, nil, err
+			}
+			p, err := proxy.NewPod(proxy.PodConfig{
+				Namespace: info.Namespace, Name: info.Name, ServiceAccount: info.ServiceAccount, Node: cfg.NodeName,
+				TrustDomain: td, Store: z.store,
+				Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst,
+				Credentials: creds, Metrics: metrics, Logger: log, AccessLog: access,
+				DrainTimeout: cfg.DrainTimeout, ClusterID: cfg.ClusterID,
+			})
+			if err != nil {
+				creds.Release()
+				return nil, nil, err
+			}
+			return p, creds.Release, nil
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	z.admin, err = admin.New(admin.Config{
+		AdminAddr: cfg.AdminAddr, MetricsAddr: cfg.MetricsAddr, ReadyAddr: cfg.ReadyAddr,
+		Gatherer: z.registry, Ready: z.ready, Dump: z.dump, Logger: log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return z, nil
+}
+
+// Run serves until ctx ends, then drains the pods' connections and stops.
+func (z *Ztunnel) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return z.xds.Run(ctx) })
+	g.Go(func() error { return z.pods.Run(ctx) })
+	g.Go(func() error { return z.admin.Run(ctx) })
+	err := g.Wait()
+	z.ids.Close()
+	z.ca.Close()
+	return err
+}
+
+func (z *Ztunnel) ready() error {
+	select {
+	case <-z.xds.Synced():
+	default:
+		return errors.New("waiting for the control plane's first workload push")
+	}
+	return z.pods.Ready()
+}
+
+func (z *Ztunnel) dump() any {
+	d := z.store.Dump()
+	return map[string]any{
+		"workloads":    d.Workloads,
+		"services":     d.Services,
+		"policies":     d.Policies,
+		"pods":         z.pods.Pods(),
+		"certificates": z.ids.Identities(),
+		"xds":          z.xds.Stats(),
+	}
+}
+
+func (z *Ztunnel) node() *corev3.Node {
+	c := z.cfg
+	md, _ := structpb.NewStruct(map[string]any{
+		"NAME": c.PodName, "NAMESPACE": c.PodNamespace, "INSTANCE_IPS": c.InstanceIP, "NODE_NAME": c.NodeName,
+	})
+	return &corev3.Node{
+		Id:       fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", c.InstanceIP, c.PodName, c.PodNamespace, c.PodNamespace),
+		Metadata: md,
+	}
+}
+
+func (z *Ztunnel) applyAddresses(up map[string]*anypb.Any, rm []string) error {
+	addrs := make(map[string]*workloadpb.Address, len(up))
+	var errs []error
+	for name, a := range up {
+		var addr workloadpb.Address
+		if err := a.UnmarshalTo(&addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		addrs[name] = &addr
+	}
+	return errors.Join(append(errs, z.store.ApplyAddresses(addrs, rm))...)
+}
+
+func (z *Ztunnel) applyPolicies(up map[string]*anypb.Any, rm []string) error {
+	pols := make(map[string]*securitypb.Authorization, len(up))
+	var errs []error
+	for name, a := range up {
+		var p securitypb.Authorization
+		if err := a.UnmarshalTo(&p); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		pols[name] = &p
+	}
+	return errors.Join(append(errs, z.store.ApplyPolicies(pols, rm))...)
+}

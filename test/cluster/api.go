@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -546,3 +548,46 @@ func lastLines(s string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// HTTPGet fetches url from inside a pod's network namespace (a plain HTTP
+// GET, for metrics and admin pages that listen on the pod's loopback) and
+// returns the body; a status other than 200 is an error.
+func (c *Cluster) HTTPGet(ctx context.Context, namespace, pod, url string) (string, error) {
+	path, err := c.PodNetns(ctx, namespace, pod)
+	if err != nil {
+		return "", err
+	}
+	ns, err := netns.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer ns.Close()
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var conn net.Conn
+		err := ns.Do(func() error {
+			var d net.Dialer
+			var err error
+			conn, err = d.DialContext(ctx, network, addr)
+			return err
+		})
+		return conn, err
+	}}
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := tr.RoundTrip(req)
+	if err != nil {
+		return "", fmt.Errorf("GET %s in %s/%s: %w", url, namespace, pod, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("GET %s in %s/%s: %s: %s", url, namespace, pod, resp.Status, lastLines(string(body), 5))
+	}
+	return string(body), err
+}
+
+// RepoPath is a path inside the repository the cluster builds images from.
+func (c *Cluster) RepoPath(rel string) string { return filepath.Join(c.cfg.RepoDir, rel) }

@@ -10,6 +10,7 @@ declare -A need=(
 	[nft]=nftables
 	[iptables]=iptables
 	[flock]=util-linux
+	[tcpdump]=tcpdump
 )
 
 missing=()

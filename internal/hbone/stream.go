@@ -605,21 +605,40 @@ func (s *Stream) Write(p []byte) (int, error) {
 
 // ReadFrom sends everything read from r until EOF. Its buffer starts small and
 // grows with the traffic, so an idle tunnel pins little memory.
+//
+// From a socket it holds no buffer at all while waiting: a pooled one is
+// taken only once the socket has data, so reads can be large (fewer frames
+// and records per message) without idle tunnels pinning memory.
 func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	var rc syscall.RawConn
+	if sc, ok := r.(syscall.Conn); ok {
+		rc, _ = sc.SyscallConn()
+	}
 	var total int64
 	for {
-		size := smallBuf
-		switch {
-		case total >= 4<<20:
-			size = largeBuf
-		case total >= 128<<10:
-			size = mediumBuf
+		var buf []byte
+		var n int
+		var rerr error
+		if rc != nil {
+			size := mediumBuf
+			if total >= 1<<20 {
+				size = largeBuf
+			}
+			buf, n, rerr = readWhenReady(rc, min(size, s.maxFrame()))
+		} else {
+			size := smallBuf
+			switch {
+			case total >= 4<<20:
+				size = largeBuf
+			case total >= 128<<10:
+				size = mediumBuf
+			}
+			size = min(size, s.maxFrame())
+			buf = getBuf(frameHeaderLen + size)
+			n, rerr = r.Read(buf[frameHeaderLen : frameHeaderLen+size])
 		}
-		size = min(size, s.maxFrame())
-		buf := getBuf(frameHeaderLen + size)
-		n, rerr := r.Read(buf[frameHeaderLen : frameHeaderLen+size])
 		if n > 0 {
 			if err := s.sendFrom(buf, n); err != nil {
 				putBuf(buf)
@@ -635,6 +654,38 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 			return total, rerr
 		}
 	}
+}
+
+// readWhenReady reads up to size bytes from a socket into a pooled buffer
+// (after frameHeaderLen bytes of room for the header), taking the buffer only
+// when the socket is readable. It returns io.EOF at the end of the stream.
+func readWhenReady(rc syscall.RawConn, size int) (buf []byte, n int, err error) {
+	var rerr error
+	cerr := rc.Read(func(fd uintptr) bool {
+		buf = getBuf(frameHeaderLen + size)
+		n, rerr = unix.Read(int(fd), buf[frameHeaderLen:frameHeaderLen+size])
+		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			putBuf(buf)
+			buf = nil
+			return false // wait for readability without holding the buffer
+		}
+		return true
+	})
+	switch {
+	case cerr != nil:
+		err = cerr
+	case rerr != nil:
+		err = rerr
+	case n == 0:
+		err = io.EOF
+	}
+	if n < 0 {
+		n = 0
+	}
+	if buf == nil {
+		buf = getBuf(frameHeaderLen) // callers always return a buffer
+	}
+	return buf, n, err
 }
 
 // sendFrom sends buf[9:9+n] as one or more DATA frames as credit allows. Each

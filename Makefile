@@ -48,7 +48,7 @@ tools: ## Build the pinned cluster tools (Kubernetes, etcd, helm, CNI plugins) i
 	@GO=$(GO) BIN=$(BIN) scripts/tools.sh
 
 .PHONY: demo
-demo: tools build ## Start a 2-node local cluster with Weft installed and sample apps; Ctrl-C tears it down.
+demo: deps tools build ## Start a 2-node local cluster with Weft installed and sample apps; Ctrl-C tears it down.
 	$(BIN)/weft-cluster demo
 
 .PHONY: cluster-clean

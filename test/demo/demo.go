@@ -52,9 +52,10 @@ func (c *Config) Validate() error {
 
 // Demo runs the demo. Build it with New and run it with Run.
 type Demo struct {
-	cfg Config
-	cc  cluster.Config
-	log *slog.Logger
+	cfg       Config
+	cc        cluster.Config
+	log       *slog.Logger
+	installed bool // the chart is installed
 }
 
 // New checks cfg, applies the defaults and returns a demo. It starts nothing.
@@ -132,6 +133,13 @@ func (d *Demo) Run(ctx context.Context) (err error) {
 		}
 		d.say("the sample apps did not come up (the cluster stays up to look into it): %v", err)
 		d.showPods(ctx, c, d.cfg.AppNamespace)
+	} else if d.installed {
+		if err := d.meshStory(ctx, c); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			d.say("the mesh part of the demo stopped (the cluster stays up to look into it): %v", err)
+		}
 	}
 
 	kubectl := c.BinPath("kubectl")
@@ -234,7 +242,9 @@ func (d *Demo) installChart(ctx context.Context, c *cluster.Cluster) error {
 	d.showPods(ctx, c, d.cfg.ChartNamespace)
 	if err != nil {
 		d.say("not every Weft pod is ready (the demo goes on): %v", err)
+		return nil
 	}
+	d.installed = true
 	return nil
 }
 

@@ -65,9 +65,20 @@ type Result struct {
 	Response *Response `json:"response,omitempty"`
 	// Error says why the request failed.
 	Error string `json:"error,omitempty"`
+	// Status is the HTTP status of the answer (0 when there was none or the
+	// protocol is not HTTP).
+	Status int `json:"status,omitempty"`
 	// Duration is how long the request took.
 	Duration time.Duration `json:"duration"`
 }
+
+// StatusError is an HTTP answer other than 200.
+type StatusError struct {
+	Code int
+	Body string
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Code, e.Body) }
 
 // Client sends echo requests. Each request uses a new connection, so load
 // balancing per connection (kube-proxy, a mesh) shows in who answers.
@@ -106,6 +117,12 @@ func (c *Client) Send(ctx context.Context) []Result {
 		r := Result{Response: resp, Duration: time.Since(start)}
 		if err != nil {
 			r.Error = err.Error()
+			var se *StatusError
+			if errors.As(err, &se) {
+				r.Status = se.Code
+			}
+		} else if c.target.Scheme == "http" || c.target.Scheme == "h2c" {
+			r.Status = http.StatusOK
 		}
 		results = append(results, r)
 	}
@@ -156,7 +173,7 @@ func (c *Client) http(ctx context.Context) (*Response, error) {
 		return nil, fmt.Errorf("reading response: %w", err)
 	}
 	if res.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("HTTP %d: %s", res.StatusCode, strings.TrimSpace(string(body)))
+		return nil, &StatusError{Code: res.StatusCode, Body: strings.TrimSpace(string(body))}
 	}
 	var r Response
 	if err := json.Unmarshal(body, &r); err != nil {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -147,6 +148,49 @@ func TestServerConfigValidate(t *testing.T) {
 		err := tc.cfg.Validate()
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestSteeringHeaders(t *testing.T) {
+	s := startServer(t)
+	target := "http://" + s.Addrs("http")[0].String() + "/"
+	send := func(n int, headers ...string) []Result {
+		t.Helper()
+		h := http.Header{}
+		for i := 0; i < len(headers); i += 2 {
+			h.Set(headers[i], headers[i+1])
+		}
+		c, err := NewClient(ClientConfig{Target: target, Count: n, Headers: h, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.Send(context.Background())
+	}
+	statuses := func(rs []Result) []int {
+		var out []int
+		for _, r := range rs {
+			out = append(out, r.Status)
+		}
+		return out
+	}
+	if got := statuses(send(1, HeaderStatus, "418")); !slices.Equal(got, []int{418}) {
+		t.Errorf("%s: 418 answered %v", HeaderStatus, got)
+	}
+	if got := statuses(send(3, HeaderFailOnce, "k1")); !slices.Equal(got, []int{503, 200, 200}) {
+		t.Errorf("%s: answered %v, want 503 then 200s", HeaderFailOnce, got)
+	}
+	if got := statuses(send(1, HeaderFailOnce, "k2")); !slices.Equal(got, []int{503}) {
+		t.Errorf("%s with a new key answered %v, want 503", HeaderFailOnce, got)
+	}
+	rs := send(1, HeaderDelay, "150ms")
+	if rs[0].Status != 200 || rs[0].Duration < 150*time.Millisecond {
+		t.Errorf("%s: 150ms answered %d after %v", HeaderDelay, rs[0].Status, rs[0].Duration)
+	}
+	for _, bad := range [][]string{{HeaderStatus, "99"}, {HeaderStatus, "x"}, {HeaderDelay, "2h"}, {HeaderDelay, "soon"}} {
+		rs := send(1, bad...)
+		if rs[0].Status != 400 || !strings.Contains(rs[0].Error, bad[0]) {
+			t.Errorf("%s: %s answered %d %q, want 400 naming the header", bad[0], bad[1], rs[0].Status, rs[0].Error)
 		}
 	}
 }

@@ -128,15 +128,16 @@ type Server struct {
 	cfg ServerConfig
 	log *slog.Logger
 
-	mu    sync.Mutex // guards addrs
-	addrs map[string][]net.Addr
-	ready chan struct{}
+	mu     sync.Mutex // guards addrs and failed
+	addrs  map[string][]net.Addr
+	failed map[string]bool // keys of X-Echo-Fail-Once seen
+	ready  chan struct{}
 }
 
 // NewServer returns a server for cfg (defaults applied). It starts nothing.
 func NewServer(cfg ServerConfig, log *slog.Logger) *Server {
 	cfg.SetDefaults()
-	return &Server{cfg: cfg, log: log, addrs: map[string][]net.Addr{}, ready: make(chan struct{})}
+	return &Server{cfg: cfg, log: log, addrs: map[string][]net.Addr{}, failed: map[string]bool{}, ready: make(chan struct{})}
 }
 
 // Ready is closed once every listener is open.
@@ -256,7 +257,13 @@ func (s *Server) httpServer(ln net.Listener) *http.Server {
 		}
 		resp.Host, resp.Method, resp.Path = r.Host, r.Method, r.URL.RequestURI()
 		resp.Headers = r.Header.Clone()
+		code, err := s.control(r)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
 		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(code)
 		json.NewEncoder(w).Encode(resp)
 	})
 	return &http.Server{Handler: h, Protocols: &protos, ReadHeaderTimeout: 10 * time.Second}
@@ -343,4 +350,53 @@ func (s *Server) grpcServer(ln net.Listener) *grpc.Server {
 		return r
 	}))
 	return gs
+}
+
+// The request headers that steer an HTTP answer, for tests of what lies in
+// between (retries, timeouts, routing on status).
+const (
+	// HeaderStatus answers with this status code instead of 200.
+	HeaderStatus = "X-Echo-Status"
+	// HeaderDelay waits this long (a Go duration, at most a minute) before
+	// answering.
+	HeaderDelay = "X-Echo-Delay"
+	// HeaderFailOnce answers 503 to the first request carrying a key and 200
+	// to every later one with the same key.
+	HeaderFailOnce = "X-Echo-Fail-Once"
+)
+
+// control applies the steering headers of r and returns the status to
+// answer with.
+func (s *Server) control(r *http.Request) (int, error) {
+	code := http.StatusOK
+	if v := r.Header.Get(HeaderStatus); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 200 || n > 599 {
+			return 0, fmt.Errorf("%s: %q is not a status code between 200 and 599", HeaderStatus, v)
+		}
+		code = n
+	}
+	if v := r.Header.Get(HeaderDelay); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 || d > time.Minute {
+			return 0, fmt.Errorf("%s: %q is not a duration between 0 and 1m", HeaderDelay, v)
+		}
+		select {
+		case <-time.After(d):
+		case <-r.Context().Done():
+		}
+	}
+	if key := r.Header.Get(HeaderFailOnce); key != "" {
+		s.mu.Lock()
+		first := !s.failed[key]
+		if len(s.failed) >= 1<<16 {
+			clear(s.failed) // a test workload; forgetting old keys is fine
+		}
+		s.failed[key] = true
+		s.mu.Unlock()
+		if first {
+			code = http.StatusServiceUnavailable
+		}
+	}
+	return code, nil
 }

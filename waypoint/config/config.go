@@ -1,0 +1,434 @@
+// Package config compiles the waypoint's Envoy xDS resources (Listener,
+// RouteConfiguration, Cluster, ClusterLoadAssignment; the subset of the
+// waypoint xDS contract) into an immutable Snapshot. Anything outside the
+// subset is an error naming the resource and the field, which the xDS
+// client turns into a NACK.
+package config
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+
+	"github.com/weftmesh/weft/waypoint/internal/pbcheck"
+	"github.com/weftmesh/weft/waypoint/rbac"
+	"github.com/weftmesh/weft/waypoint/route"
+)
+
+// Type URLs the waypoint subscribes to.
+const (
+	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+// PassthroughCluster is the ORIGINAL_DST cluster name.
+const PassthroughCluster = "passthrough"
+
+// Chain is a compiled filter chain.
+type Chain struct {
+	Name     string
+	Prefixes []netip.Prefix
+	Port     uint32 // 0: any
+	// Exactly one of HTTP or TCPCluster.
+	HTTP       *HTTP
+	TCPCluster string
+	NetRBAC    []*rbac.Filter
+}
+
+// HTTP is a compiled http_connection_manager.
+type HTTP struct {
+	RouteName      string       // rds
+	Inline         *route.Table // route_config inline
+	RBAC           []*rbac.Filter
+	RequestTimeout time.Duration
+	IdleTimeout    time.Duration
+	// FallbackCluster receives bytes that are not HTTP.
+	FallbackCluster string
+}
+
+// Listener is the compiled `waypoint` Listener.
+type Listener struct {
+	Chains []*Chain
+}
+
+// LB policy.
+const (
+	RoundRobin = iota
+	LeastRequest
+)
+
+// Cluster is a compiled Cluster.
+type Cluster struct {
+	Name                                                string
+	Passthrough                                         bool
+	LB                                                  int
+	ConnectTimeout                                      time.Duration
+	MaxConnections, MaxPending, MaxRequests, MaxRetries int
+	HTTP2                                               bool
+}
+
+// Endpoint is one upstream endpoint.
+type Endpoint struct {
+	Addr         netip.AddrPort
+	Healthy      bool
+	HBONE        bool
+	Identity     string
+	Workload     string
+	Namespace    string
+	WorkloadName string
+}
+
+// Assignment is a compiled ClusterLoadAssignment.
+type Assignment struct {
+	Name      string
+	Endpoints []Endpoint
+}
+
+// CompileListener compiles the waypoint Listener.
+func CompileListener(l *listenerv3.Listener) (*Listener, error) {
+	where := fmt.Sprintf("listener %q", l.GetName())
+	if err := pbcheck.Only(l, where, "name", "address", "filter_chains", "stat_prefix"); err != nil {
+		return nil, err
+	}
+	out := &Listener{}
+	for i, fc := range l.GetFilterChains() {
+		w := fmt.Sprintf("%s: filter_chains[%d]", where, i)
+		if fc.GetName() != "" {
+			w = fmt.Sprintf("%s: filter_chain %q", where, fc.GetName())
+		}
+		if err := pbcheck.Only(fc, w, "name", "filter_chain_match", "filters"); err != nil {
+			return nil, err
+		}
+		c := &Chain{Name: fc.GetName()}
+		m := fc.GetFilterChainMatch()
+		if err := pbcheck.Only(m, w+".filter_chain_match", "prefix_ranges", "destination_port"); err != nil {
+			return nil, err
+		}
+		for j, pr := range m.GetPrefixRanges() {
+			p, err := prefix(pr, fmt.Sprintf("%s.filter_chain_match.prefix_ranges[%d]", w, j))
+			if err != nil {
+				return nil, err
+			}
+			c.Prefixes = append(c.Prefixes, p)
+		}
+		c.Port = m.GetDestinationPort().GetValue()
+		if c.Port > 65535 {
+			return nil, fmt.Errorf("%s.filter_chain_match.destination_port %d is not a port", w, c.Port)
+		}
+		if err := compileFilters(c, fc.GetFilters(), w); err != nil {
+			return nil, err
+		}
+		out.Chains = append(out.Chains, c)
+	}
+	return out, nil
+}
+
+func prefix(pr *corev3.CidrRange, where string) (netip.Prefix, error) {
+	a, err := netip.ParseAddr(pr.GetAddressPrefix())
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%s.address_prefix %q: %v", where, pr.GetAddressPrefix(), err)
+	}
+	a = a.Unmap()
+	bits := a.BitLen()
+	if pr.GetPrefixLen() != nil {
+		bits = int(pr.GetPrefixLen().GetValue())
+	}
+	if bits > a.BitLen() {
+		return netip.Prefix{}, fmt.Errorf("%s.prefix_len %d is longer than the address", where, bits)
+	}
+	return netip.PrefixFrom(a, bits).Masked(), nil
+}
+
+func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
+	for i, f := range fs {
+		w := fmt.Sprintf("%s.filters[%d] (%s)", where, i, f.GetName())
+		if err := pbcheck.Only(f, w, "name", "typed_config"); err != nil {
+			return err
+		}
+		if f.GetTypedConfig() == nil {
+			return fmt.Errorf("%s.typed_config is required", w)
+		}
+		msg, err := f.GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			return fmt.Errorf("%s.typed_config: %v", w, err)
+		}
+		last := i == len(fs)-1
+		switch m := msg.(type) {
+		case *netrbac.RBAC:
+			if last {
+				return fmt.Errorf("%s: network RBAC must precede tcp_proxy", w)
+			}
+			if err := pbcheck.Only(m, w, "rules", "stat_prefix"); err != nil {
+				return err
+			}
+			r, err := rbac.Compile(m.GetRules(), true, w)
+			if err != nil {
+				return err
+			}
+			c.NetRBAC = append(c.NetRBAC, r)
+		case *tcpv3.TcpProxy:
+			if !last {
+				return fmt.Errorf("%s: tcp_proxy must be the last filter", w)
+			}
+			if err := pbcheck.Only(m, w, "cluster", "stat_prefix"); err != nil {
+				return err
+			}
+			if m.GetCluster() == "" {
+				return fmt.Errorf("%s.cluster is required", w)
+			}
+			c.TCPCluster = m.GetCluster()
+		case *hcmv3.HttpConnectionManager:
+			if !last || len(c.NetRBAC) > 0 {
+				return fmt.Errorf("%s: http_connection_manager must be the only filter", w)
+			}
+			h, err := compileHCM(m, w)
+			if err != nil {
+				return err
+			}
+			c.HTTP = h
+		default:
+			return fmt.Errorf("%s.typed_config %s is not supported", w, f.GetTypedConfig().GetTypeUrl())
+		}
+	}
+	if c.HTTP == nil && c.TCPCluster == "" {
+		return fmt.Errorf("%s.filters has no http_connection_manager or tcp_proxy", where)
+	}
+	return nil
+}
+
+func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
+	if err := pbcheck.Only(m, w, "codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout"); err != nil {
+		return nil, err
+	}
+	if m.GetCodecType() != hcmv3.HttpConnectionManager_AUTO {
+		return nil, fmt.Errorf("%s.codec_type %v is not supported (AUTO only)", w, m.GetCodecType())
+	}
+	h := &HTTP{RequestTimeout: m.GetRequestTimeout().AsDuration(), IdleTimeout: m.GetStreamIdleTimeout().AsDuration()}
+	switch rs := m.GetRouteSpecifier().(type) {
+	case *hcmv3.HttpConnectionManager_Rds:
+		if err := pbcheck.Only(rs.Rds, w+".rds", "route_config_name", "config_source"); err != nil {
+			return nil, err
+		}
+		if rs.Rds.GetRouteConfigName() == "" {
+			return nil, fmt.Errorf("%s.rds.route_config_name is required", w)
+		}
+		h.RouteName = rs.Rds.GetRouteConfigName()
+	case *hcmv3.HttpConnectionManager_RouteConfig:
+		t, err := route.Compile(rs.RouteConfig)
+		if err != nil {
+			return nil, fmt.Errorf("%s.route_config: %w", w, err)
+		}
+		h.Inline = t
+	default:
+		return nil, fmt.Errorf("%s has no rds or route_config", w)
+	}
+	fs := m.GetHttpFilters()
+	for i, f := range fs {
+		fw := fmt.Sprintf("%s.http_filters[%d] (%s)", w, i, f.GetName())
+		if err := pbcheck.Only(f, fw, "name", "typed_config"); err != nil {
+			return nil, err
+		}
+		if f.GetTypedConfig() == nil {
+			return nil, fmt.Errorf("%s.typed_config is required", fw)
+		}
+		msg, err := f.GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			return nil, fmt.Errorf("%s.typed_config: %v", fw, err)
+		}
+		switch fm := msg.(type) {
+		case *rbacfilter.RBAC:
+			if err := pbcheck.Only(fm, fw, "rules"); err != nil {
+				return nil, err
+			}
+			r, err := rbac.Compile(fm.GetRules(), false, fw)
+			if err != nil {
+				return nil, err
+			}
+			h.RBAC = append(h.RBAC, r)
+		default:
+			if f.GetName() == "envoy.filters.http.router" && i == len(fs)-1 {
+				continue
+			}
+			return nil, fmt.Errorf("%s.typed_config %s is not supported", fw, f.GetTypedConfig().GetTypeUrl())
+		}
+	}
+	if len(fs) == 0 || fs[len(fs)-1].GetName() != "envoy.filters.http.router" {
+		return nil, fmt.Errorf("%s.http_filters must end with envoy.filters.http.router", w)
+	}
+	return h, nil
+}
+
+// CompileCluster compiles a Cluster.
+func CompileCluster(c *clusterv3.Cluster) (*Cluster, error) {
+	w := fmt.Sprintf("cluster %q", c.GetName())
+	if err := pbcheck.Only(c, w, "name", "type", "eds_cluster_config", "lb_policy", "connect_timeout", "circuit_breakers", "typed_extension_protocol_options", "alt_stat_name"); err != nil {
+		return nil, err
+	}
+	out := &Cluster{Name: c.GetName(), ConnectTimeout: 10 * time.Second, MaxConnections: 1024, MaxPending: 1024, MaxRequests: 1024, MaxRetries: 1024}
+	if c.GetConnectTimeout() != nil {
+		out.ConnectTimeout = c.GetConnectTimeout().AsDuration()
+	}
+	switch c.GetType() {
+	case clusterv3.Cluster_EDS:
+	case clusterv3.Cluster_ORIGINAL_DST:
+		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
+			return nil, fmt.Errorf("%s.lb_policy must be CLUSTER_PROVIDED for ORIGINAL_DST", w)
+		}
+		out.Passthrough = true
+	default:
+		return nil, fmt.Errorf("%s.type %v is not supported", w, c.GetType())
+	}
+	if !out.Passthrough {
+		switch c.GetLbPolicy() {
+		case clusterv3.Cluster_ROUND_ROBIN:
+		case clusterv3.Cluster_LEAST_REQUEST:
+			out.LB = LeastRequest
+		default:
+			return nil, fmt.Errorf("%s.lb_policy %v is not supported", w, c.GetLbPolicy())
+		}
+	}
+	if cb := c.GetCircuitBreakers(); cb != nil {
+		if err := pbcheck.Only(cb, w+".circuit_breakers", "thresholds"); err != nil {
+			return nil, err
+		}
+		if th := cb.GetThresholds(); len(th) > 0 {
+			t := th[0]
+			if err := pbcheck.Only(t, w+".circuit_breakers.thresholds[0]", "priority", "max_connections", "max_pending_requests", "max_requests", "max_retries"); err != nil {
+				return nil, err
+			}
+			set := func(dst *int, v interface{ GetValue() uint32 }, ok bool) {
+				if ok {
+					*dst = int(v.GetValue())
+				}
+			}
+			set(&out.MaxConnections, t.GetMaxConnections(), t.GetMaxConnections() != nil)
+			set(&out.MaxPending, t.GetMaxPendingRequests(), t.GetMaxPendingRequests() != nil)
+			set(&out.MaxRequests, t.GetMaxRequests(), t.GetMaxRequests() != nil)
+			set(&out.MaxRetries, t.GetMaxRetries(), t.GetMaxRetries() != nil)
+		}
+	}
+	for k, v := range c.GetTypedExtensionProtocolOptions() {
+		ow := fmt.Sprintf("%s.typed_extension_protocol_options[%q]", w, k)
+		if k != "envoy.extensions.upstreams.http.v3.HttpProtocolOptions" {
+			return nil, fmt.Errorf("%s is not supported", ow)
+		}
+		var o httpopts.HttpProtocolOptions
+		if err := v.UnmarshalTo(&o); err != nil {
+			return nil, fmt.Errorf("%s: %v", ow, err)
+		}
+		if err := pbcheck.Only(&o, ow, "explicit_http_config"); err != nil {
+			return nil, err
+		}
+		if o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil {
+			out.HTTP2 = true
+		}
+	}
+	return out, nil
+}
+
+// CompileAssignment compiles a ClusterLoadAssignment.
+func CompileAssignment(a *endpointv3.ClusterLoadAssignment) (*Assignment, error) {
+	w := fmt.Sprintf("endpoints %q", a.GetClusterName())
+	if err := pbcheck.Only(a, w, "cluster_name", "endpoints"); err != nil {
+		return nil, err
+	}
+	out := &Assignment{Name: a.GetClusterName()}
+	for i, le := range a.GetEndpoints() {
+		lw := fmt.Sprintf("%s.endpoints[%d]", w, i)
+		if err := pbcheck.Only(le, lw, "lb_endpoints", "locality"); err != nil {
+			return nil, err
+		}
+		for j, e := range le.GetLbEndpoints() {
+			ew := fmt.Sprintf("%s.lb_endpoints[%d]", lw, j)
+			if err := pbcheck.Only(e, ew, "endpoint", "health_status", "metadata", "load_balancing_weight"); err != nil {
+				return nil, err
+			}
+			sa := e.GetEndpoint().GetAddress().GetSocketAddress()
+			ip, err := netip.ParseAddr(sa.GetAddress())
+			if err != nil {
+				return nil, fmt.Errorf("%s.endpoint.address.socket_address.address %q: %v", ew, sa.GetAddress(), err)
+			}
+			if sa.GetPortValue() == 0 || sa.GetPortValue() > 65535 {
+				return nil, fmt.Errorf("%s.endpoint.address.socket_address.port_value %d is not a port", ew, sa.GetPortValue())
+			}
+			ep := Endpoint{Addr: netip.AddrPortFrom(ip.Unmap(), uint16(sa.GetPortValue()))}
+			switch e.GetHealthStatus() {
+			case corev3.HealthStatus_HEALTHY, corev3.HealthStatus_UNKNOWN:
+				ep.Healthy = true
+			}
+			if md := e.GetMetadata().GetFilterMetadata()["weft"]; md != nil {
+				f := md.GetFields()
+				ep.HBONE = f["tunnel"].GetStringValue() == "HBONE"
+				ep.Identity = f["identity"].GetStringValue()
+				ep.Workload = f["workload"].GetStringValue()
+				ep.Namespace = f["namespace"].GetStringValue()
+				ep.WorkloadName = f["workload_name"].GetStringValue()
+				if ep.HBONE && ep.Identity == "" {
+					return nil, fmt.Errorf("%s.metadata.filter_metadata.weft.identity is required for an HBONE endpoint", ew)
+				}
+			}
+			out.Endpoints = append(out.Endpoints, ep)
+		}
+	}
+	return out, nil
+}
+
+// Snapshot is one consistent, immutable configuration.
+type Snapshot struct {
+	Listener    *Listener
+	Routes      map[string]*route.Table
+	Clusters    map[string]*Cluster
+	Assignments map[string]*Assignment
+}
+
+// Chain picks the chain for a CONNECT target: prefix contains the IP and
+// the port equals (an exact port beats none). nil when none matches.
+func (s *Snapshot) Chain(target netip.AddrPort) *Chain {
+	if s == nil || s.Listener == nil {
+		return nil
+	}
+	var any *Chain
+	ip := target.Addr().Unmap()
+	for _, c := range s.Listener.Chains {
+		in := false
+		for _, p := range c.Prefixes {
+			if p.Contains(ip) {
+				in = true
+				break
+			}
+		}
+		if !in {
+			continue
+		}
+		if c.Port == uint32(target.Port()) {
+			return c
+		}
+		if c.Port == 0 && any == nil {
+			any = c
+		}
+	}
+	return any
+}
+
+// RouteTable returns the route table of an HTTP chain.
+func (s *Snapshot) RouteTable(h *HTTP) *route.Table {
+	if h.Inline != nil {
+		return h.Inline
+	}
+	return s.Routes[h.RouteName]
+}
+
+var _ = routev3.RouteConfiguration{}

@@ -1,0 +1,138 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/weftmesh/weft/waypoint/route"
+)
+
+// Store accumulates xDS resources per type and publishes a new Snapshot
+// after every accepted update. A rejected update changes nothing.
+type Store struct {
+	mu        sync.Mutex
+	listeners map[string]*Listener
+	routes    map[string]*route.Table
+	clusters  map[string]*Cluster
+	cla       map[string]*Assignment
+
+	cur     atomic.Pointer[Snapshot]
+	applied chan struct{}
+	once    sync.Once
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{listeners: map[string]*Listener{}, routes: map[string]*route.Table{}, clusters: map[string]*Cluster{},
+		cla: map[string]*Assignment{}, applied: make(chan struct{})}
+}
+
+// Snapshot returns the current configuration (never nil).
+func (s *Store) Snapshot() *Snapshot {
+	if p := s.cur.Load(); p != nil {
+		return p
+	}
+	return &Snapshot{}
+}
+
+// Applied is closed after the first accepted update.
+func (s *Store) Applied() <-chan struct{} { return s.applied }
+
+func (s *Store) publish() {
+	snap := &Snapshot{Routes: clone(s.routes), Clusters: clone(s.clusters), Assignments: clone(s.cla)}
+	if l, ok := s.listeners["waypoint"]; ok {
+		snap.Listener = l
+	} else {
+		for _, l := range s.listeners {
+			snap.Listener = l
+		}
+	}
+	s.cur.Store(snap)
+	s.once.Do(func() { close(s.applied) })
+}
+
+func clone[V any](m map[string]V) map[string]V {
+	o := make(map[string]V, len(m))
+	for k, v := range m {
+		o[k] = v
+	}
+	return o
+}
+
+// ApplyListeners is the xDS handler for ListenerType.
+func (s *Store) ApplyListeners(up map[string]*anypb.Any, rm []string) error {
+	return applyAny(s, s.listeners, up, rm, func(a *anypb.Any) (*Listener, error) {
+		var l listenerv3.Listener
+		if err := a.UnmarshalTo(&l); err != nil {
+			return nil, err
+		}
+		return CompileListener(&l)
+	})
+}
+
+// ApplyRoutes is the xDS handler for RouteType.
+func (s *Store) ApplyRoutes(up map[string]*anypb.Any, rm []string) error {
+	return applyAny(s, s.routes, up, rm, func(a *anypb.Any) (*route.Table, error) {
+		var r routev3.RouteConfiguration
+		if err := a.UnmarshalTo(&r); err != nil {
+			return nil, err
+		}
+		return route.Compile(&r)
+	})
+}
+
+// ApplyClusters is the xDS handler for ClusterType.
+func (s *Store) ApplyClusters(up map[string]*anypb.Any, rm []string) error {
+	return applyAny(s, s.clusters, up, rm, func(a *anypb.Any) (*Cluster, error) {
+		var c clusterv3.Cluster
+		if err := a.UnmarshalTo(&c); err != nil {
+			return nil, err
+		}
+		return CompileCluster(&c)
+	})
+}
+
+// ApplyEndpoints is the xDS handler for EndpointType.
+func (s *Store) ApplyEndpoints(up map[string]*anypb.Any, rm []string) error {
+	return applyAny(s, s.cla, up, rm, func(a *anypb.Any) (*Assignment, error) {
+		var c endpointv3.ClusterLoadAssignment
+		if err := a.UnmarshalTo(&c); err != nil {
+			return nil, err
+		}
+		return CompileAssignment(&c)
+	})
+}
+
+func applyAny[C any](s *Store, dst map[string]C, up map[string]*anypb.Any, rm []string, compile func(*anypb.Any) (C, error)) error {
+	compiled := map[string]C{}
+	var errs []error
+	for name, a := range up {
+		c, err := compile(a)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("resource %q: %w", name, err))
+			continue
+		}
+		compiled[name] = c
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, n := range rm {
+		delete(dst, n)
+	}
+	for n, c := range compiled {
+		dst[n] = c
+	}
+	s.publish()
+	return nil
+}

@@ -1,0 +1,567 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/rbac"
+	"github.com/weftmesh/weft/waypoint/route"
+)
+
+// Limits on the downstream HTTP side.
+const (
+	maxHeaderBytes       = 60 << 10
+	maxConcurrentStreams = 100
+	maxRetryBody         = 64 << 10
+	maxMirrors           = 64
+)
+
+func (s *session) serveH1(c net.Conn) {
+	ln := &oneConnListener{c: c, done: make(chan struct{})}
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handle(w, r, false) }),
+		MaxHeaderBytes:    maxHeaderBytes,
+		ReadHeaderTimeout: 30 * time.Second,
+		IdleTimeout:       idle(s.chain.HTTP.IdleTimeout),
+		ConnState: func(_ net.Conn, st http.ConnState) {
+			if st == http.StateClosed || st == http.StateHijacked {
+				ln.Close()
+			}
+		},
+		ErrorLog: nil,
+	}
+	srv.Serve(ln)
+	<-ln.done
+}
+
+func idle(d time.Duration) time.Duration {
+	if d == 0 {
+		return 5 * time.Minute
+	}
+	return d
+}
+
+func (s *session) serveH2(c net.Conn) {
+	// net/http serves h2c only from a listener; one tunnelled connection at
+	// a time needs x/net/http2's ServeConn.
+	//lint:ignore SA1019 no net/http equivalent serves a single connection
+	h2 := &http2.Server{MaxConcurrentStreams: maxConcurrentStreams, MaxDecoderHeaderTableSize: 4096, IdleTimeout: idle(s.chain.HTTP.IdleTimeout)}
+	//lint:ignore SA1019 see above
+	h2.ServeConn(c, &http2.ServeConnOpts{
+		BaseConfig: &http.Server{MaxHeaderBytes: maxHeaderBytes},
+		Handler:    http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handle(w, r, true) }),
+	})
+}
+
+type oneConnListener struct {
+	mu   sync.Mutex
+	c    net.Conn
+	done chan struct{}
+	once sync.Once
+}
+
+func (l *oneConnListener) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.c
+	l.c = nil
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+func (l *oneConnListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
+func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
+
+// reqInfo is what the access log and metrics record about a request.
+type reqInfo struct {
+	status             int
+	route, cluster     string
+	upstream           netip.AddrPort
+	ep                 *config.Endpoint
+	audit              bool
+	auditPolicy        string
+	reqBytes, rspBytes int64
+	flags              string
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n *int64
+}
+
+func (b countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	*b.n += int64(n)
+	return n, err
+}
+
+type countingWriter struct {
+	http.ResponseWriter
+	n      int64
+	status int
+}
+
+func (w *countingWriter) WriteHeader(c int) {
+	if w.status == 0 {
+		w.status = c
+	}
+	w.ResponseWriter.WriteHeader(c)
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = 200
+	}
+	n, err := w.ResponseWriter.Write(p)
+	w.n += int64(n)
+	return n, err
+}
+
+func (w *countingWriter) Flush() {
+	if f, ok := w.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) {
+	start := time.Now()
+	info := &reqInfo{}
+	cw := &countingWriter{ResponseWriter: w}
+	if r.Body != nil {
+		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes}
+	}
+	tp := traceparent(r.Header.Get("traceparent"))
+	r.Header.Set("traceparent", tp)
+	s.route(cw, r, h2, info)
+	info.status = cw.status
+	info.rspBytes = cw.n
+	s.p.record(s, r, info, time.Since(start), tp)
+}
+
+func fail(w http.ResponseWriter, code int, body string) {
+	w.Header().Set("content-type", "text/plain")
+	w.WriteHeader(code)
+	io.WriteString(w, body)
+}
+
+func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *reqInfo) {
+	snap := s.p.cfg.Store.Snapshot()
+	rq := route.FromHTTP(r)
+	rr := &rbac.Request{HTTP: &rq, Principal: s.peer, RemoteIP: s.remote.Addr(), DstPort: uint32(s.target.Port())}
+	if s.remote.IsValid() {
+		rr.DirectIP = s.remote.Addr()
+	}
+	for _, f := range s.chain.HTTP.RBAC {
+		res := f.Evaluate(rr)
+		if f.Action == rbac.Log {
+			if res.Policy != "" {
+				info.audit, info.auditPolicy = true, res.Policy
+			}
+			continue
+		}
+		if res.Denied {
+			info.flags = "RBAC"
+			fail(w, http.StatusForbidden, "RBAC: access denied")
+			return
+		}
+	}
+	table := snap.RouteTable(s.chain.HTTP)
+	rt := table.Match(&rq)
+	if rt == nil {
+		info.flags = "NR"
+		fail(w, http.StatusNotFound, "route not found")
+		return
+	}
+	info.route = rt.Name
+	switch {
+	case rt.Direct:
+		rt.Response.Apply(w.Header())
+		w.WriteHeader(rt.DirectCode)
+		io.WriteString(w, rt.DirectBody)
+		return
+	case rt.Redirect != nil:
+		redirect(w, r, rt)
+		return
+	}
+	ctx := r.Context()
+	timeout := rt.Timeout
+	if timeout == 0 {
+		timeout = s.chain.HTTP.RequestTimeout
+	}
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	wc := rt.Pick(uint32(mrand.Uint64N(uint64(max(rt.TotalWeight, 1)))))
+	info.cluster = wc.Name
+	out := r.Clone(ctx)
+	out.RequestURI = ""
+	out.Header = r.Header.Clone()
+	stripHop(out.Header)
+	rt.Request.Apply(out.Header)
+	wc.Request.Apply(out.Header)
+	path, q, _ := strings.Cut(r.URL.RequestURI(), "?")
+	np := rt.RewritePath(path)
+	if q != "" {
+		np += "?" + q
+	}
+	out.URL.Opaque = ""
+	if u, err := r.URL.Parse(np); err == nil {
+		out.URL = u
+	}
+	out.URL.Scheme, out.URL.Host = "http", r.Host
+	if rt.HostRewrite != "" {
+		out.Host = rt.HostRewrite
+	}
+	var body []byte
+	retryable := rt.Retry != nil && rt.Retry.NumRetries > 0
+	if (retryable || len(rt.Mirrors) > 0) && r.Body != nil && r.Body != http.NoBody && (r.ContentLength >= 0 && r.ContentLength <= maxRetryBody) {
+		b, err := io.ReadAll(io.LimitReader(r.Body, maxRetryBody+1))
+		if err != nil {
+			fail(w, http.StatusBadRequest, "reading request body")
+			return
+		}
+		body = b
+	} else if retryable && r.Body != nil && r.Body != http.NoBody {
+		retryable = false
+	}
+	for _, m := range rt.Mirrors {
+		if mrand.Float64()*100 < m.Percent {
+			s.p.mirror(snap, m.Cluster, out, body, h2)
+		}
+	}
+	attempts := 1
+	if retryable {
+		attempts += rt.Retry.NumRetries
+	}
+	backoff := time.Duration(0)
+	if rt.Retry != nil {
+		backoff = rt.Retry.BaseInterval
+	}
+	var resp *http.Response
+	var err error
+	for a := 0; a < attempts; a++ {
+		if a > 0 {
+			d := time.Duration(mrand.Int64N(int64(backoff) + 1))
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+			}
+			backoff = min(backoff*2, rt.Retry.MaxInterval)
+		}
+		if body != nil {
+			out.Body = io.NopCloser(bytes.NewReader(body))
+			out.ContentLength = int64(len(body))
+		}
+		tctx := ctx
+		var cancel context.CancelFunc = func() {}
+		if rt.Retry != nil && rt.Retry.PerTryTimeout > 0 {
+			tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
+		}
+		resp, err = s.p.roundTrip(tctx, snap, wc.Name, out.WithContext(tctx), h2, s.target, info)
+		if ctx.Err() != nil {
+			cancel()
+			if resp != nil {
+				resp.Body.Close()
+			}
+			err, resp = context.DeadlineExceeded, nil
+			break
+		}
+		if a == attempts-1 || !shouldRetry(rt.Retry, resp, err) {
+			if resp != nil {
+				defer cancel()
+			} else {
+				cancel()
+			}
+			break
+		}
+		if resp != nil {
+			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			resp.Body.Close()
+		}
+		cancel()
+	}
+	if err != nil {
+		switch {
+		case errors.Is(err, context.DeadlineExceeded):
+			info.flags = "UT"
+			fail(w, http.StatusGatewayTimeout, "upstream request timeout")
+		case errors.Is(err, errNoHealthy):
+			info.flags = "UH"
+			fail(w, http.StatusServiceUnavailable, "no healthy upstream")
+		default:
+			info.flags = "UF"
+			fail(w, http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers")
+		}
+		return
+	}
+	defer resp.Body.Close()
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	stripHop(h)
+	rt.Response.Apply(h)
+	for k := range resp.Trailer {
+		h.Add("Trailer", k)
+	}
+	w.WriteHeader(resp.StatusCode)
+	copyFlush(w, resp.Body)
+	for k, vs := range resp.Trailer {
+		w.Header()[k] = vs
+	}
+}
+
+func copyFlush(w http.ResponseWriter, r io.Reader) {
+	buf := make([]byte, 32<<10)
+	f, _ := w.(http.Flusher)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return
+			}
+			if f != nil {
+				f.Flush()
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+func shouldRetry(p *route.Retry, resp *http.Response, err error) bool {
+	if p == nil {
+		return false
+	}
+	if err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return p.On5xx || p.OnGatewayError
+		}
+		return p.On5xx || p.OnGatewayError || p.OnConnectFailure || p.OnReset
+	}
+	c := resp.StatusCode
+	switch {
+	case p.On5xx && c >= 500:
+		return true
+	case p.OnGatewayError && (c == 502 || c == 503 || c == 504):
+		return true
+	case p.OnStatus:
+		for _, s := range p.StatusCodes {
+			if s == c {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade", "Proxy-Authenticate", "Proxy-Authorization"}
+
+func stripHop(h http.Header) {
+	te := strings.Contains(strings.ToLower(h.Get("Te")), "trailers")
+	for _, f := range h.Values("Connection") {
+		for v := range strings.SplitSeq(f, ",") {
+			h.Del(strings.TrimSpace(v))
+		}
+	}
+	for _, n := range hopHeaders {
+		h.Del(n)
+	}
+	if te {
+		h.Set("Te", "trailers")
+	}
+}
+
+func redirect(w http.ResponseWriter, r *http.Request, rt *route.Route) {
+	rd := rt.Redirect
+	scheme := "http"
+	if rd.Scheme != "" {
+		scheme = rd.Scheme
+	}
+	host := r.Host
+	hname, port := host, ""
+	if h, p, err := net.SplitHostPort(host); err == nil {
+		hname, port = h, p
+	}
+	if rd.Host != "" {
+		hname = rd.Host
+	}
+	if rd.Port != 0 {
+		port = strconv.Itoa(int(rd.Port))
+	}
+	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") || (rd.Scheme != "" && rd.Port == 0) {
+		port = ""
+	}
+	path := r.URL.Path
+	if rd.Path != "" {
+		path = rd.Path
+	} else if rd.PrefixRewrite != nil {
+		cp := *rt
+		cp.PrefixRewrite = rd.PrefixRewrite
+		path = cp.RewritePath(path)
+	}
+	loc := scheme + "://" + hname
+	if port != "" {
+		loc += ":" + port
+	}
+	loc += path
+	if r.URL.RawQuery != "" {
+		loc += "?" + r.URL.RawQuery
+	}
+	rt.Response.Apply(w.Header())
+	w.Header().Set("Location", loc)
+	w.WriteHeader(rd.Code)
+}
+
+// roundTrip sends one attempt to an endpoint of cluster.
+func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster string, req *http.Request, h2 bool, target netip.AddrPort, info *reqInfo) (*http.Response, error) {
+	c, ok := snap.Clusters[cluster]
+	if !ok && cluster != config.PassthroughCluster {
+		return nil, errNoHealthy
+	}
+	if c != nil && c.HTTP2 {
+		h2 = true
+	}
+	conn, ep, err := p.dialCluster(ctx, snap, cluster, target)
+	if err != nil {
+		return nil, err
+	}
+	info.upstream = ep
+	if a := snap.Assignments[cluster]; a != nil {
+		for i := range a.Endpoints {
+			if a.Endpoints[i].Addr == ep {
+				info.ep = &a.Endpoints[i]
+			}
+		}
+	}
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	if h2 {
+		//lint:ignore SA1019 the upstream connection is an HBONE stream, dialled by us
+		tr := &http2.Transport{AllowHTTP: true}
+		//lint:ignore SA1019 see above
+		cc, err := tr.NewClientConn(conn)
+		if err != nil {
+			stop()
+			conn.Close()
+			return nil, err
+		}
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			stop()
+			conn.Close()
+			return nil, err
+		}
+		resp.Body = &closeBody{ReadCloser: resp.Body, close: func() { stop(); cc.Close(); conn.Close() }}
+		return resp, nil
+	}
+	bw := bufio.NewWriter(conn)
+	req.Header.Del("Te")
+	if err := req.Write(bw); err != nil {
+		stop()
+		conn.Close()
+		return nil, err
+	}
+	if err := bw.Flush(); err != nil {
+		stop()
+		conn.Close()
+		return nil, err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		stop()
+		conn.Close()
+		if ctx.Err() != nil {
+			return nil, context.DeadlineExceeded
+		}
+		return nil, err
+	}
+	resp.Body = &closeBody{ReadCloser: resp.Body, close: func() { stop(); conn.Close() }}
+	return resp, nil
+}
+
+type closeBody struct {
+	io.ReadCloser
+	once  sync.Once
+	close func()
+}
+
+func (b *closeBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.close)
+	return err
+}
+
+var mirrorSem = make(chan struct{}, maxMirrors)
+
+// mirror sends a copy of req to cluster without waiting; dropped when too
+// many mirrors are in flight.
+func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request, body []byte, h2 bool) {
+	select {
+	case mirrorSem <- struct{}{}:
+	default:
+		return
+	}
+	m := req.Clone(context.Background())
+	m.Header = req.Header.Clone()
+	m.Host = req.Host + "-shadow"
+	m.Body = http.NoBody
+	m.ContentLength = 0
+	if body != nil {
+		m.Body = io.NopCloser(bytes.NewReader(body))
+		m.ContentLength = int64(len(body))
+	}
+	go func() {
+		defer func() { <-mirrorSem }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := p.roundTrip(ctx, snap, cluster, m.WithContext(ctx), h2, netip.AddrPort{}, &reqInfo{})
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+}
+
+// traceparent keeps the trace id of a valid incoming traceparent with a new
+// span id, or starts a new trace.
+func traceparent(in string) string {
+	var b [24]byte
+	rand.Read(b[:])
+	span := hex.EncodeToString(b[16:])
+	parts := strings.Split(in, "-")
+	if len(parts) == 4 && len(parts[0]) == 2 && len(parts[1]) == 32 && len(parts[2]) == 16 && len(parts[3]) == 2 && isHex(parts[1]) && isHex(parts[3]) && parts[1] != strings.Repeat("0", 32) {
+		return "00-" + parts[1] + "-" + span + "-" + parts[3]
+	}
+	return "00-" + hex.EncodeToString(b[:16]) + "-" + span + "-01"
+}
+
+func isHex(s string) bool {
+	for _, c := range s {
+		if !strings.ContainsRune("0123456789abcdef", c) {
+			return false
+		}
+	}
+	return true
+}

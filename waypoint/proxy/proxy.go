@@ -1,0 +1,419 @@
+// Package proxy is the waypoint's data path: an HBONE server whose CONNECT
+// streams are matched to filter chains, detected as HTTP/1.1, HTTP/2 prior
+// knowledge or opaque TCP, authorized, routed and re-originated to the
+// chosen endpoint over HBONE (or plain TCP).
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/net/http2"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/waypoint/config"
+)
+
+// Config configures a Proxy.
+type Config struct {
+	// Identity is the waypoint's own SPIFFE identity. Required.
+	Identity spiffeid.ID
+	// Certificate returns the current SVID. Required.
+	Certificate func() (*tls.Certificate, error)
+	// Roots are the mesh trust anchors. Required.
+	Roots *x509.CertPool
+	// Store holds the xDS configuration. Required.
+	Store *config.Store
+	// Metrics; default NewMetrics(nil) (unregistered).
+	Metrics *Metrics
+	// Logger and AccessLog default to slog.Default().
+	Logger, AccessLog *slog.Logger
+	// UpstreamHBONEPort is the endpoints' HBONE port; default 15008.
+	UpstreamHBONEPort uint16
+	// DialTCP replaces the plain TCP connect to endpoints (tests).
+	DialTCP func(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
+}
+
+// Proxy is the waypoint data path.
+type Proxy struct {
+	cfg    Config
+	srv    *hbone.Server
+	dialer *hbone.Dialer
+	pools  sync.Map // cluster name -> *pool
+}
+
+// New returns a proxy; Serve starts it.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Certificate == nil || cfg.Roots == nil || cfg.Store == nil || cfg.Identity.IsZero() {
+		return nil, errors.New("waypoint proxy: Identity, Certificate, Roots and Store are required")
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.AccessLog == nil {
+		cfg.AccessLog = cfg.Logger
+	}
+	if cfg.UpstreamHBONEPort == 0 {
+		cfg.UpstreamHBONEPort = 15008
+	}
+	if cfg.DialTCP == nil {
+		cfg.DialTCP = func(ctx context.Context, a netip.AddrPort) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", a.String())
+		}
+	}
+	p := &Proxy{cfg: cfg}
+	var err error
+	p.srv, err = hbone.NewServer(hbone.ServerConfig{
+		TLS:     spiffe.ServerConfig(cfg.Certificate, cfg.Roots, cfg.Identity.TrustDomain()),
+		Handler: hbone.HandlerFunc(p.serveConnect),
+		Logger:  cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.dialer, err = hbone.NewDialer(hbone.DialerConfig{
+		TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
+			return spiffe.ClientConfig(cfg.Certificate, cfg.Roots, peers), nil
+		},
+		Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Serve serves HBONE on ln until ctx ends.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	defer p.dialer.Close()
+	return p.srv.Serve(ctx, ln)
+}
+
+// session is one accepted CONNECT.
+type session struct {
+	p       *Proxy
+	chain   *config.Chain
+	target  netip.AddrPort
+	peer    string
+	remote  netip.AddrPort
+	baggage map[string]string
+}
+
+func (p *Proxy) serveConnect(r *hbone.Request) {
+	snap := p.cfg.Store.Snapshot()
+	target := r.Authority.AddrPort()
+	if !r.Authority.IsIP() {
+		r.Reject(http.StatusBadRequest)
+		return
+	}
+	ch := snap.Chain(target)
+	if ch == nil {
+		p.cfg.AccessLog.Warn("connection refused", "dst_addr", target.String(), "src_identity", r.Peer.String(), "error", "no filter chain for the target", "status", 404)
+		r.Reject(http.StatusNotFound)
+		return
+	}
+	s := &session{p: p, chain: ch, target: target, peer: r.Peer.String(), baggage: map[string]string{}}
+	if ta, ok := r.RemoteAddr.(*net.TCPAddr); ok {
+		s.remote = ta.AddrPort()
+	}
+	if fw, err := hbone.ParseForwarded(r.Header.Get(hbone.HeaderForwarded)); err == nil && len(fw) > 0 {
+		if fw[0].For.IsValid() {
+			s.remote = fw[0].For
+		}
+	}
+	if ms, err := hbone.ParseBaggage(r.Header.Get(hbone.HeaderBaggage)); err == nil {
+		for _, m := range ms {
+			s.baggage[m.Key] = m.Value
+		}
+	}
+	st, err := r.Accept(nil)
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	if ch.TCPCluster != "" {
+		s.serveTCP(st, nil, ch.TCPCluster)
+		return
+	}
+	br := bufio.NewReaderSize(st, 4096)
+	st.SetReadDeadline(time.Now().Add(30 * time.Second))
+	head, _ := br.Peek(len(http2.ClientPreface))
+	st.SetReadDeadline(time.Time{})
+	conn := &peekConn{Conn: st, r: br}
+	switch {
+	case bytes.Equal(head, []byte(http2.ClientPreface)):
+		s.serveH2(conn)
+	case looksHTTP1(head):
+		s.serveH1(conn)
+	default:
+		fb := ch.HTTP.FallbackCluster
+		if fb == "" {
+			fb = fallbackCluster(ch, target)
+		}
+		s.serveTCP(conn, nil, fb)
+	}
+}
+
+// fallbackCluster is where a service chain's non-HTTP bytes go.
+func fallbackCluster(ch *config.Chain, target netip.AddrPort) string {
+	if strings.HasPrefix(ch.Name, "workload/") || ch.HTTP == nil || ch.HTTP.RouteName == "" {
+		return config.PassthroughCluster
+	}
+	host, port, ok := strings.Cut(ch.HTTP.RouteName, ":")
+	if !ok {
+		return config.PassthroughCluster
+	}
+	_ = target
+	return "outbound|" + port + "||" + host
+}
+
+func looksHTTP1(b []byte) bool {
+	i := bytes.IndexByte(b, ' ')
+	if i <= 0 {
+		// a short first read that is all token characters still may be HTTP
+		return len(b) > 0 && len(b) < len(http2.ClientPreface) && isToken(b)
+	}
+	return isToken(b[:i])
+}
+
+func isToken(b []byte) bool {
+	for _, c := range b {
+		if c < 'A' || c > 'Z' {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+type peekConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *peekConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// serveTCP relays the stream to an endpoint of cluster.
+func (s *session) serveTCP(down net.Conn, _ []byte, cluster string) {
+	start := time.Now()
+	snap := s.p.cfg.Store.Snapshot()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	up, ep, err := s.p.dialCluster(ctx, snap, cluster, s.target)
+	cancel()
+	if err != nil {
+		s.p.cfg.AccessLog.Warn("connection failed", "src_identity", s.peer, "dst_addr", s.target.String(), "cluster", cluster, "error", err.Error())
+		return
+	}
+	var wg sync.WaitGroup
+	var sent, recv int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		sent, _ = io.Copy(up, down)
+		closeWrite(up)
+	}()
+	recv, _ = io.Copy(down, up)
+	closeWrite(down)
+	wg.Wait()
+	up.Close()
+	s.p.cfg.AccessLog.Info("connection complete", "src_identity", s.peer, "dst_addr", s.target.String(), "cluster", cluster,
+		"upstream", ep.String(), "bytes_sent", sent, "bytes_recv", recv, "duration_ms", time.Since(start).Milliseconds())
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+// errNoHealthy means the cluster has no usable endpoint.
+var errNoHealthy = errors.New("no healthy upstream")
+
+// dialCluster opens a connection to an endpoint of cluster.
+func (p *Proxy) dialCluster(ctx context.Context, snap *config.Snapshot, cluster string, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {
+	if cluster == config.PassthroughCluster {
+		return p.dialPassthrough(ctx, snap, target)
+	}
+	pl := p.pool(snap, cluster)
+	if pl == nil {
+		return nil, netip.AddrPort{}, errNoHealthy
+	}
+	tried := map[netip.AddrPort]bool{}
+	var last error = errNoHealthy
+	for range 3 {
+		ep, release, ok := pl.pick(tried)
+		if !ok {
+			break
+		}
+		c, err := p.dialEndpoint(ctx, ep, pl.cluster.ConnectTimeout)
+		if err == nil {
+			return &releaseConn{Conn: c, release: release}, ep.Addr, nil
+		}
+		release()
+		pl.markFailed(ep.Addr)
+		tried[ep.Addr] = true
+		last = err
+	}
+	return nil, netip.AddrPort{}, last
+}
+
+func (p *Proxy) dialPassthrough(ctx context.Context, snap *config.Snapshot, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {
+	// A workload chain covering the target says it speaks HBONE.
+	if ch := snap.Chain(target); ch != nil && strings.HasPrefix(ch.Name, "workload/") {
+		for _, a := range snap.Assignments {
+			for _, ep := range a.Endpoints {
+				if ep.Addr.Addr() == target.Addr() && ep.HBONE {
+					e := ep
+					e.Addr = target
+					c, err := p.dialEndpoint(ctx, e, 10*time.Second)
+					return c, target, err
+				}
+			}
+		}
+	}
+	c, err := p.cfg.DialTCP(ctx, target)
+	return c, target, err
+}
+
+func (p *Proxy) dialEndpoint(ctx context.Context, ep config.Endpoint, timeout time.Duration) (net.Conn, error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	if !ep.HBONE {
+		return p.cfg.DialTCP(ctx, ep.Addr)
+	}
+	peer, err := spiffeid.FromString(ep.Identity)
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %s identity %q: %w", ep.Addr, ep.Identity, err)
+	}
+	return p.dialer.Dial(ctx, hbone.Target{
+		Source:    p.cfg.Identity,
+		Peers:     []spiffeid.ID{peer},
+		Addr:      netip.AddrPortFrom(ep.Addr.Addr(), p.cfg.UpstreamHBONEPort),
+		Authority: ep.Addr.String(),
+	})
+}
+
+type releaseConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *releaseConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}
+
+// pool is one cluster's endpoint picker and connection budget.
+type pool struct {
+	cluster *config.Cluster
+	eps     []config.Endpoint
+	rr      atomic.Uint64
+	active  []atomic.Int64
+	conns   atomic.Int64
+	mu      sync.Mutex
+	failed  map[netip.AddrPort]time.Time
+	ver     *config.Assignment
+	cver    *config.Cluster
+}
+
+func (p *Proxy) pool(snap *config.Snapshot, name string) *pool {
+	c, ok := snap.Clusters[name]
+	a, ok2 := snap.Assignments[name]
+	if !ok || !ok2 {
+		return nil
+	}
+	if v, ok := p.pools.Load(name); ok {
+		pl := v.(*pool)
+		if pl.ver == a && pl.cver == c {
+			return pl
+		}
+	}
+	pl := &pool{cluster: c, eps: a.Endpoints, active: make([]atomic.Int64, len(a.Endpoints)), failed: map[netip.AddrPort]time.Time{}, ver: a, cver: c}
+	p.pools.Store(name, pl)
+	return pl
+}
+
+func (pl *pool) usable(i int, skip map[netip.AddrPort]bool) bool {
+	ep := pl.eps[i]
+	if !ep.Healthy || skip[ep.Addr] {
+		return false
+	}
+	pl.mu.Lock()
+	t, bad := pl.failed[ep.Addr]
+	pl.mu.Unlock()
+	return !bad || time.Since(t) > 5*time.Second
+}
+
+func (pl *pool) pick(skip map[netip.AddrPort]bool) (config.Endpoint, func(), bool) {
+	n := len(pl.eps)
+	if n == 0 {
+		return config.Endpoint{}, nil, false
+	}
+	if pl.conns.Load() >= int64(pl.cluster.MaxConnections) {
+		return config.Endpoint{}, nil, false
+	}
+	best := -1
+	if pl.cluster.LB == config.LeastRequest {
+		// power of two choices
+		a, b := rand.IntN(n), rand.IntN(n)
+		for _, i := range []int{a, b} {
+			if pl.usable(i, skip) && (best < 0 || pl.active[i].Load() < pl.active[best].Load()) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		start := int(pl.rr.Add(1))
+		for k := range n {
+			i := (start + k) % n
+			if pl.usable(i, skip) {
+				best = i
+				break
+			}
+		}
+	}
+	if best < 0 {
+		return config.Endpoint{}, nil, false
+	}
+	pl.active[best].Add(1)
+	pl.conns.Add(1)
+	return pl.eps[best], func() { pl.active[best].Add(-1); pl.conns.Add(-1) }, true
+}
+
+func (pl *pool) markFailed(a netip.AddrPort) {
+	pl.mu.Lock()
+	pl.failed[a] = time.Now()
+	pl.mu.Unlock()
+}
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *releaseConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}

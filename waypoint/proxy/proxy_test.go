@@ -1,0 +1,417 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/net/http2"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/waypoint/config"
+)
+
+const host = "echo.demo.svc.cluster.local"
+
+var vip = netip.MustParseAddrPort("10.96.0.10:80")
+
+type mesh struct {
+	t      *testing.T
+	ca     *spiffe.CA
+	store  *config.Store
+	client *hbone.Dialer
+	wpAddr netip.AddrPort
+	src    spiffeid.ID
+	wpID   spiffeid.ID
+	reg    *prometheus.Registry
+}
+
+func mustAny(t *testing.T, m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func newMesh(t *testing.T) *mesh {
+	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wp, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, "demo", "waypoint")
+	svid, err := ca.IssueSVID(wp, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &mesh{t: t, ca: ca, store: config.NewStore(), wpID: wp.ID(), reg: prometheus.NewRegistry()}
+	p, err := New(Config{Identity: wp.ID(), Certificate: spiffe.StaticCertificate(svid), Roots: ca.Roots(), Store: m.store,
+		Metrics: NewMetrics(m.reg), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.wpAddr = ln.Addr().(*net.TCPAddr).AddrPort()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { p.Serve(ctx, ln); close(done) }()
+	src, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, "client", "sleep")
+	m.src = src.ID()
+	csvid, err := ca.IssueSVID(src, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.client, err = hbone.NewDialer(hbone.DialerConfig{TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
+		return spiffe.ClientConfig(spiffe.StaticCertificate(csvid), ca.Roots(), peers), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.client.Close(); cancel(); <-done })
+	return m
+}
+
+// backend is a plain HTTP server on loopback answering with its name.
+func backend(t *testing.T, name string, h http.HandlerFunc) netip.AddrPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h == nil {
+		h = func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("x-backend", name)
+			fmt.Fprintf(w, "%s %s %s", name, r.URL.Path, r.Header.Get("traceparent"))
+		}
+	}
+	srv := &http.Server{Handler: h, Protocols: new(http.Protocols)}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+func hcm(t *testing.T, filters ...*hcmv3.HttpFilter) *anypb.Any {
+	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}})
+	return mustAny(t, &hcmv3.HttpConnectionManager{
+		StatPrefix:     "x",
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: host + ":80"}},
+		HttpFilters:    filters,
+	})
+}
+
+func (m *mesh) apply(routes []*routev3.Route, backends map[string][]netip.AddrPort, filters ...*hcmv3.HttpFilter) {
+	t := m.t
+	l := &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{{
+		Name: host + ":80",
+		FilterChainMatch: &listenerv3.FilterChainMatch{
+			PrefixRanges:    []*corev3.CidrRange{{AddressPrefix: vip.Addr().String(), PrefixLen: wrapperspb.UInt32(32)}},
+			DestinationPort: wrapperspb.UInt32(80),
+		},
+		Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm(t, filters...)}}},
+	}}}
+	if err := m.store.ApplyListeners(map[string]*anypb.Any{"waypoint": mustAny(t, l)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	rc := &routev3.RouteConfiguration{Name: host + ":80", VirtualHosts: []*routev3.VirtualHost{{Name: host + ":80", Domains: []string{"*"}, Routes: routes}}}
+	if err := m.store.ApplyRoutes(map[string]*anypb.Any{rc.Name: mustAny(t, rc)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	cl, cla := map[string]*anypb.Any{}, map[string]*anypb.Any{}
+	for name, eps := range backends {
+		cl[name] = mustAny(t, &clusterv3.Cluster{Name: name, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(time.Second)})
+		var les []*endpointv3.LbEndpoint
+		for _, ep := range eps {
+			md, _ := structpb.NewStruct(map[string]any{"tunnel": "", "workload": name, "namespace": "demo", "workload_name": name})
+			les = append(les, &endpointv3.LbEndpoint{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+					Address: ep.Addr().String(), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ep.Port())}}}}}},
+				HealthStatus: corev3.HealthStatus_HEALTHY,
+				Metadata:     &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"weft": md}},
+			})
+		}
+		cla[name] = mustAny(t, &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: les}}})
+	}
+	if err := m.store.ApplyClusters(cl, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.store.ApplyEndpoints(cla, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dial opens a CONNECT to target through the waypoint.
+func (m *mesh) dial(target netip.AddrPort) (net.Conn, error) {
+	return m.client.Dial(context.Background(), hbone.Target{Source: m.src, Peers: []spiffeid.ID{m.wpID}, Addr: m.wpAddr, Authority: target.String(),
+		Header: http.Header{"Baggage": {"k8s.namespace.name=client,k8s.deployment.name=sleep"}}})
+}
+
+func (m *mesh) do(req *http.Request) *http.Response {
+	m.t.Helper()
+	c, err := m.dial(vip)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if err := req.Write(c); err != nil {
+		m.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), req)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body = io.NopCloser(strings.NewReader(string(b)))
+	c.Close()
+	return resp
+}
+
+func get(path string, hdr ...string) *http.Request {
+	r, _ := http.NewRequest("GET", "http://"+host+path, nil)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		r.Header.Set(hdr[i], hdr[i+1])
+	}
+	return r
+}
+
+func body(r *http.Response) string { b, _ := io.ReadAll(r.Body); return string(b) }
+
+func toCluster(name string) *routev3.Route_Route {
+	return &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: name}}}
+}
+
+func prefix(p string) *routev3.RouteMatch {
+	return &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: p}}
+}
+
+func TestRoutingWeightsAndMetrics(t *testing.T) {
+	m := newMesh(t)
+	v1, v2 := backend(t, "v1", nil), backend(t, "v2", nil)
+	m.apply([]*routev3.Route{
+		{Name: "canary", Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}, Headers: []*routev3.HeaderMatcher{{Name: "x-canary",
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "yes"}}}}}},
+			Action: toCluster("outbound|80||v2")},
+		{Name: "split", Match: prefix("/"), Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{
+			Clusters: []*routev3.WeightedCluster_ClusterWeight{{Name: "outbound|80||v1", Weight: wrapperspb.UInt32(90)}, {Name: "outbound|80||v2", Weight: wrapperspb.UInt32(10)}}}}}}},
+	}, map[string][]netip.AddrPort{"outbound|80||v1": {v1}, "outbound|80||v2": {v2}})
+
+	if r := m.do(get("/a", "x-canary", "yes")); !strings.HasPrefix(body(r), "v2 /a") {
+		t.Fatalf("canary went elsewhere: %d", r.StatusCode)
+	}
+	r := m.do(get("/a", "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"))
+	if b := body(r); !strings.Contains(b, "0af7651916cd43dd8448eb211c80319c") || strings.Contains(b, "b7ad6b7169203331") {
+		t.Fatalf("traceparent not propagated with a new span: %q", b)
+	}
+	const n = 1000
+	var c2 int
+	for range n {
+		if strings.HasPrefix(body(m.do(get("/"))), "v2") {
+			c2++
+		}
+	}
+	// Binomial(1000, 0.1): mean 100, sd 9.5; 6 sd either side.
+	if c2 < 43 || c2 > 157 {
+		t.Fatalf("v2 got %d of %d, want about 100", c2, n)
+	}
+	// The last request may be recorded just after its response is read.
+	if got := m.requests(t, "200"); got < n+1 {
+		t.Fatalf("istio_requests_total{response_code=200} = %v, want %d", got, n+2)
+	}
+}
+
+func (m *mesh) requests(t *testing.T, code string) float64 {
+	mfs, err := m.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != "istio_requests_total" {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			for _, l := range mt.GetLabel() {
+				if l.GetName() == "response_code" && l.GetValue() == code {
+					sum += mt.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return sum
+}
+
+func TestFaults(t *testing.T) {
+	m := newMesh(t)
+	var calls atomic.Int32
+	flaky := backend(t, "flaky", func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			w.WriteHeader(503)
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	hang := make(chan struct{})
+	t.Cleanup(func() { close(hang) })
+	slow := backend(t, "slow", func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-hang:
+		case <-r.Context().Done():
+		}
+	})
+	ok := backend(t, "ok", nil)
+	// A listener that resets every connection.
+	rl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rl.Close() })
+	go func() {
+		for {
+			c, err := rl.Accept()
+			if err != nil {
+				return
+			}
+			c.(*net.TCPConn).SetLinger(0)
+			c.Read(make([]byte, 1))
+			c.Close()
+		}
+	}()
+	reset := rl.Addr().(*net.TCPAddr).AddrPort()
+	deny := &rbacv3.RBAC{Action: rbacv3.RBAC_DENY, Policies: map[string]*rbacv3.Policy{"ns-demo-deny": {
+		Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "/admin"}}}}}}},
+		Principals:  []*rbacv3.Principal{{Identifier: &rbacv3.Principal_Any{Any: true}}},
+	}}}
+	m.apply([]*routev3.Route{
+		{Name: "retry", Match: prefix("/retry"), Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "flaky"},
+			RetryPolicy: &routev3.RetryPolicy{RetryOn: "5xx", NumRetries: wrapperspb.UInt32(2), RetryBackOff: &routev3.RetryPolicy_RetryBackOff{BaseInterval: durationpb.New(time.Millisecond)}}}}},
+		{Name: "timeout", Match: prefix("/slow"), Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "slow"}, Timeout: durationpb.New(200 * time.Millisecond)}}},
+		{Name: "reset", Match: prefix("/reset"), Action: toCluster("reset")},
+		{Name: "missing", Match: prefix("/missing"), Action: toCluster("nope")},
+		{Name: "default", Match: prefix("/"), Action: toCluster("ok")},
+	}, map[string][]netip.AddrPort{"flaky": {flaky}, "slow": {slow}, "ok": {ok}, "reset": {reset}},
+		&hcmv3.HttpFilter{Name: "envoy.filters.http.rbac", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &rbacfilter.RBAC{Rules: deny})}})
+
+	for _, tc := range []struct {
+		path string
+		code int
+		body string
+	}{
+		{"/retry", 200, "ok"},
+		{"/slow", 504, "upstream request timeout"},
+		{"/reset", 503, ""},
+		{"/missing", 503, "no healthy upstream"},
+		{"/admin/x", 403, "RBAC: access denied"},
+		{"/other", 200, "ok /other"},
+	} {
+		r := m.do(get(tc.path))
+		if b := body(r); r.StatusCode != tc.code || !strings.Contains(b, tc.body) {
+			t.Errorf("%s: %d %q, want %d %q", tc.path, r.StatusCode, b, tc.code, tc.body)
+		}
+	}
+	if got := m.requests(t, "403"); got != 1 {
+		t.Errorf("403s counted %v, want 1", got)
+	}
+	if got := m.requests(t, "504"); got != 1 {
+		t.Errorf("504s counted %v, want 1", got)
+	}
+
+	// Unknown target: 404 on the CONNECT.
+	_, err = m.dial(netip.MustParseAddrPort("10.96.0.99:80"))
+	if se, ok := err.(*hbone.StatusError); !ok || se.Code != 404 {
+		t.Errorf("unknown target: %v, want a 404", err)
+	}
+
+	// Malformed HTTP: 400.
+	c, err := m.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c, "GET /x HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n")
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	c.Close()
+	if !strings.Contains(line, "400") {
+		t.Errorf("malformed request answered %q", line)
+	}
+
+	// h2c prior knowledge.
+	c, err = m.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1019 a client on one given connection, as the proxy uses
+	cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := cc.RoundTrip(get("/h2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := body(r); r.StatusCode != 200 || !strings.HasPrefix(b, "ok /h2") {
+		t.Errorf("h2c: %d %q", r.StatusCode, b)
+	}
+	cc.Close()
+	c.Close()
+}
+
+func TestTCPFallback(t *testing.T) {
+	m := newMesh(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	m.apply([]*routev3.Route{{Match: prefix("/"), Action: toCluster("outbound|80||" + host)}},
+		map[string][]netip.AddrPort{"outbound|80||" + host: {ln.Addr().(*net.TCPAddr).AddrPort()}})
+	c, err := m.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	msg := "\x16\x03\x01 not http at all, long enough to be sure"
+	io.WriteString(c, msg)
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != msg {
+		t.Fatalf("echo: %q %v", buf, err)
+	}
+}

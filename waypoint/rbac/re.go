@@ -1,0 +1,5 @@
+package rbac
+
+import "regexp"
+
+func mustRegexp(s string) *regexp.Regexp { return regexp.MustCompile("^(?:" + s + ")$") }

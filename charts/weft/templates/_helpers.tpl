@@ -10,3 +10,9 @@ helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version | replace "+" "_" }}
 {{- define "weft.image" -}}
 {{ .root.Values.global.hub }}/{{ .name }}:{{ .root.Values.global.tag }}
 {{- end -}}
+
+{{/* The waypoint image the control plane deploys. */}}
+{{- define "weft.waypointImage" -}}
+{{- $i := .Values.waypoint.image -}}
+{{ $i.repository | default (printf "%s/waypoint" .Values.global.hub) }}:{{ $i.tag | default .Values.global.tag }}
+{{- end -}}

@@ -31,19 +31,7 @@ func (d *Demo) meshStory(ctx context.Context, c *cluster.Cluster) error {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	err := c.WaitFor(wctx, "pods of "+ns+" enrolled", func(ctx context.Context) (bool, error) {
-		pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, nil
-		}
-		for _, p := range pods.Items {
-			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
-				return false, nil
-			}
-		}
-		return len(pods.Items) > 0, nil
-	})
-	if err != nil {
+	if err := c.WaitRedirected(wctx, ns, 0); err != nil {
 		return err
 	}
 	pods, _ := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})

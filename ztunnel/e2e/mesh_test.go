@@ -84,18 +84,7 @@ func app(t *testing.T, c *cluster.Cluster, ns string, ambient bool) (servers []c
 		t.Fatal(err)
 	}
 	if ambient {
-		err := c.WaitFor(ctx, "pods of "+ns+" annotated as redirected", func(ctx context.Context) (bool, error) {
-			pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-			if err != nil {
-				return false, err
-			}
-			for _, p := range pods.Items {
-				if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
-					return false, nil
-				}
-			}
-			return len(pods.Items) == 3, nil
-		})
+		err := c.WaitRedirected(ctx, ns, 3)
 		if err != nil {
 			c.Dump(t.Logf)
 			t.Fatal(err)

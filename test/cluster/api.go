@@ -609,3 +609,20 @@ func (c *Cluster) WaitRedirected(ctx context.Context, namespace string, n int) e
 		return len(pods.Items) > 0 && (n == 0 || len(pods.Items) == n), nil
 	})
 }
+
+// InstallMesh installs Weft's chart as release weft into namespace unless
+// its ztunnel DaemonSet is already there, and waits until ztunnel and the
+// CNI agent run on every node. The error carries helm's output.
+func (c *Cluster) InstallMesh(ctx context.Context, namespace string) error {
+	if _, err := c.client.AppsV1().DaemonSets(namespace).Get(ctx, "ztunnel", metav1.GetOptions{}); err != nil {
+		if out, err := c.HelmInstall(ctx, "weft", c.RepoPath("charts/weft"), namespace, "--wait", "--timeout", "4m"); err != nil {
+			return fmt.Errorf("helm install: %w\n%s", err, out)
+		}
+	}
+	for _, ds := range []string{"ztunnel", "weft-cni-agent"} {
+		if _, err := c.WaitDaemonSet(ctx, namespace, ds); err != nil {
+			return err
+		}
+	}
+	return nil
+}

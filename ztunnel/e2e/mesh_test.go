@@ -38,17 +38,9 @@ func mesh(t *testing.T) *cluster.Cluster {
 	c := shared.Get(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	if _, err := c.Client().AppsV1().DaemonSets(meshNS).Get(ctx, "ztunnel", metav1.GetOptions{}); err != nil {
-		if out, err := c.HelmInstall(ctx, "weft", c.RepoPath("charts/weft"), meshNS, "--wait", "--timeout", "4m"); err != nil {
-			c.Dump(t.Logf)
-			t.Fatalf("helm install: %v\n%s", err, out)
-		}
-	}
-	for _, ds := range []string{"ztunnel", "weft-cni-agent"} {
-		if _, err := c.WaitDaemonSet(ctx, meshNS, ds); err != nil {
-			c.Dump(t.Logf)
-			t.Fatal(err)
-		}
+	if err := c.InstallMesh(ctx, meshNS); err != nil {
+		c.Dump(t.Logf)
+		t.Fatal(err)
 	}
 	return c
 }

@@ -55,6 +55,7 @@ import (
 	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/controlplane/authpolicy"
 	"github.com/weftmesh/weft/controlplane/ca"
+	"github.com/weftmesh/weft/controlplane/waypointxds"
 	"github.com/weftmesh/weft/controlplane/xdsserver"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
@@ -285,12 +286,19 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		Policies:       istioInf.Security().V1().AuthorizationPolicies().Informer(),
 	}
 	var gwInf gwinformers.SharedInformerFactory
+	var wpInf waypointxds.Informers
 	if *cfg.Waypoints && cp.clients.Gateway != nil {
 		if ok, err := hasGatewayAPI(cp.clients.Kube); err != nil {
 			return err
 		} else if ok {
-			gwInf = gwinformers.NewSharedInformerFactory(cp.clients.Gateway, 0)
+			gwInf = gwinformers.NewSharedInformerFactoryWithOptions(cp.clients.Gateway, 0, gwinformers.WithTransform(stripManagedFields))
 			inf.Gateways = gwInf.Gateway().V1().Gateways().Informer()
+			wpInf = waypointxds.Informers{
+				Gateways: inf.Gateways, Services: inf.Services, EndpointSlices: inf.EndpointSlices, Pods: inf.Pods,
+				Namespaces: inf.Namespaces, Policies: inf.Policies,
+				HTTPRoutes: gwInf.Gateway().V1().HTTPRoutes().Informer(),
+				GRPCRoutes: gwInf.Gateway().V1().GRPCRoutes().Informer(),
+			}
 		} else {
 			log.Warn("the Gateway API CRDs are not installed; running without waypoints")
 		}
@@ -333,6 +341,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}, inf, xds, status)
 	if err != nil {
 		return err
+	}
+	var wpConfig *waypointxds.Controller
+	if wpInf.Gateways != nil {
+		wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
+			Mesh:   waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace},
+			Logger: log.With("part", "waypoint-config"), Registerer: cp.reg,
+		}, wpInf, xds)
+		if err != nil {
+			return err
+		}
 	}
 	roots, err := ca.NewRootCertPublisher(mesh.RootsPEM(), inf.Namespaces, cmInf.Core().V1().ConfigMaps().Informer(),
 		cp.clients.Kube.CoreV1(), log.With("part", "root-cert"), cp.reg)
@@ -394,6 +412,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	g.Go(func() error { return roots.Run(gctx) })
 	g.Go(func() error { return serving.Run(gctx) })
 	g.Go(func() error { return xds.Run(gctx) })
+	if wpConfig != nil {
+		g.Go(func() error { return wpConfig.Run(gctx) })
+	}
 	g.Go(func() error {
 		if err := mon.Serve(monLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving monitoring on %s: %w", monLn.Addr(), err)

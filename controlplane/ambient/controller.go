@@ -99,18 +99,18 @@ func (cfg ControllerConfig) withDefaults() (ControllerConfig, error) {
 // AddIndexers adds the indexes the controller needs to the informers. It
 // must be called before they start; NewController calls it.
 func AddIndexers(inf Informers) error {
-	if _, ok := inf.EndpointSlices.GetIndexer().GetIndexers()[indexServiceName]; ok {
+	if _, ok := inf.EndpointSlices.GetIndexer().GetIndexers()[IndexServiceName]; ok {
 		return nil
 	}
-	err := inf.EndpointSlices.AddIndexers(cache.Indexers{indexServiceName: sliceServiceIndex})
+	err := inf.EndpointSlices.AddIndexers(cache.Indexers{IndexServiceName: SliceServiceIndex})
 	if err != nil {
 		return fmt.Errorf("adding the EndpointSlice service index: %w", err)
 	}
 	return nil
 }
 
-// sliceServiceIndex indexes an EndpointSlice by its Service's key.
-func sliceServiceIndex(obj any) ([]string, error) {
+// SliceServiceIndex indexes an EndpointSlice by its Service's key.
+func SliceServiceIndex(obj any) ([]string, error) {
 	s, ok := obj.(*discoveryv1.EndpointSlice)
 	if !ok {
 		return nil, nil

@@ -28,8 +28,8 @@ const (
 	kindPolicy        = "AuthorizationPolicy"
 )
 
-// indexServiceName indexes EndpointSlices by "<namespace>/<service name>".
-const indexServiceName = "weft-service-name"
+// IndexServiceName indexes EndpointSlices by "<namespace>/<service name>".
+const IndexServiceName = "weft-service-name"
 
 // Stores are the informer caches the index reads. Gateways may be nil when
 // the Gateway API is not installed (then there are no waypoints).
@@ -375,7 +375,7 @@ func (ix *index) serviceChanged(key string, b batch, u *Update) {
 	})
 	// The pods of the Service carry its ports.
 	if ix.stores.EndpointSlices != nil {
-		slicesOf, _ := ix.stores.EndpointSlices.ByIndex(indexServiceName, key)
+		slicesOf, _ := ix.stores.EndpointSlices.ByIndex(IndexServiceName, key)
 		for _, s := range slicesOf {
 			for _, pod := range ix.sliceTargets[keyOf(s)] {
 				b.add(kindPod, pod)

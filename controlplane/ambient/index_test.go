@@ -37,7 +37,7 @@ func newWorld(t *testing.T) *world {
 	}
 	s := Stores{
 		Pods: newStore(nil), Services: newStore(nil), Namespaces: newStore(nil),
-		EndpointSlices: newStore(cache.Indexers{indexServiceName: sliceServiceIndex}),
+		EndpointSlices: newStore(cache.Indexers{IndexServiceName: SliceServiceIndex}),
 		Gateways:       newStore(nil), Policies: newStore(nil),
 	}
 	return &world{t: t, stores: s, ix: newIndex(testCfg, s, slog.New(slog.DiscardHandler))}

@@ -233,7 +233,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, note string) {
 		Node:                  p.Spec.NodeName,
 		ClusterId:             c.ClusterID,
 		WorkloadType:          workloadpb.WorkloadType_POD,
-		WorkloadName:          workloadName(p),
+		WorkloadName:          WorkloadName(p),
 		Status:                workloadpb.WorkloadStatus_HEALTHY,
 		AuthorizationPolicies: slices.Clone(in.Policies),
 	}
@@ -294,11 +294,11 @@ func podReady(p *corev1.Pod) bool {
 	return false
 }
 
-// workloadName names the controller a pod belongs to: the Deployment for a
+// WorkloadName names the controller a pod belongs to: the Deployment for a
 // pod of a ReplicaSet made by one (the ReplicaSet's name less its
 // pod-template-hash suffix), the CronJob for a pod of a Job it made, else the
 // owning controller, else the pod itself.
-func workloadName(p *corev1.Pod) string {
+func WorkloadName(p *corev1.Pod) string {
 	for _, ref := range p.OwnerReferences {
 		if ref.Controller == nil || !*ref.Controller {
 			continue
@@ -387,7 +387,7 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, note string) {
 		}
 	}
 	for _, p := range svc.Spec.Ports {
-		port := &workloadpb.Port{ServicePort: uint32(p.Port), AppProtocol: appProtocol(p)}
+		port := &workloadpb.Port{ServicePort: uint32(p.Port), AppProtocol: AppProtocol(p)}
 		if p.TargetPort.Type == intstr.Int {
 			port.TargetPort = uint32(p.TargetPort.IntVal)
 		}
@@ -403,9 +403,9 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, note string) {
 	return s, note
 }
 
-// appProtocol maps a Service port's appProtocol, or else its name prefix
+// AppProtocol maps a Service port's appProtocol, or else its name prefix
 // (Istio's port-naming convention), to the xDS enum.
-func appProtocol(p corev1.ServicePort) workloadpb.AppProtocol {
+func AppProtocol(p corev1.ServicePort) workloadpb.AppProtocol {
 	proto := ""
 	if p.AppProtocol != nil {
 		proto = strings.ToLower(*p.AppProtocol)

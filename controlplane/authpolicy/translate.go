@@ -379,7 +379,7 @@ func (t *translator) strings(vals []string, field string, res *ruleResult) []*se
 // stringMatch compiles one value: "*" is presence, "*x" a suffix, "x*" a
 // prefix, anything else exact. The result is always literal.
 func stringMatch(v string) (*securitypb.StringMatch, error) {
-	if err := checkValue(v); err != nil {
+	if err := CheckValue(v); err != nil {
 		return nil, err
 	}
 	switch {
@@ -396,7 +396,8 @@ func stringMatch(v string) (*securitypb.StringMatch, error) {
 	}
 }
 
-func checkValue(v string) error {
+// CheckValue refuses empty, overlong and control-character values.
+func CheckValue(v string) error {
 	switch {
 	case v == "":
 		return fmt.Errorf("is empty")
@@ -423,7 +424,7 @@ func (t *translator) serviceAccounts(vals []string, field string, res *ruleResul
 		if !ok {
 			ns, sa = t.policyNS, v
 		}
-		err := checkValue(v)
+		err := CheckValue(v)
 		if err == nil && (ns == "" || sa == "" || strings.ContainsAny(sa, "/*") || strings.Contains(ns, "*")) {
 			err = fmt.Errorf("is not <service-account> or <namespace>/<service-account>")
 		}
@@ -443,7 +444,7 @@ func (t *translator) addresses(vals []string, field string, res *ruleResult) []*
 	}
 	out := make([]*securitypb.Address, 0, len(vals))
 	for _, v := range vals {
-		p, err := parseBlock(v)
+		p, err := ParseBlock(v)
 		if err != nil {
 			res.invalid = append(res.invalid, fmt.Sprintf("%s value %s %v", field, quote(v), err))
 			continue
@@ -453,7 +454,8 @@ func (t *translator) addresses(vals []string, field string, res *ruleResult) []*
 	return out
 }
 
-func parseBlock(v string) (netip.Prefix, error) {
+// ParseBlock parses an IP address or CIDR block, unmapping IPv4-in-IPv6.
+func ParseBlock(v string) (netip.Prefix, error) {
 	if strings.Contains(v, "/") {
 		p, err := netip.ParsePrefix(v)
 		if err != nil {

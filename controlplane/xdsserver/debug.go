@@ -79,6 +79,7 @@ func (s *Server) dump(only int64, withResources bool) debugDump {
 	for _, t := range TypeURLs {
 		out.Resources[shortType(t)] = s.caches[t].NumResources()
 	}
+	out.Resources["waypoints"] = len(s.Waypoints())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ids := make([]int64, 0, len(s.clients))

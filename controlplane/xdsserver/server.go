@@ -15,6 +15,14 @@
 // NACK is logged and counted; the rejected resource is not resent until it
 // changes, and every other resource keeps flowing.
 //
+// Waypoints are served the four Envoy types (Listener, RouteConfiguration,
+// Cluster, ClusterLoadAssignment) from a go-control-plane snapshot cache
+// keyed by the caller's authenticated identity, "<namespace>/<service
+// account>": a waypoint's service account is named after its Gateway, so
+// the identity picks the configuration and the node id a client sends is
+// never trusted for it. Unauthenticated streams (the plaintext port) are
+// served no waypoint configuration.
+//
 // State-of-the-world streams are refused: ztunnel speaks delta only.
 package xdsserver
 
@@ -27,12 +35,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -45,8 +55,26 @@ import (
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
-// TypeURLs are the resource types served.
+// TypeURLs are the workload resource types served to every client.
 var TypeURLs = []string{workloadpb.AddressTypeURL, securitypb.AuthorizationTypeURL}
+
+// Envoy type URLs, served per waypoint.
+const (
+	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+// EnvoyTypeURLs are the per-waypoint types.
+var EnvoyTypeURLs = []string{ClusterType, EndpointType, ListenerType, RouteType}
+
+// envoyCache is the MuxCache key of the per-waypoint snapshot cache.
+const envoyCache = "envoy"
+
+// unauthenticated is the snapshot key of streams without a caller: no
+// waypoint is ever stored under it.
+const unauthenticated = "<unauthenticated>"
 
 // shortType is Istio's metric label for a type URL.
 func shortType(typeURL string) string {
@@ -55,9 +83,19 @@ func shortType(typeURL string) string {
 		return "wds"
 	case securitypb.AuthorizationTypeURL:
 		return "wads"
+	case ListenerType:
+		return "lds"
+	case RouteType:
+		return "rds"
+	case ClusterType:
+		return "cds"
+	case EndpointType:
+		return "eds"
 	}
 	return "unknown"
 }
+
+func isEnvoyType(typeURL string) bool { return slices.Contains(EnvoyTypeURLs, typeURL) }
 
 // Authenticator authenticates the caller of a stream from its gRPC context
 // (the authorization metadata). It returns a name for logs.
@@ -81,13 +119,15 @@ type Server struct {
 	cfg    Config
 	log    *slog.Logger
 	caches map[string]*cachev3.LinearCache
+	envoy  cachev3.SnapshotCache // per waypoint, keyed by caller
 	mux    *cachev3.MuxCache
 	ads    serverv3.Server
 	ctx    context.Context // ends every stream when cancelled
 	cancel context.CancelFunc
 	m      metrics
 
-	changes changeLog
+	changes         changeLog
+	waypointVersion atomic.Int64
 
 	mu      sync.Mutex
 	clients map[int64]*client // guarded by mu
@@ -118,12 +158,20 @@ func New(cfg Config) (*Server, error) {
 			return nil, fmt.Errorf("creating xDS server: registering metrics: %w", err)
 		}
 	}
+	classify := func(typeURL string) string {
+		if isEnvoyType(typeURL) {
+			return envoyCache
+		}
+		return typeURL
+	}
 	mux := &cachev3.MuxCache{
-		Classify:      func(r *cachev3.Request) string { return r.GetTypeUrl() },
-		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return r.GetTypeUrl() },
+		Classify:      func(r *cachev3.Request) string { return classify(r.GetTypeUrl()) },
+		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return classify(r.GetTypeUrl()) },
 		Caches:        map[string]cachev3.Cache{},
 	}
 	logger := cacheLogger{s.log}
+	s.envoy = cachev3.NewSnapshotCache(true, callerHash{}, logger)
+	mux.Caches[envoyCache] = s.envoy
 	for _, t := range TypeURLs {
 		c := cachev3.NewLinearCache(t, cachev3.WithLogger(logger))
 		s.caches[t] = c
@@ -183,6 +231,48 @@ func (s *Server) Publish(typeURL string, update map[string]proto.Message, remove
 	}
 	s.m.resources.WithLabelValues(shortType(typeURL)).Set(float64(c.NumResources()))
 	return nil
+}
+
+// callerHash keys the snapshot cache by the node id, which
+// OnStreamDeltaRequest overwrites with the authenticated caller.
+type callerHash struct{}
+
+func (callerHash) ID(n *core.Node) string { return n.GetId() }
+
+// SetWaypoint replaces the Envoy resources of the waypoint whose service
+// account is key ("<namespace>/<name>"), by type URL then name. Connected
+// waypoints are sent what changed.
+func (s *Server) SetWaypoint(key string, resources map[string]map[string]proto.Message) error {
+	byType := map[resourcev3.Type][]types.Resource{}
+	for _, t := range EnvoyTypeURLs {
+		names := slices.Sorted(maps.Keys(resources[t]))
+		list := make([]types.Resource, 0, len(names))
+		for _, n := range names {
+			list = append(list, resources[t][n])
+		}
+		byType[t] = list
+	}
+	for t := range resources {
+		if !isEnvoyType(t) {
+			return fmt.Errorf("setting waypoint %s: type %s is not a waypoint type", key, t)
+		}
+	}
+	snap, err := cachev3.NewSnapshot(strconv.FormatInt(s.waypointVersion.Add(1), 10), byType)
+	if err != nil {
+		return fmt.Errorf("setting waypoint %s: %w", key, err)
+	}
+	if err := s.envoy.SetSnapshot(s.ctx, key, snap); err != nil {
+		return fmt.Errorf("setting waypoint %s: %w", key, err)
+	}
+	return nil
+}
+
+// RemoveWaypoint forgets a waypoint's resources.
+func (s *Server) RemoveWaypoint(key string) { s.envoy.ClearSnapshot(key) }
+
+// Waypoints lists the waypoints that have resources.
+func (s *Server) Waypoints() []string {
+	return slices.Sorted(slices.Values(s.envoy.GetStatusKeys()))
 }
 
 // Resources returns how many resources of a type are held.
@@ -307,9 +397,10 @@ func (cb *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscover
 	s := cb.s
 	id = cb.global(id)
 	typeURL := req.GetTypeUrl()
-	if typeURL != "" && s.caches[typeURL] == nil {
+	if typeURL != "" && s.caches[typeURL] == nil && !isEnvoyType(typeURL) {
 		s.log.Warn("xDS request for a type that is not served", "stream", id, "type_url", typeURL)
-		return status.Errorf(codes.InvalidArgument, "type %q is not served; this control plane serves %s", typeURL, strings.Join(TypeURLs, ", "))
+		return status.Errorf(codes.InvalidArgument, "type %q is not served; this control plane serves %s",
+			typeURL, strings.Join(append(slices.Clone(TypeURLs), EnvoyTypeURLs...), ", "))
 	}
 	s.mu.Lock()
 	c := s.clients[id]
@@ -320,6 +411,17 @@ func (cb *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscover
 	if req.GetNode() != nil && c.node == nil {
 		c.node = req.GetNode()
 	}
+	// The cache sees the authenticated caller as the node id, never what
+	// the client claims.
+	key := c.caller
+	if key == "" {
+		key = unauthenticated
+	}
+	n := &core.Node{Id: key}
+	if c.node != nil {
+		n.Cluster, n.Metadata = c.node.GetCluster(), c.node.GetMetadata()
+	}
+	req.Node = n
 	node := c.nodeID()
 	st := c.state(typeURL)
 	var nackMsg string

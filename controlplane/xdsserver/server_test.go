@@ -9,14 +9,17 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -252,5 +255,61 @@ func TestDebugHandler(t *testing.T) {
 	}
 	if resp := get("/?client=999"); resp.StatusCode != http.StatusNotFound {
 		t.Errorf("unknown client: status %d, want 404", resp.StatusCode)
+	}
+}
+
+// tokenIsCaller authenticates a stream as the bearer token it sends.
+type tokenIsCaller struct{}
+
+func (tokenIsCaller) Authenticate(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get("authorization"); len(v) == 1 && strings.HasPrefix(v[0], "Bearer ") {
+		return strings.TrimPrefix(v[0], "Bearer "), nil
+	}
+	return "", status.Error(codes.Unauthenticated, "no token")
+}
+
+// TestWaypointByCaller checks that a waypoint is sent the Envoy resources
+// stored under its authenticated identity, whatever node id it claims.
+func TestWaypointByCaller(t *testing.T) {
+	ctx := testCtx(t)
+	h := start(t, tokenIsCaller{})
+	listener := func(chain string) map[string]map[string]proto.Message {
+		return map[string]map[string]proto.Message{ListenerType: {"waypoint": &listenerv3.Listener{Name: "waypoint",
+			FilterChains: []*listenerv3.FilterChain{{Name: chain}}}}}
+	}
+	if err := h.srv.SetWaypoint("shop/waypoint", listener("shop-chain")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.srv.SetWaypoint("bank/waypoint", listener("bank-chain")); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.srv.SetWaypoint("bank/waypoint", map[string]map[string]proto.Message{"type.googleapis.com/x": {}}); err == nil {
+		t.Error("a non-Envoy type was accepted")
+	}
+	chainOf := func(token string) string {
+		c := h.client(t, ctx, xdstest.Config{NodeID: "waypoint~10.0.0.5~waypoint.shop~shop.svc.cluster.local",
+			Token: func() (string, error) { return token, nil }, TypeURLs: []string{ListenerType}})
+		var chain string
+		if err := c.Wait(ctx, ListenerType, func(m map[string]*anypb.Any) bool {
+			var l listenerv3.Listener
+			if a := m["waypoint"]; a != nil && a.UnmarshalTo(&l) == nil && len(l.GetFilterChains()) == 1 {
+				chain = l.GetFilterChains()[0].GetName()
+			}
+			return chain != ""
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return chain
+	}
+	if got := chainOf("shop/waypoint"); got != "shop-chain" {
+		t.Errorf("shop's waypoint got %q", got)
+	}
+	// The same node id, another identity: that identity's resources.
+	if got := chainOf("bank/waypoint"); got != "bank-chain" {
+		t.Errorf("bank's waypoint got %q", got)
+	}
+	if got := h.srv.Waypoints(); !slices.Equal(got, []string{"bank/waypoint", "shop/waypoint"}) {
+		t.Errorf("waypoints %v", got)
 	}
 }

@@ -41,6 +41,8 @@ type Config struct {
 	// Reject, when set, NACKs a response holding a resource it returns an
 	// error for (and the response is not applied).
 	Reject func(typeURL, name string, res *anypb.Any) error
+	// TypeURLs to subscribe to; default the two workload types.
+	TypeURLs []string
 	// Logger: default discard.
 	Logger *slog.Logger
 }
@@ -66,7 +68,10 @@ func New(cfg Config) (*Client, error) {
 	}
 	t := &Client{cfg: cfg, state: map[string]map[string]*anypb.Any{}, changed: make(chan struct{})}
 	var subs []xdsclient.Subscription
-	for _, typeURL := range []string{workloadpb.AddressTypeURL, securitypb.AuthorizationTypeURL} {
+	if cfg.TypeURLs == nil {
+		cfg.TypeURLs = []string{workloadpb.AddressTypeURL, securitypb.AuthorizationTypeURL}
+	}
+	for _, typeURL := range cfg.TypeURLs {
 		t.state[typeURL] = map[string]*anypb.Any{}
 		subs = append(subs, xdsclient.Subscription{TypeURL: typeURL, Handle: t.handler(typeURL)})
 	}

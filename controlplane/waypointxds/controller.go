@@ -1,0 +1,252 @@
+package waypointxds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+)
+
+// Publisher receives each waypoint's resources (*xdsserver.Server).
+type Publisher interface {
+	SetWaypoint(key string, resources map[string]map[string]proto.Message) error
+	RemoveWaypoint(key string)
+}
+
+// Informers are the shared informers the controller reads. GRPCRoutes and
+// Policies may be nil.
+type Informers struct {
+	Gateways, Services, EndpointSlices, Pods, Namespaces cache.SharedIndexInformer
+	HTTPRoutes, GRPCRoutes, Policies                     cache.SharedIndexInformer
+}
+
+func (inf Informers) all() []cache.SharedIndexInformer {
+	return []cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
+		inf.HTTPRoutes, inf.GRPCRoutes, inf.Policies}
+}
+
+func indexer(i cache.SharedIndexInformer) cache.Indexer {
+	if i == nil {
+		return nil
+	}
+	return i.GetIndexer()
+}
+
+// ControllerConfig configures a Controller.
+type ControllerConfig struct {
+	Mesh Mesh
+	// Debounce batches changes: a rebuild waits until no change has come
+	// for this long (default 20ms), and at most 10 times as long.
+	Debounce time.Duration
+	// Logger: default discard.
+	Logger *slog.Logger
+	// Registerer receives the controller's metrics. Default: none.
+	Registerer prometheus.Registerer
+}
+
+// Controller keeps every waypoint's resources in step with the cluster.
+// Each batch of changes rebuilds the waypoints (a waypoint's resources
+// depend on few objects, and the xDS cache sends clients only the
+// resources whose bytes changed); with no waypoint Gateway it does nothing.
+type Controller struct {
+	cfg   ControllerConfig
+	inf   Informers
+	st    Stores
+	pub   Publisher
+	log   *slog.Logger
+	wake  chan struct{}
+	built map[string]map[string]map[string]proto.Message // owned by Run
+	notes map[string]string                              // owned by Run: last notes by waypoint
+
+	builds    prometheus.Counter
+	resources *prometheus.GaugeVec
+
+	mu     sync.Mutex
+	synced bool
+}
+
+// NewController returns a Controller; Run starts it.
+func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Controller, error) {
+	if inf.Gateways == nil || inf.Services == nil || inf.EndpointSlices == nil || inf.Pods == nil || inf.HTTPRoutes == nil {
+		return nil, errors.New("creating waypoint configuration controller: an informer is missing")
+	}
+	if pub == nil {
+		return nil, errors.New("creating waypoint configuration controller: no publisher")
+	}
+	if err := ambient.AddIndexers(ambient.Informers{EndpointSlices: inf.EndpointSlices}); err != nil {
+		return nil, fmt.Errorf("creating waypoint configuration controller: %w", err)
+	}
+	if cfg.Debounce == 0 {
+		cfg.Debounce = 20 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	c := &Controller{
+		cfg: cfg, inf: inf, pub: pub, log: cfg.Logger,
+		st: Stores{Services: indexer(inf.Services), EndpointSlices: indexer(inf.EndpointSlices), Pods: indexer(inf.Pods),
+			Namespaces: indexer(inf.Namespaces), HTTPRoutes: indexer(inf.HTTPRoutes), GRPCRoutes: indexer(inf.GRPCRoutes),
+			Policies: indexer(inf.Policies)},
+		wake:  make(chan struct{}, 1),
+		built: map[string]map[string]map[string]proto.Message{},
+		notes: map[string]string{},
+		builds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "weft_waypoint_config_builds_total", Help: "Rebuilds of the waypoints' Envoy configuration.",
+		}),
+		resources: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "weft_waypoint_config_resources", Help: "Envoy resources held per waypoint.",
+		}, []string{"waypoint"}),
+	}
+	if cfg.Registerer != nil {
+		for _, col := range []prometheus.Collector{c.builds, c.resources} {
+			if err := cfg.Registerer.Register(col); err != nil {
+				return nil, fmt.Errorf("creating waypoint configuration controller: registering metrics: %w", err)
+			}
+		}
+	}
+	return c, nil
+}
+
+func (c *Controller) poke() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run watches until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { c.poke() },
+		UpdateFunc: func(o, n any) { c.poke() },
+		DeleteFunc: func(any) { c.poke() },
+	}
+	var synced []cache.InformerSynced
+	for _, inf := range c.inf.all() {
+		if inf == nil {
+			continue
+		}
+		r, err := inf.AddEventHandler(h)
+		if err != nil {
+			return fmt.Errorf("watching for waypoint configuration: %w", err)
+		}
+		defer func() { _ = inf.RemoveEventHandler(r) }()
+		synced = append(synced, r.HasSynced)
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("waiting for the waypoint informers to sync")
+	}
+	c.rebuild()
+	c.mu.Lock()
+	c.synced = true
+	c.mu.Unlock()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-c.wake:
+		}
+		if !c.debounce(ctx) {
+			return nil
+		}
+		c.rebuild()
+	}
+}
+
+// Synced reports whether the first build was published.
+func (c *Controller) Synced() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.synced
+}
+
+func (c *Controller) debounce(ctx context.Context) bool {
+	quiet := time.NewTimer(c.cfg.Debounce)
+	defer quiet.Stop()
+	deadline := time.NewTimer(10 * c.cfg.Debounce)
+	defer deadline.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-c.wake:
+			quiet.Reset(c.cfg.Debounce)
+		case <-quiet.C:
+			return true
+		case <-deadline.C:
+			return true
+		}
+	}
+}
+
+// rebuild computes every waypoint and publishes those that changed.
+func (c *Controller) rebuild() {
+	seen := map[string]bool{}
+	for _, o := range c.inf.Gateways.GetIndexer().List() {
+		wp := ambient.NewWaypoint(o.(*gwv1.Gateway), "")
+		if wp == nil {
+			continue
+		}
+		key := wp.Key() // its service account, named after the Gateway
+		seen[key] = true
+		res, notes := Build(c.cfg.Mesh, wp, c.st)
+		c.builds.Inc()
+		if n := strings.Join(notes, "; "); n != c.notes[key] {
+			c.notes[key] = n
+			if n != "" {
+				c.log.Warn("waypoint configuration has problems", "waypoint", key, "problems", notes)
+			}
+		}
+		if same(c.built[key], res) {
+			continue
+		}
+		if err := c.pub.SetWaypoint(key, res); err != nil {
+			c.log.Error("publishing waypoint configuration failed", "waypoint", key, "error", err)
+			continue
+		}
+		c.built[key] = res
+		c.resources.WithLabelValues(key).Set(float64(Resources(res).Count()))
+		c.log.Info("waypoint configuration published", "waypoint", key, "listeners", len(res[ListenerType]),
+			"routes", len(res[RouteType]), "clusters", len(res[ClusterType]))
+	}
+	for key := range c.built {
+		if !seen[key] {
+			c.pub.RemoveWaypoint(key)
+			delete(c.built, key)
+			delete(c.notes, key)
+			c.resources.DeleteLabelValues(key)
+			c.log.Info("waypoint configuration removed", "waypoint", key)
+		}
+	}
+}
+
+func same(a, b map[string]map[string]proto.Message) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for t, am := range a {
+		bm := b[t]
+		if len(am) != len(bm) {
+			return false
+		}
+		for n, m := range am {
+			if o, ok := bm[n]; !ok || !proto.Equal(m, o) {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,46 @@
+// Package waypointxds computes each waypoint's Envoy configuration — the
+// Listener, RouteConfigurations, Clusters and ClusterLoadAssignments of the
+// subset the waypoint proxy accepts (ARCHITECTURE.md "Waypoint") — from the
+// Services bound to it, their HTTPRoutes and GRPCRoutes (GAMMA: a parentRef
+// of kind Service) and the AuthorizationPolicies that target the waypoint's
+// Gateway or one of those Services.
+//
+// # Binding
+//
+// A Service is bound to a waypoint when it (or, failing a label of its own,
+// its namespace) names the waypoint in istio.io/use-waypoint and the
+// waypoint serves service traffic (istio.io/waypoint-for service or all) —
+// the rule ztunnel's Service resources follow, so that the waypoint holds a
+// filter chain for every Service that ztunnel sends to it. A waypoint that
+// serves workload traffic also gets one chain per bound pod, named
+// workload/<namespace>/<pod>, that passes the connection to its original
+// destination.
+//
+// # Routes
+//
+// Only producer routes apply: an HTTPRoute or GRPCRoute in the Service's own
+// namespace with a parentRef to the Service (and, when the parentRef names a
+// port, only that port). Backends are Services of the route's namespace.
+// Each rule's matches become Envoy routes sorted by Gateway API precedence:
+// an exact path before a regular expression before a prefix, longer paths
+// first, then a method match, more header matches, more query matches, then
+// the older route, then the route's namespace/name, then rule and match
+// order. A port without routes routes everything to the Service itself; a
+// port with routes answers 404 for a request no rule matches. A rule without
+// backends answers 500, as Gateway API asks.
+//
+// # Policy
+//
+// AuthorizationPolicies with targetRefs to the waypoint's Gateway (in its
+// namespace) apply to every chain; those that target a Service apply to that
+// Service's chains. They become Envoy RBAC http filters in the order AUDIT
+// (action LOG), DENY, ALLOW, with Istio's semantics: a request must match no
+// DENY rule, and, when any ALLOW policy applies, at least one ALLOW rule. A
+// policy without rules allows nothing (ALLOW) or denies nothing (DENY).
+// Names compile to literal string matches ("*" alone is presence, a leading
+// or trailing "*" a suffix or prefix), never to patterns made of user text;
+// namespaces match principals by a regular expression of quoted names.
+// Fields the waypoint cannot evaluate (requestPrincipals, request.auth
+// conditions) make an ALLOW rule allow nothing and are dropped from a DENY
+// rule, so that a policy is never less strict than written.
+package waypointxds

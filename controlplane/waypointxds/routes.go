@@ -1,0 +1,598 @@
+package waypointxds
+
+import (
+	"sort"
+	"strings"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+)
+
+// Path kinds in precedence order.
+const (
+	pathExact = iota
+	pathRegex
+	pathPrefix
+)
+
+// match is one Gateway API match, from an HTTPRoute or a GRPCRoute.
+type match struct {
+	pathKind int
+	path     string
+	method   string
+	headers  []kv
+	query    []kv
+}
+
+type kv struct {
+	name, value string
+	regex       bool
+}
+
+type backend struct {
+	ref     gwv1.BackendObjectReference
+	weight  int32
+	filters []gwv1.HTTPRouteFilter
+}
+
+// rule is one route rule of either kind.
+type rule struct {
+	matches  []match
+	filters  []gwv1.HTTPRouteFilter
+	backends []backend
+	timeouts *gwv1.HTTPRouteTimeouts
+	retry    *gwv1.HTTPRouteRetry
+}
+
+// source is one attached route.
+type source struct {
+	key     string // "<namespace>/<name>"
+	kind    string // "HTTPRoute" or "GRPCRoute"
+	ns      string
+	created metav1.Time
+	rules   []rule
+}
+
+// entry is one Envoy route with what sorts it.
+type entry struct {
+	m             match
+	src           *source
+	rule, ordinal int
+	route         *routev3.Route
+}
+
+// parentMatches reports whether a route's parentRef attaches it to a port
+// of svc (producer routes only: the route lives in the Service's namespace).
+func parentMatches(routeNS string, refs []gwv1.ParentReference, svc *corev1.Service, port corev1.ServicePort) bool {
+	if routeNS != svc.Namespace {
+		return false
+	}
+	for _, r := range refs {
+		if !serviceKind(r.Group, r.Kind) || string(r.Name) != svc.Name {
+			continue
+		}
+		if r.Namespace != nil && string(*r.Namespace) != svc.Namespace {
+			continue
+		}
+		if r.Port != nil && int32(*r.Port) != port.Port {
+			continue
+		}
+		if r.SectionName != nil && string(*r.SectionName) != port.Name {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// attached lists the routes attached to a Service port.
+func (b *builder) attached(svc *corev1.Service, port corev1.ServicePort) []*source {
+	var out []*source
+	for _, o := range byNamespace(b.st.HTTPRoutes, svc.Namespace) {
+		r := o.(*gwv1.HTTPRoute)
+		if parentMatches(r.Namespace, r.Spec.ParentRefs, svc, port) {
+			out = append(out, httpSource(r))
+		}
+	}
+	for _, o := range byNamespace(b.st.GRPCRoutes, svc.Namespace) {
+		r := o.(*gwv1.GRPCRoute)
+		if parentMatches(r.Namespace, r.Spec.ParentRefs, svc, port) {
+			out = append(out, grpcSource(r))
+		}
+	}
+	return out
+}
+
+func httpSource(r *gwv1.HTTPRoute) *source {
+	s := &source{key: r.Namespace + "/" + r.Name, kind: "HTTPRoute", ns: r.Namespace, created: r.CreationTimestamp}
+	for _, rr := range r.Spec.Rules {
+		ru := rule{filters: rr.Filters, timeouts: rr.Timeouts, retry: rr.Retry}
+		for _, m := range rr.Matches {
+			ru.matches = append(ru.matches, httpMatch(m))
+		}
+		for _, br := range rr.BackendRefs {
+			ru.backends = append(ru.backends, backend{ref: br.BackendObjectReference, weight: weightOf(br.Weight), filters: br.Filters})
+		}
+		s.rules = append(s.rules, ru)
+	}
+	return s
+}
+
+func weightOf(w *int32) int32 {
+	if w == nil {
+		return 1
+	}
+	return *w
+}
+
+func httpMatch(m gwv1.HTTPRouteMatch) match {
+	out := match{pathKind: pathPrefix, path: "/"}
+	if p := m.Path; p != nil {
+		if p.Value != nil {
+			out.path = *p.Value
+		}
+		if p.Type != nil {
+			switch *p.Type {
+			case gwv1.PathMatchExact:
+				out.pathKind = pathExact
+			case gwv1.PathMatchRegularExpression:
+				out.pathKind = pathRegex
+			}
+		}
+	}
+	if m.Method != nil {
+		out.method = string(*m.Method)
+	}
+	for _, h := range m.Headers {
+		out.headers = append(out.headers, kv{name: strings.ToLower(string(h.Name)), value: h.Value,
+			regex: h.Type != nil && *h.Type == gwv1.HeaderMatchRegularExpression})
+	}
+	for _, q := range m.QueryParams {
+		out.query = append(out.query, kv{name: string(q.Name), value: q.Value,
+			regex: q.Type != nil && *q.Type == gwv1.QueryParamMatchRegularExpression})
+	}
+	return out
+}
+
+func grpcSource(r *gwv1.GRPCRoute) *source {
+	s := &source{key: r.Namespace + "/" + r.Name, kind: "GRPCRoute", ns: r.Namespace, created: r.CreationTimestamp}
+	for _, rr := range r.Spec.Rules {
+		var ru rule
+		for _, f := range rr.Filters {
+			ru.filters = append(ru.filters, grpcFilter(f))
+		}
+		for _, m := range rr.Matches {
+			ru.matches = append(ru.matches, grpcMatch(m))
+		}
+		for _, br := range rr.BackendRefs {
+			be := backend{ref: br.BackendObjectReference, weight: weightOf(br.Weight)}
+			for _, f := range br.Filters {
+				be.filters = append(be.filters, grpcFilter(f))
+			}
+			ru.backends = append(ru.backends, be)
+		}
+		s.rules = append(s.rules, ru)
+	}
+	return s
+}
+
+func grpcFilter(f gwv1.GRPCRouteFilter) gwv1.HTTPRouteFilter {
+	return gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterType(f.Type), RequestHeaderModifier: f.RequestHeaderModifier,
+		ResponseHeaderModifier: f.ResponseHeaderModifier, RequestMirror: f.RequestMirror, ExtensionRef: f.ExtensionRef}
+}
+
+// grpcMatch maps a gRPC method match to a path: /service/method exactly, a
+// /service/ prefix, or a pattern for a method of any service.
+func grpcMatch(m gwv1.GRPCRouteMatch) match {
+	out := match{pathKind: pathPrefix, path: "/"}
+	if mm := m.Method; mm != nil {
+		svc, meth := "", ""
+		if mm.Service != nil {
+			svc = *mm.Service
+		}
+		if mm.Method != nil {
+			meth = *mm.Method
+		}
+		regex := mm.Type != nil && *mm.Type == gwv1.GRPCMethodMatchRegularExpression
+		switch {
+		case regex:
+			out.pathKind = pathRegex
+			out.path = "/" + orAll(svc, "[^/]+") + "/" + orAll(meth, "[^/]+")
+		case svc != "" && meth != "":
+			out.pathKind, out.path = pathExact, "/"+svc+"/"+meth
+		case svc != "":
+			out.path = "/" + svc
+		case meth != "":
+			out.pathKind, out.path = pathRegex, "/[^/]+/"+quoteRE(meth)
+		}
+	}
+	for _, h := range m.Headers {
+		out.headers = append(out.headers, kv{name: strings.ToLower(string(h.Name)), value: h.Value,
+			regex: h.Type != nil && *h.Type == gwv1.GRPCHeaderMatchRegularExpression})
+	}
+	return out
+}
+
+func orAll(v, all string) string {
+	if v == "" {
+		return all
+	}
+	return v
+}
+
+// quoteRE quotes a literal for RE2.
+func quoteRE(s string) string {
+	var sb strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\.+*?()|[]{}^$`, r) {
+			sb.WriteByte('\\')
+		}
+		sb.WriteRune(r)
+	}
+	return sb.String()
+}
+
+// less orders entries by Gateway API precedence.
+func less(a, b *entry) bool {
+	if a.m.pathKind != b.m.pathKind {
+		return a.m.pathKind < b.m.pathKind
+	}
+	if len(a.m.path) != len(b.m.path) {
+		return len(a.m.path) > len(b.m.path)
+	}
+	if (a.m.method != "") != (b.m.method != "") {
+		return a.m.method != ""
+	}
+	if len(a.m.headers) != len(b.m.headers) {
+		return len(a.m.headers) > len(b.m.headers)
+	}
+	if len(a.m.query) != len(b.m.query) {
+		return len(a.m.query) > len(b.m.query)
+	}
+	if !a.src.created.Equal(&b.src.created) {
+		return a.src.created.Before(&b.src.created)
+	}
+	if a.src.key != b.src.key {
+		return a.src.key < b.src.key
+	}
+	if a.rule != b.rule {
+		return a.rule < b.rule
+	}
+	return a.ordinal < b.ordinal
+}
+
+// routeConfig builds the RouteConfiguration of a Service port.
+func (b *builder) routeConfig(name string, svc *corev1.Service, port corev1.ServicePort, self string) *routev3.RouteConfiguration {
+	var entries []*entry
+	for _, src := range b.attached(svc, port) {
+		for i := range src.rules {
+			ru := &src.rules[i]
+			ms := ru.matches
+			if len(ms) == 0 {
+				ms = []match{{pathKind: pathPrefix, path: "/"}}
+			}
+			for j, m := range ms {
+				r := b.envoyRoute(src, ru, m)
+				r.Name = src.key + "." + itoa(i) + "." + itoa(j)
+				entries = append(entries, &entry{m: m, src: src, rule: i, ordinal: j, route: r})
+			}
+		}
+	}
+	sort.SliceStable(entries, func(i, j int) bool { return less(entries[i], entries[j]) })
+	vh := &routev3.VirtualHost{Name: name, Domains: []string{"*"}}
+	for _, e := range entries {
+		vh.Routes = append(vh.Routes, e.route)
+	}
+	if len(entries) == 0 {
+		vh.Routes = append(vh.Routes, &routev3.Route{
+			Name:   "default",
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: defaultAction(self)},
+		})
+	}
+	return &routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{vh}}
+}
+
+// defaultRetry is what a route without a retry policy gets: connections that
+// fail before a response are retried twice (Istio's default spirit, without
+// retrying answered requests).
+func defaultRetry() *routev3.RetryPolicy {
+	return &routev3.RetryPolicy{RetryOn: "connect-failure,reset", NumRetries: wrapperspb.UInt32(2)}
+}
+
+func defaultAction(cluster string) *routev3.RouteAction {
+	return &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}, RetryPolicy: defaultRetry()}
+}
+
+func itoa(i int) string {
+	const digits = "0123456789"
+	if i < 10 {
+		return digits[i : i+1]
+	}
+	return itoa(i/10) + digits[i%10:i%10+1]
+}
+
+func stringMatch(v string, regex bool) *matcherv3.StringMatcher {
+	if regex {
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: v}}}
+	}
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v}}
+}
+
+func routeMatch(m match) *routev3.RouteMatch {
+	rm := &routev3.RouteMatch{}
+	switch m.pathKind {
+	case pathExact:
+		rm.PathSpecifier = &routev3.RouteMatch_Path{Path: m.path}
+	case pathRegex:
+		rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: m.path}}
+	default:
+		p := strings.TrimRight(m.path, "/")
+		if p == "" {
+			rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/"}
+		} else {
+			rm.PathSpecifier = &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: p}
+		}
+	}
+	if m.method != "" {
+		rm.Headers = append(rm.Headers, &routev3.HeaderMatcher{Name: ":method",
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: stringMatch(m.method, false)}})
+	}
+	for _, h := range m.headers {
+		rm.Headers = append(rm.Headers, &routev3.HeaderMatcher{Name: h.name,
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: stringMatch(h.value, h.regex)}})
+	}
+	for _, q := range m.query {
+		rm.QueryParameters = append(rm.QueryParameters, &routev3.QueryParameterMatcher{Name: q.name,
+			QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_StringMatch{StringMatch: stringMatch(q.value, q.regex)}})
+	}
+	return rm
+}
+
+// headerOps converts a Gateway API header filter.
+func headerOps(f *gwv1.HTTPHeaderFilter) ([]*corev3.HeaderValueOption, []string) {
+	if f == nil {
+		return nil, nil
+	}
+	var add []*corev3.HeaderValueOption
+	for _, h := range f.Set {
+		add = append(add, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: strings.ToLower(string(h.Name)), Value: h.Value},
+			AppendAction: corev3.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
+	}
+	for _, h := range f.Add {
+		add = append(add, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: strings.ToLower(string(h.Name)), Value: h.Value},
+			AppendAction: corev3.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD})
+	}
+	var rm []string
+	for _, h := range f.Remove {
+		rm = append(rm, strings.ToLower(h))
+	}
+	return add, rm
+}
+
+func parseDuration(d *gwv1.Duration) (time.Duration, bool) {
+	if d == nil {
+		return 0, false
+	}
+	v, err := time.ParseDuration(string(*d))
+	return v, err == nil
+}
+
+// backendCluster resolves a backend reference to a cluster name, recording
+// the cluster to emit. ok is false when the reference cannot be used.
+func (b *builder) backendCluster(src *source, ref gwv1.BackendObjectReference) (string, bool) {
+	if !serviceKind(ref.Group, ref.Kind) {
+		b.note("%s %s: backend %s is not a Service", src.kind, src.key, ref.Name)
+		return "", false
+	}
+	ns := src.ns
+	if ref.Namespace != nil && string(*ref.Namespace) != src.ns {
+		b.note("%s %s: backend %s/%s is in another namespace (not supported)", src.kind, src.key, *ref.Namespace, ref.Name)
+		return "", false
+	}
+	svc := get[corev1.Service](b.st.Services, ns+"/"+string(ref.Name))
+	if svc == nil {
+		b.note("%s %s: backend Service %s/%s not found", src.kind, src.key, ns, ref.Name)
+		return "", false
+	}
+	if ref.Port == nil {
+		b.note("%s %s: backend %s has no port", src.kind, src.key, ref.Name)
+		return "", false
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.Port == int32(*ref.Port) {
+			name := ClusterName(ambient.Hostname(svc.Name, svc.Namespace, b.mesh.ClusterDomain), p.Port)
+			b.clusters[name] = clusterRef{svc, p}
+			return name, true
+		}
+	}
+	b.note("%s %s: backend Service %s/%s has no port %d", src.kind, src.key, ns, ref.Name, *ref.Port)
+	return "", false
+}
+
+func directResponse(status uint32) *routev3.Route_DirectResponse {
+	return &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: status}}
+}
+
+// envoyRoute builds the Envoy route of one match of a rule.
+func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
+	r := &routev3.Route{Match: routeMatch(m)}
+	var redirect *gwv1.HTTPRequestRedirectFilter
+	var rewrite *gwv1.HTTPURLRewriteFilter
+	var mirrors []*gwv1.HTTPRequestMirrorFilter
+	for _, f := range ru.filters {
+		switch f.Type {
+		case gwv1.HTTPRouteFilterRequestHeaderModifier:
+			add, rm := headerOps(f.RequestHeaderModifier)
+			r.RequestHeadersToAdd = append(r.RequestHeadersToAdd, add...)
+			r.RequestHeadersToRemove = append(r.RequestHeadersToRemove, rm...)
+		case gwv1.HTTPRouteFilterResponseHeaderModifier:
+			add, rm := headerOps(f.ResponseHeaderModifier)
+			r.ResponseHeadersToAdd = append(r.ResponseHeadersToAdd, add...)
+			r.ResponseHeadersToRemove = append(r.ResponseHeadersToRemove, rm...)
+		case gwv1.HTTPRouteFilterRequestRedirect:
+			redirect = f.RequestRedirect
+		case gwv1.HTTPRouteFilterURLRewrite:
+			rewrite = f.URLRewrite
+		case gwv1.HTTPRouteFilterRequestMirror:
+			if f.RequestMirror != nil {
+				mirrors = append(mirrors, f.RequestMirror)
+			}
+		default:
+			// An unsupported filter must not be skipped silently: Gateway
+			// API asks for a 500 so that the route is never half-applied.
+			b.note("%s %s: filter %s is not supported; its rule answers 500", src.kind, src.key, f.Type)
+			r.Action = directResponse(500)
+			return r
+		}
+	}
+	if redirect != nil {
+		r.Action = &routev3.Route_Redirect{Redirect: redirectAction(redirect, m)}
+		return r
+	}
+	a := &routev3.RouteAction{}
+	var wcs []*routev3.WeightedCluster_ClusterWeight
+	invalid := false
+	for _, be := range ru.backends {
+		if be.weight <= 0 {
+			continue
+		}
+		name, ok := b.backendCluster(src, be.ref)
+		if !ok {
+			invalid = true
+			continue
+		}
+		wc := &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(uint32(be.weight))}
+		for _, f := range be.filters {
+			if f.Type == gwv1.HTTPRouteFilterRequestHeaderModifier {
+				wc.RequestHeadersToAdd, wc.RequestHeadersToRemove = headerOps(f.RequestHeaderModifier)
+			}
+		}
+		wcs = append(wcs, wc)
+	}
+	switch {
+	case len(wcs) == 0:
+		r.Action = directResponse(500)
+		return r
+	case len(wcs) == 1 && wcs[0].RequestHeadersToAdd == nil && wcs[0].RequestHeadersToRemove == nil && !invalid:
+		a.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: wcs[0].Name}
+	default:
+		a.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: wcs}}
+	}
+	for _, mf := range mirrors {
+		name, ok := b.backendCluster(src, mf.BackendRef)
+		if !ok {
+			continue
+		}
+		mp := &routev3.RouteAction_RequestMirrorPolicy{Cluster: name}
+		if pct, ok := mirrorPercent(mf); ok {
+			mp.RuntimeFraction = &corev3.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{
+				Numerator: pct, Denominator: typev3.FractionalPercent_MILLION}}
+		}
+		a.RequestMirrorPolicies = append(a.RequestMirrorPolicies, mp)
+	}
+	if rewrite != nil {
+		if rewrite.Hostname != nil {
+			a.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: string(*rewrite.Hostname)}
+		}
+		if p := rewrite.Path; p != nil {
+			switch {
+			case p.Type == gwv1.FullPathHTTPPathModifier && p.ReplaceFullPath != nil:
+				a.RegexRewrite = &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^.*$"}, Substitution: *p.ReplaceFullPath}
+			case p.Type == gwv1.PrefixMatchHTTPPathModifier && p.ReplacePrefixMatch != nil && m.pathKind == pathPrefix:
+				a.PrefixRewrite = *p.ReplacePrefixMatch
+			}
+		}
+	}
+	request, hasRequest := parseDuration(nil)
+	backendReq, hasBackend := parseDuration(nil)
+	if t := ru.timeouts; t != nil {
+		request, hasRequest = parseDuration(t.Request)
+		backendReq, hasBackend = parseDuration(t.BackendRequest)
+	}
+	if hasRequest {
+		a.Timeout = durationpb.New(request)
+	} else if hasBackend {
+		a.Timeout = durationpb.New(backendReq)
+	}
+	a.RetryPolicy = defaultRetry()
+	if rt := ru.retry; rt != nil {
+		rp := &routev3.RetryPolicy{RetryOn: "connect-failure,reset", NumRetries: wrapperspb.UInt32(2)}
+		if rt.Attempts != nil {
+			rp.NumRetries = wrapperspb.UInt32(uint32(max(*rt.Attempts, 0)))
+		}
+		if len(rt.Codes) > 0 {
+			rp.RetryOn += ",retriable-status-codes"
+			for _, c := range rt.Codes {
+				rp.RetriableStatusCodes = append(rp.RetriableStatusCodes, uint32(c))
+			}
+		}
+		if d, ok := parseDuration(rt.Backoff); ok && d > 0 {
+			rp.RetryBackOff = &routev3.RetryPolicy_RetryBackOff{BaseInterval: durationpb.New(d)}
+		}
+		a.RetryPolicy = rp
+	}
+	if hasBackend && a.RetryPolicy != nil {
+		a.RetryPolicy.PerTryTimeout = durationpb.New(backendReq)
+	}
+	r.Action = &routev3.Route_Route{Route: a}
+	return r
+}
+
+func mirrorPercent(f *gwv1.HTTPRequestMirrorFilter) (uint32, bool) {
+	switch {
+	case f.Percent != nil:
+		return uint32(max(min(*f.Percent, 100), 0)) * 10000, true
+	case f.Fraction != nil:
+		den := int32(100)
+		if f.Fraction.Denominator != nil && *f.Fraction.Denominator > 0 {
+			den = *f.Fraction.Denominator
+		}
+		return uint32(int64(max(f.Fraction.Numerator, 0)) * 1000000 / int64(den)), true
+	}
+	return 0, false
+}
+
+func redirectAction(f *gwv1.HTTPRequestRedirectFilter, m match) *routev3.RedirectAction {
+	rd := &routev3.RedirectAction{ResponseCode: routev3.RedirectAction_FOUND}
+	if f.Scheme != nil {
+		rd.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: *f.Scheme}
+	}
+	if f.Hostname != nil {
+		rd.HostRedirect = string(*f.Hostname)
+	}
+	if f.Port != nil {
+		rd.PortRedirect = uint32(*f.Port)
+	}
+	if f.StatusCode != nil {
+		switch *f.StatusCode {
+		case 301:
+			rd.ResponseCode = routev3.RedirectAction_MOVED_PERMANENTLY
+		case 303:
+			rd.ResponseCode = routev3.RedirectAction_SEE_OTHER
+		case 307:
+			rd.ResponseCode = routev3.RedirectAction_TEMPORARY_REDIRECT
+		case 308:
+			rd.ResponseCode = routev3.RedirectAction_PERMANENT_REDIRECT
+		}
+	}
+	if p := f.Path; p != nil {
+		switch {
+		case p.Type == gwv1.FullPathHTTPPathModifier && p.ReplaceFullPath != nil:
+			rd.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: *p.ReplaceFullPath}
+		case p.Type == gwv1.PrefixMatchHTTPPathModifier && p.ReplacePrefixMatch != nil && m.pathKind == pathPrefix:
+			rd.PathRewriteSpecifier = &routev3.RedirectAction_PrefixRewrite{PrefixRewrite: *p.ReplacePrefixMatch}
+		}
+	}
+	return rd
+}

@@ -1,0 +1,500 @@
+package waypointxds
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strconv"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// Type URLs of the resources a waypoint is sent.
+const (
+	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+// TypeURLs are the four types, in the order a proxy applies them.
+var TypeURLs = []string{ClusterType, EndpointType, ListenerType, RouteType}
+
+// Names of the fixed resources.
+const (
+	ListenerName       = "waypoint"
+	PassthroughCluster = "passthrough"
+	// MetadataKey holds an endpoint's tunnel and identity.
+	MetadataKey = "weft"
+)
+
+// Mesh holds the settings the translation depends on.
+type Mesh struct {
+	// TrustDomain of the mesh. Default "cluster.local".
+	TrustDomain string
+	// ClusterDomain is the DNS suffix of Service hostnames. Default
+	// "cluster.local".
+	ClusterDomain string
+	// RootNamespace holds mesh-wide policies (which never bind to a
+	// waypoint here: only targetRefs do).
+	RootNamespace string
+}
+
+func (m Mesh) withDefaults() Mesh {
+	if m.TrustDomain == "" {
+		m.TrustDomain = "cluster.local"
+	}
+	if m.ClusterDomain == "" {
+		m.ClusterDomain = "cluster.local"
+	}
+	return m
+}
+
+// Stores are the informer caches the translation reads. EndpointSlices must
+// carry the index ambient.IndexServiceName; Namespaces, GRPCRoutes and Policies may
+// be nil.
+type Stores struct {
+	Services, EndpointSlices, Pods, Namespaces cache.Indexer
+	HTTPRoutes, GRPCRoutes, Policies           cache.Indexer
+}
+
+// Resources are one waypoint's resources: by type URL, then by name.
+type Resources map[string]map[string]proto.Message
+
+func (r Resources) add(typeURL, name string, m proto.Message) {
+	if r[typeURL] == nil {
+		r[typeURL] = map[string]proto.Message{}
+	}
+	r[typeURL][name] = m
+}
+
+// Count is the number of resources held.
+func (r Resources) Count() int {
+	n := 0
+	for _, m := range r {
+		n += len(m)
+	}
+	return n
+}
+
+// ClusterName is Istio's name of a Service port's cluster.
+func ClusterName(host string, port int32) string {
+	return "outbound|" + strconv.Itoa(int(port)) + "||" + host
+}
+
+// chainName names a Service port's filter chain and its RouteConfiguration.
+func chainName(host string, port int32) string { return host + ":" + strconv.Itoa(int(port)) }
+
+// builder accumulates one waypoint's resources.
+type builder struct {
+	mesh Mesh
+	st   Stores
+	wp   *ambient.Waypoint
+	res  Resources
+	// clusters to emit, by name: the Service and its port.
+	clusters map[string]clusterRef
+	chains   []*listenerv3.FilterChain
+	// Notes are the problems found, for logs and status (not errors: the
+	// rest of the configuration is still served).
+	notes []string
+}
+
+type clusterRef struct {
+	svc  *corev1.Service
+	port corev1.ServicePort
+}
+
+// Build computes the resources of one waypoint.
+func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
+	b := &builder{mesh: mesh.withDefaults(), st: st, wp: wp, res: Resources{}, clusters: map[string]clusterRef{}}
+	services := b.boundServices()
+	policies := b.policies()
+	for _, svc := range services {
+		b.service(svc, policies)
+	}
+	if wp.For == ambient.ForWorkload || wp.For == ambient.ForAll {
+		b.workloads(policies)
+	}
+	for _, name := range sortedKeys(b.clusters) {
+		b.cluster(name, b.clusters[name])
+	}
+	b.res.add(ClusterType, PassthroughCluster, &clusterv3.Cluster{
+		Name:                 PassthroughCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
+		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
+		ConnectTimeout:       durationpb.New(10 * time.Second),
+	})
+	b.res.add(ListenerType, ListenerName, &listenerv3.Listener{Name: ListenerName, FilterChains: b.chains})
+	return b.res, b.notes
+}
+
+func (b *builder) note(format string, args ...any) {
+	b.notes = append(b.notes, fmt.Sprintf(format, args...))
+}
+
+func (b *builder) serves(kind string) bool { return b.wp.For == ambient.ForAll || b.wp.For == kind }
+
+func nsLabels(st cache.Indexer, ns string) map[string]string {
+	if n := get[corev1.Namespace](st, ns); n != nil {
+		return n.Labels
+	}
+	return nil
+}
+
+// boundServices lists the Services bound to the waypoint, sorted by key.
+func (b *builder) boundServices() []*corev1.Service {
+	if !b.serves(ambient.ForService) || b.st.Services == nil {
+		return nil
+	}
+	var out []*corev1.Service
+	for _, o := range b.st.Services.List() {
+		svc := o.(*corev1.Service)
+		if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Labels[ambient.LabelGatewayName] != "" {
+			continue
+		}
+		if ambient.BindingFor(svc.Namespace, svc.Labels, nsLabels(b.st.Namespaces, svc.Namespace)).Key == b.wp.Key() {
+			out = append(out, svc)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return keyOf(out[i]) < keyOf(out[j]) })
+	return out
+}
+
+func serviceIPs(svc *corev1.Service) []*corev3.CidrRange {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []*corev3.CidrRange
+	for _, ip := range ips {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, &corev3.CidrRange{AddressPrefix: a.Unmap().String(), PrefixLen: wrapperspb.UInt32(uint32(a.Unmap().BitLen()))})
+		}
+	}
+	return out
+}
+
+// service adds the chains, routes and clusters of one bound Service.
+func (b *builder) service(svc *corev1.Service, policies []*securityv1.AuthorizationPolicy) {
+	ips := serviceIPs(svc)
+	if len(ips) == 0 {
+		return // headless: its pods are reached as workloads
+	}
+	host := ambient.Hostname(svc.Name, svc.Namespace, b.mesh.ClusterDomain)
+	filters := b.rbacFilters(policies, svc)
+	for _, p := range svc.Spec.Ports {
+		if p.Protocol != "" && p.Protocol != corev1.ProtocolTCP {
+			continue
+		}
+		name := chainName(host, p.Port)
+		cname := ClusterName(host, p.Port)
+		b.clusters[cname] = clusterRef{svc, p}
+		fc := &listenerv3.FilterChain{
+			Name:             name,
+			FilterChainMatch: &listenerv3.FilterChainMatch{PrefixRanges: ips, DestinationPort: wrapperspb.UInt32(uint32(p.Port))},
+		}
+		if ambient.AppProtocol(p) == workloadpb.AppProtocol_TCP {
+			fc.Filters = []*listenerv3.Filter{tcpProxy(cname)}
+		} else {
+			fc.Filters = []*listenerv3.Filter{httpManager(name, filters)}
+			b.res.add(RouteType, name, b.routeConfig(name, svc, p, cname))
+		}
+		b.chains = append(b.chains, fc)
+	}
+}
+
+// workloads adds a passthrough chain per pod bound to the waypoint.
+func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
+	if b.st.Pods == nil {
+		return
+	}
+	pods := b.st.Pods.List()
+	sort.Slice(pods, func(i, j int) bool { return keyOf(pods[i]) < keyOf(pods[j]) })
+	filters := b.rbacFilters(policies, nil)
+	for _, o := range pods {
+		p := o.(*corev1.Pod)
+		if p.Labels[ambient.LabelGatewayName] != "" || p.Spec.HostNetwork {
+			continue
+		}
+		if ambient.BindingFor(p.Namespace, p.Labels, nsLabels(b.st.Namespaces, p.Namespace)).Key != b.wp.Key() {
+			continue
+		}
+		var ranges []*corev3.CidrRange
+		for _, ip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(ip.IP); err == nil {
+				ranges = append(ranges, &corev3.CidrRange{AddressPrefix: a.Unmap().String(), PrefixLen: wrapperspb.UInt32(uint32(a.Unmap().BitLen()))})
+			}
+		}
+		if len(ranges) == 0 {
+			continue
+		}
+		name := "workload/" + p.Namespace + "/" + p.Name
+		b.chains = append(b.chains, &listenerv3.FilterChain{
+			Name:             name,
+			FilterChainMatch: &listenerv3.FilterChainMatch{PrefixRanges: ranges},
+			Filters: []*listenerv3.Filter{httpManagerInline(name, filters, &routev3.RouteConfiguration{
+				Name: name,
+				VirtualHosts: []*routev3.VirtualHost{{Name: name, Domains: []string{"*"}, Routes: []*routev3.Route{{
+					Name:   "default",
+					Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+					Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: PassthroughCluster}}},
+				}}}},
+			})},
+		})
+	}
+}
+
+func mustAny(m proto.Message) *anypb.Any {
+	a, err := anypb.New(m)
+	if err != nil {
+		panic(fmt.Sprintf("packing %T: %v", m, err)) // only for messages of linked types
+	}
+	return a
+}
+
+func tcpProxy(cluster string) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{
+		TypedConfig: mustAny(&tcpv3.TcpProxy{StatPrefix: cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}}),
+	}}
+}
+
+func router() *hcmv3.HttpFilter {
+	return &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}}
+}
+
+func httpManager(routeName string, filters []*hcmv3.HttpFilter) *listenerv3.Filter {
+	return hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix:     routeName,
+		CodecType:      hcmv3.HttpConnectionManager_AUTO,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: routeName}},
+		HttpFilters:    append(append([]*hcmv3.HttpFilter(nil), filters...), router()),
+	})
+}
+
+func httpManagerInline(name string, filters []*hcmv3.HttpFilter, rc *routev3.RouteConfiguration) *listenerv3.Filter {
+	return hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix:     name,
+		CodecType:      hcmv3.HttpConnectionManager_AUTO,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: rc},
+		HttpFilters:    append(append([]*hcmv3.HttpFilter(nil), filters...), router()),
+	})
+}
+
+func hcmFilter(m *hcmv3.HttpConnectionManager) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(m)}}
+}
+
+// http2Upstream reports whether a port speaks HTTP/2 to its endpoints.
+func http2Upstream(p corev1.ServicePort) bool {
+	switch ambient.AppProtocol(p) {
+	case workloadpb.AppProtocol_HTTP2, workloadpb.AppProtocol_GRPC:
+		return true
+	}
+	return false
+}
+
+// cluster adds a Service port's Cluster and its endpoints.
+func (b *builder) cluster(name string, ref clusterRef) {
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
+			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+			ResourceApiVersion:    corev3.ApiVersion_V3,
+		}},
+		LbPolicy:       clusterv3.Cluster_LEAST_REQUEST,
+		ConnectTimeout: durationpb.New(10 * time.Second),
+	}
+	if http2Upstream(ref.port) {
+		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{
+			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(&httpopts.HttpProtocolOptions{
+				UpstreamProtocolOptions: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+				}},
+			}),
+		}
+	}
+	b.res.add(ClusterType, name, c)
+	b.res.add(EndpointType, name, b.endpoints(name, ref))
+}
+
+// endpoints lists the endpoints of a Service port from its EndpointSlices.
+func (b *builder) endpoints(name string, ref clusterRef) *endpointv3.ClusterLoadAssignment {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	if b.st.EndpointSlices == nil {
+		return cla
+	}
+	objs, _ := b.st.EndpointSlices.ByIndex(ambient.IndexServiceName, keyOf(ref.svc))
+	sort.Slice(objs, func(i, j int) bool { return keyOf(objs[i]) < keyOf(objs[j]) })
+	var lbs []*endpointv3.LbEndpoint
+	seen := map[string]bool{}
+	for _, o := range objs {
+		slice := o.(*discoveryv1.EndpointSlice)
+		port, ok := slicePort(ref.port, slice)
+		if !ok {
+			continue
+		}
+		for _, ep := range slice.Endpoints {
+			if ep.Conditions.Terminating != nil && *ep.Conditions.Terminating && (ep.Conditions.Serving == nil || !*ep.Conditions.Serving) {
+				continue
+			}
+			healthy := ep.Conditions.Ready == nil || *ep.Conditions.Ready
+			var pod *corev1.Pod
+			if ep.TargetRef != nil && ep.TargetRef.Kind == "Pod" {
+				ns := ep.TargetRef.Namespace
+				if ns == "" {
+					ns = slice.Namespace
+				}
+				pod = get[corev1.Pod](b.st.Pods, ns+"/"+ep.TargetRef.Name)
+			}
+			for _, addr := range ep.Addresses {
+				a, err := netip.ParseAddr(addr)
+				if err != nil {
+					continue
+				}
+				key := netip.AddrPortFrom(a.Unmap(), uint16(port)).String()
+				if seen[key] {
+					continue
+				}
+				seen[key] = true
+				lbs = append(lbs, b.lbEndpoint(a.Unmap(), port, healthy, pod))
+			}
+		}
+	}
+	if len(lbs) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
+	}
+	return cla
+}
+
+func (b *builder) lbEndpoint(a netip.Addr, port int32, healthy bool, pod *corev1.Pod) *endpointv3.LbEndpoint {
+	e := &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{
+			Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address: a.String(), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)},
+			}},
+		}}},
+		HealthStatus: corev3.HealthStatus_HEALTHY,
+	}
+	if !healthy {
+		e.HealthStatus = corev3.HealthStatus_UNHEALTHY
+	}
+	if pod == nil {
+		return e
+	}
+	sa := pod.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	fields := map[string]*structpb.Value{
+		"identity":      structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + pod.Namespace + "/sa/" + sa),
+		"workload":      structpb.NewStringValue(pod.Name),
+		"namespace":     structpb.NewStringValue(pod.Namespace),
+		"workload_name": structpb.NewStringValue(ambient.WorkloadName(pod)),
+	}
+	if pod.Annotations[ambient.AnnotationRedirection] == "enabled" {
+		fields["tunnel"] = structpb.NewStringValue("HBONE")
+	}
+	e.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataKey: {Fields: fields}}}
+	return e
+}
+
+// slicePort resolves a Service port's target port in an EndpointSlice (by
+// port name), falling back to a numeric target port.
+func slicePort(sp corev1.ServicePort, slice *discoveryv1.EndpointSlice) (int32, bool) {
+	for _, p := range slice.Ports {
+		name := ""
+		if p.Name != nil {
+			name = *p.Name
+		}
+		if name == sp.Name && p.Port != nil {
+			return *p.Port, true
+		}
+	}
+	if sp.TargetPort.IntVal != 0 {
+		return sp.TargetPort.IntVal, true
+	}
+	if sp.TargetPort.StrVal == "" {
+		return sp.Port, true
+	}
+	return 0, false
+}
+
+func get[T any](s cache.Indexer, key string) *T {
+	if s == nil {
+		return nil
+	}
+	obj, ok, err := s.GetByKey(key)
+	if err != nil || !ok {
+		return nil
+	}
+	t, _ := obj.(*T)
+	return t
+}
+
+func keyOf(obj any) string {
+	k, _ := cache.MetaNamespaceKeyFunc(obj)
+	return k
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// byNamespace lists the objects of a namespace.
+func byNamespace(s cache.Indexer, ns string) []any {
+	if s == nil {
+		return nil
+	}
+	objs, err := s.ByIndex(cache.NamespaceIndex, ns)
+	if err == nil {
+		return objs
+	}
+	var out []any
+	for _, o := range s.List() {
+		if m, ok := o.(interface{ GetNamespace() string }); ok && m.GetNamespace() == ns {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// serviceKind reports whether a parent or backend reference names a core
+// Service.
+func serviceKind(group *gwv1.Group, kind *gwv1.Kind) bool {
+	g, k := "", "Service"
+	if group != nil {
+		g = string(*group)
+	}
+	if kind != nil {
+		k = string(*kind)
+	}
+	return (g == "" || g == "core") && k == "Service"
+}

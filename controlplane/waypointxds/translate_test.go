@@ -1,0 +1,453 @@
+package waypointxds
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	securityv1 "istio.io/client-go/pkg/apis/security/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/rbac"
+	"github.com/weftmesh/weft/waypoint/route"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata")
+
+// fixture is a set of objects loaded from a multi-document YAML file.
+type fixture struct {
+	st       Stores
+	gateways []*gwv1.Gateway
+}
+
+func newIndexer() cache.Indexer {
+	return cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+}
+
+func load(t *testing.T, path string) *fixture {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slicesIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{
+		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
+	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
+		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), Policies: newIndexer()}}
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		var raw map[string]any
+		if err := dec.Decode(&raw); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if raw == nil {
+			continue
+		}
+		b, _ := json.Marshal(raw)
+		add := func(s cache.Indexer, obj any) {
+			if err := sigsyaml.Unmarshal(b, obj); err != nil {
+				t.Fatalf("%s: %v", path, err)
+			}
+			if s != nil {
+				if err := s.Add(obj); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		switch raw["kind"] {
+		case "Namespace":
+			add(f.st.Namespaces, &corev1.Namespace{})
+		case "Service":
+			add(f.st.Services, &corev1.Service{})
+		case "Pod":
+			add(f.st.Pods, &corev1.Pod{})
+		case "EndpointSlice":
+			add(f.st.EndpointSlices, &discoveryv1.EndpointSlice{})
+		case "HTTPRoute":
+			add(f.st.HTTPRoutes, &gwv1.HTTPRoute{})
+		case "GRPCRoute":
+			add(f.st.GRPCRoutes, &gwv1.GRPCRoute{})
+		case "AuthorizationPolicy":
+			add(f.st.Policies, &securityv1.AuthorizationPolicy{})
+		case "Gateway":
+			gw := &gwv1.Gateway{}
+			add(nil, gw)
+			f.gateways = append(f.gateways, gw)
+		default:
+			t.Fatalf("%s: kind %v not handled", path, raw["kind"])
+		}
+	}
+	return f
+}
+
+var testMesh = Mesh{RootNamespace: "weft-system"}
+
+// dump renders resources as stable JSON, one resource per type and name.
+func dump(t *testing.T, res Resources, notes []string) []byte {
+	t.Helper()
+	var sb strings.Builder
+	for _, typ := range TypeURLs {
+		names := sortedKeys(res[typ])
+		for _, n := range names {
+			b, err := protojson.MarshalOptions{Multiline: true, Indent: "  "}.Marshal(res[typ][n])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v any
+			_ = json.Unmarshal(b, &v)
+			stable, _ := json.MarshalIndent(v, "", "  ")
+			fmt.Fprintf(&sb, "# %s %s\n%s\n", typ[strings.LastIndex(typ, ".")+1:], n, stable)
+		}
+	}
+	for _, n := range notes {
+		fmt.Fprintf(&sb, "# note: %s\n", n)
+	}
+	return []byte(sb.String())
+}
+
+// TestGolden translates every testdata/*.yaml and compares with the
+// .golden file (go test -update rewrites them).
+func TestGolden(t *testing.T) {
+	inputs, _ := filepath.Glob("testdata/*.yaml")
+	if len(inputs) == 0 {
+		t.Fatal("no inputs in testdata")
+	}
+	for _, in := range inputs {
+		t.Run(filepath.Base(in), func(t *testing.T) {
+			f := load(t, in)
+			var out []byte
+			for _, gw := range f.gateways {
+				res, notes := Build(testMesh, ambient.NewWaypoint(gw, ""), f.st)
+				out = append(out, dump(t, res, notes)...)
+			}
+			golden := strings.TrimSuffix(in, ".yaml") + ".golden"
+			if *update {
+				if err := os.WriteFile(golden, out, 0o644); err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("reading golden file (run go test -update to create it): %v", err)
+			}
+			if !bytes.Equal(out, want) {
+				gl, wl := strings.Split(string(out), "\n"), strings.Split(string(want), "\n")
+				for i := range min(len(gl), len(wl)) {
+					if gl[i] != wl[i] {
+						t.Fatalf("%s differs at line %d:\n got: %s\nwant: %s\n(go test -update rewrites it)", golden, i+1, gl[i], wl[i])
+					}
+				}
+				t.Fatalf("%s differs in length: got %d lines, want %d", golden, len(gl), len(wl))
+			}
+		})
+	}
+}
+
+// compiled runs the resources through the waypoint's own compiler: what
+// the control plane sends must never be NACKed.
+func compiled(t *testing.T, res Resources) *config.Snapshot {
+	t.Helper()
+	snap := &config.Snapshot{Routes: map[string]*route.Table{}, Clusters: map[string]*config.Cluster{}, Assignments: map[string]*config.Assignment{}}
+	for n, m := range res[ListenerType] {
+		l, err := config.CompileListener(m.(*listenerv3.Listener))
+		if err != nil {
+			t.Fatalf("listener %s: %v", n, err)
+		}
+		snap.Listener = l
+	}
+	for n, m := range res[RouteType] {
+		rt, err := route.Compile(m.(*routev3.RouteConfiguration))
+		if err != nil {
+			t.Fatalf("route %s: %v", n, err)
+		}
+		snap.Routes[n] = rt
+	}
+	for n, m := range res[ClusterType] {
+		c, err := config.CompileCluster(m.(*clusterv3.Cluster))
+		if err != nil {
+			t.Fatalf("cluster %s: %v", n, err)
+		}
+		snap.Clusters[n] = c
+	}
+	for n, m := range res[EndpointType] {
+		a, err := config.CompileAssignment(m.(*endpointv3.ClusterLoadAssignment))
+		if err != nil {
+			t.Fatalf("endpoints %s: %v", n, err)
+		}
+		snap.Assignments[n] = a
+	}
+	return snap
+}
+
+func basic(t *testing.T) (*config.Snapshot, []string) {
+	f := load(t, "testdata/basic.yaml")
+	res, notes := Build(testMesh, ambient.NewWaypoint(f.gateways[0], ""), f.st)
+	return compiled(t, res), notes
+}
+
+func TestBasicCompilesAndRoutes(t *testing.T) {
+	snap, notes := basic(t)
+	const echo = "echo.wp-demo.svc.cluster.local"
+	ch := snap.Chain(netip.MustParseAddrPort("10.96.0.10:80"))
+	if ch == nil || ch.Name != echo+":80" || ch.HTTP == nil {
+		t.Fatalf("chain for the echo VIP: %+v", ch)
+	}
+	if got := len(ch.HTTP.RBAC); got != 1 {
+		t.Fatalf("echo chain has %d RBAC filters, want 1 (the Gateway's DENY)", got)
+	}
+	if snap.Chain(netip.MustParseAddrPort("10.96.0.12:80")) != nil {
+		t.Error("echo-v2 opted out with use-waypoint=none but has a chain")
+	}
+	if snap.Chain(netip.MustParseAddrPort("10.96.0.20:15008")) != nil {
+		t.Error("the waypoint's own Service has a chain")
+	}
+	if c := snap.Chain(netip.MustParseAddrPort("10.96.0.11:9000")); c == nil || c.TCPCluster != "outbound|9000||echo-v1.wp-demo.svc.cluster.local" {
+		t.Errorf("tcp- port chain: %+v", c)
+	}
+	v1 := snap.Chain(netip.MustParseAddrPort("10.96.0.11:80"))
+	if v1 == nil || len(v1.HTTP.RBAC) != 2 {
+		t.Fatalf("echo-v1 chain should carry the Gateway's DENY and its own ALLOW: %+v", v1)
+	}
+	tb := snap.RouteTable(ch.HTTP)
+	cases := []struct {
+		method, path string
+		hdr          http.Header
+		want         string // first cluster, or "direct:<status>" or "redirect"
+		weights      []uint32
+	}{
+		{"GET", "/", http.Header{"X-Canary": {"yes"}}, "outbound|80||echo-v2.wp-demo.svc.cluster.local", nil},
+		{"GET", "/", nil, "outbound|80||echo-v1.wp-demo.svc.cluster.local", []uint32{90, 10}},
+		{"GET", "/retry/x", nil, "outbound|80||echo-v1.wp-demo.svc.cluster.local", nil},
+		{"GET", "/retryx", nil, "outbound|80||echo-v1.wp-demo.svc.cluster.local", []uint32{90, 10}},
+		{"GET", "/old", nil, "redirect", nil},
+		{"POST", "/api/items", nil, "outbound|80||echo-v1.wp-demo.svc.cluster.local", nil},
+		{"GET", "/api/items", nil, "outbound|80||echo-v1.wp-demo.svc.cluster.local", []uint32{90, 10}},
+		{"GET", "/missing", nil, "direct:500", nil},
+	}
+	for _, c := range cases {
+		r := tb.Match(&route.Request{Method: c.method, Path: c.path, Header: c.hdr})
+		if r == nil {
+			t.Fatalf("%s %s: no route", c.method, c.path)
+		}
+		var got string
+		switch {
+		case r.Redirect != nil:
+			got = "redirect"
+		case r.Direct:
+			got = fmt.Sprintf("direct:%d", r.DirectCode)
+		default:
+			got = r.Clusters[0].Name
+		}
+		if got != c.want {
+			t.Errorf("%s %s %v: routed to %s, want %s", c.method, c.path, c.hdr, got, c.want)
+		}
+		if c.weights != nil {
+			var w []uint32
+			for _, wc := range r.Clusters {
+				w = append(w, wc.Weight)
+			}
+			if !slices.Equal(w, c.weights) {
+				t.Errorf("%s %s: weights %v, want %v", c.method, c.path, w, c.weights)
+			}
+		}
+	}
+	if r := tb.Match(&route.Request{Method: "GET", Path: "/retry"}); r.Retry == nil || r.Retry.NumRetries != 2 || !slices.Equal(r.Retry.StatusCodes, []int{503}) {
+		t.Errorf("retry route: %+v", r.Retry)
+	}
+	if r := tb.Match(&route.Request{Method: "GET", Path: "/slow"}); r.Timeout.Milliseconds() != 500 {
+		t.Errorf("timeout route: %v", r.Timeout)
+	}
+	if r := tb.Match(&route.Request{Method: "POST", Path: "/api/items"}); r.RewritePath("/api/items") != "/v2/items" {
+		t.Errorf("rewrite: %q", r.RewritePath("/api/items"))
+	}
+	if a := snap.Assignments["outbound|80||echo.wp-demo.svc.cluster.local"]; a == nil || len(a.Endpoints) != 2 ||
+		!a.Endpoints[0].HBONE || a.Endpoints[0].Identity != "spiffe://cluster.local/ns/wp-demo/sa/echo" ||
+		a.Endpoints[0].WorkloadName != "echo-v1" || a.Endpoints[1].HBONE || a.Endpoints[1].Healthy {
+		t.Errorf("echo endpoints: %+v", a)
+	}
+	if c := snap.Clusters["outbound|9090||echo-v1.wp-demo.svc.cluster.local"]; c == nil || !c.HTTP2 {
+		t.Errorf("grpc cluster should speak HTTP/2: %+v", c)
+	}
+	if !slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "backend Service wp-demo/nowhere not found") }) ||
+		!slices.ContainsFunc(notes, func(n string) bool { return strings.Contains(n, "requestPrincipals not supported") }) {
+		t.Errorf("notes: %q", notes)
+	}
+}
+
+func TestBasicPolicy(t *testing.T) {
+	snap, _ := basic(t)
+	echo := snap.Chain(netip.MustParseAddrPort("10.96.0.10:80"))
+	v1 := snap.Chain(netip.MustParseAddrPort("10.96.0.11:80"))
+	req := func(method, path, principal string, hdr http.Header) *rbac.Request {
+		if hdr == nil {
+			hdr = http.Header{}
+		}
+		return &rbac.Request{HTTP: &route.Request{Method: method, Path: path, Header: hdr}, Principal: principal, DstPort: 80}
+	}
+	allowed := func(fs []*rbac.Filter, r *rbac.Request) bool {
+		for _, f := range fs {
+			if f.Evaluate(r).Denied {
+				return false
+			}
+		}
+		return true
+	}
+	sameNS := "spiffe://cluster.local/ns/wp-demo/sa/client"
+	for _, c := range []struct {
+		chain *config.Chain
+		r     *rbac.Request
+		want  bool
+	}{
+		{echo, req("GET", "/", sameNS, nil), true},
+		{echo, req("GET", "/admin", sameNS, nil), false},
+		{echo, req("GET", "/admin/users", sameNS, nil), false},
+		{echo, req("GET", "/administrator", sameNS, nil), true},
+		{v1, req("GET", "/x", sameNS, http.Header{"X-Team": {"blue"}}), true},
+		{v1, req("GET", "/x", "spiffe://cluster.local/ns/other/sa/any", http.Header{"X-Team": {"blue"}}), true},
+		{v1, req("GET", "/x", "spiffe://cluster.local/ns/third/sa/any", http.Header{"X-Team": {"blue"}}), false},
+		{v1, req("GET", "/x", sameNS, nil), false},
+		{v1, req("POST", "/x", sameNS, http.Header{"X-Team": {"blue"}}), false},
+		{v1, req("GET", "/private/1", sameNS, http.Header{"X-Team": {"blue"}}), false},
+		{v1, req("GET", "/admin", sameNS, http.Header{"X-Team": {"blue"}}), false},
+		// A namespace name is never a pattern.
+		{v1, req("GET", "/x", "spiffe://cluster.local/ns/wpxdemo/sa/a", http.Header{"X-Team": {"blue"}}), false},
+	} {
+		if got := allowed(c.chain.HTTP.RBAC, c.r); got != c.want {
+			t.Errorf("%s %s from %s %v on %s: allowed %v, want %v", c.r.HTTP.Method, c.r.HTTP.Path, c.r.Principal, c.r.HTTP.Header, c.chain.Name, got, c.want)
+		}
+	}
+}
+
+func TestPrecedence(t *testing.T) {
+	m := func(kind int, path, method string, headers, query int) *entry {
+		e := &entry{m: match{pathKind: kind, path: path, method: method}, src: &source{key: "ns/r"}}
+		for range headers {
+			e.m.headers = append(e.m.headers, kv{})
+		}
+		for range query {
+			e.m.query = append(e.m.query, kv{})
+		}
+		return e
+	}
+	ordered := []*entry{
+		m(pathExact, "/a/b", "", 0, 0),
+		m(pathExact, "/a", "", 0, 0),
+		m(pathRegex, "/a/.*", "", 0, 0),
+		m(pathPrefix, "/a/b", "", 0, 0),
+		m(pathPrefix, "/a", "GET", 0, 0),
+		m(pathPrefix, "/a", "", 2, 0),
+		m(pathPrefix, "/a", "", 1, 1),
+		m(pathPrefix, "/a", "", 1, 0),
+		m(pathPrefix, "/", "", 0, 0),
+	}
+	for i := range ordered {
+		for j := range ordered {
+			if got := less(ordered[i], ordered[j]); got != (i < j) {
+				t.Errorf("less(%d, %d) = %v", i, j, got)
+			}
+		}
+	}
+}
+
+// FuzzBuild feeds arbitrary HTTPRoutes through the translation and the
+// waypoint's compiler: no panic, and nothing the control plane sends is
+// refused by the proxy.
+func FuzzBuild(f *testing.F) {
+	f.Add(`{"spec":{"parentRefs":[{"kind":"Service","group":"","name":"echo"}],"rules":[{"matches":[{"path":{"type":"PathPrefix","value":"/a/"}}],"backendRefs":[{"name":"echo","port":80}]}]}}`)
+	f.Add(`{"spec":{"parentRefs":[{"kind":"Service","name":"echo"}],"rules":[{"filters":[{"type":"RequestHeaderModifier","requestHeaderModifier":{"set":[{"name":"X","value":"1"}]}}],"backendRefs":[{"name":"echo","port":80,"weight":0}]}]}}`)
+	f.Fuzz(func(t *testing.T, spec string) {
+		var r gwv1.HTTPRoute
+		if json.Unmarshal([]byte(spec), &r) != nil {
+			return
+		}
+		fx := load(t, "testdata/basic.yaml")
+		r.Namespace, r.Name = "wp-demo", "fuzz"
+		_ = fx.st.HTTPRoutes.Add(&r)
+		res, _ := Build(testMesh, ambient.NewWaypoint(fx.gateways[0], ""), fx.st)
+		for _, m := range res[RouteType] {
+			if _, err := route.Compile(m.(*routev3.RouteConfiguration)); err != nil && validRoute(&r) {
+				t.Fatalf("a route the API server accepts was refused by the proxy: %v", err)
+			}
+		}
+	})
+}
+
+// validRoute approximates the API server's validation of the fields the
+// fuzzer varies: paths start with '/', header names are tokens.
+func validRoute(r *gwv1.HTTPRoute) bool {
+	for _, ru := range r.Spec.Rules {
+		for _, m := range ru.Matches {
+			if m.Path != nil && m.Path.Value != nil && !strings.HasPrefix(*m.Path.Value, "/") {
+				return false
+			}
+			if m.Path != nil && m.Path.Value != nil && strings.ContainsAny(*m.Path.Value, "?#") {
+				return false
+			}
+			if m.Path != nil && m.Path.Type != nil && *m.Path.Type == gwv1.PathMatchRegularExpression {
+				return false
+			}
+			for _, h := range m.Headers {
+				if h.Type != nil && *h.Type == gwv1.HeaderMatchRegularExpression {
+					return false
+				}
+				if !isToken(string(h.Name)) {
+					return false
+				}
+			}
+			for _, q := range m.QueryParams {
+				if q.Type != nil && *q.Type == gwv1.QueryParamMatchRegularExpression {
+					return false
+				}
+			}
+		}
+		for _, fl := range ru.Filters {
+			for _, hf := range []*gwv1.HTTPHeaderFilter{fl.RequestHeaderModifier, fl.ResponseHeaderModifier} {
+				if hf == nil {
+					continue
+				}
+				for _, h := range append(slices.Clone(hf.Set), hf.Add...) {
+					if !isToken(string(h.Name)) || strings.ContainsAny(h.Value, "\r\n\x00") {
+						return false
+					}
+				}
+			}
+		}
+	}
+	return true
+}
+
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c <= ' ' || c >= 0x7f || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c) {
+			return false
+		}
+	}
+	return true
+}

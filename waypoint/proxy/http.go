@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -146,7 +145,7 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) {
 	start := time.Now()
 	info := &reqInfo{}
 	cw := &countingWriter{ResponseWriter: w}
-	if r.Body != nil {
+	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes}
 	}
 	tp := traceparent(r.Header.Get("traceparent"))
@@ -216,6 +215,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	info.cluster = wc.Name
 	out := r.Clone(ctx)
 	out.RequestURI = ""
+	out.Close = false // the upstream connection is ours to keep
 	out.Header = r.Header.Clone()
 	stripHop(out.Header)
 	rt.Request.Apply(out.Header)
@@ -260,6 +260,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 	var resp *http.Response
 	var err error
+	var retrySlot func()
 	for a := 0; a < attempts; a++ {
 		if a > 0 {
 			d := time.Duration(mrand.Int64N(int64(backoff) + 1))
@@ -272,6 +273,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		if body != nil {
 			out.Body = io.NopCloser(bytes.NewReader(body))
 			out.ContentLength = int64(len(body))
+			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 		}
 		tctx := ctx
 		var cancel context.CancelFunc = func() {}
@@ -279,6 +281,10 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 			tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
 		}
 		resp, err = s.p.roundTrip(tctx, snap, wc.Name, out.WithContext(tctx), h2, s.target, info)
+		if retrySlot != nil {
+			retrySlot()
+			retrySlot = nil
+		}
 		if ctx.Err() != nil {
 			cancel()
 			if resp != nil {
@@ -287,7 +293,14 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 			err, resp = context.DeadlineExceeded, nil
 			break
 		}
-		if a == attempts-1 || !shouldRetry(rt.Retry, resp, err) {
+		last := a == attempts-1 || !shouldRetry(rt.Retry, resp, err)
+		if !last {
+			// Envoy's max_retries: a retry over the cluster's budget is not
+			// made and this attempt's outcome stands.
+			retrySlot = s.p.takeRetry(snap, wc.Name)
+			last = retrySlot == nil
+		}
+		if last {
 			if resp != nil {
 				defer cancel()
 			} else {
@@ -306,6 +319,10 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		case errors.Is(err, context.DeadlineExceeded):
 			info.flags = "UT"
 			fail(w, http.StatusGatewayTimeout, "upstream request timeout")
+		case errors.Is(err, errOverloaded):
+			info.flags = "UO"
+			w.Header().Set("x-envoy-overloaded", "true")
+			fail(w, http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: overflow")
 		case errors.Is(err, errNoHealthy):
 			info.flags = "UH"
 			fail(w, http.StatusServiceUnavailable, "no healthy upstream")
@@ -435,82 +452,18 @@ func redirect(w http.ResponseWriter, r *http.Request, rt *route.Route) {
 	w.WriteHeader(rd.Code)
 }
 
-// roundTrip sends one attempt to an endpoint of cluster.
-func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster string, req *http.Request, h2 bool, target netip.AddrPort, info *reqInfo) (*http.Response, error) {
-	c, ok := snap.Clusters[cluster]
-	if !ok && cluster != config.PassthroughCluster {
-		return nil, errNoHealthy
+// takeRetry claims one of the cluster's concurrent retries; nil when the
+// budget is spent.
+func (p *Proxy) takeRetry(snap *config.Snapshot, cluster string) func() {
+	pl := p.pool(snap, cluster)
+	if pl == nil {
+		return func() {} // the attempt fails on its own
 	}
-	if c != nil && c.HTTP2 {
-		h2 = true
+	b := &pl.u.b
+	if !take(&b.retries, pl.cluster.MaxRetries) {
+		return nil
 	}
-	conn, ep, err := p.dialCluster(ctx, snap, cluster, target)
-	if err != nil {
-		return nil, err
-	}
-	info.upstream = ep
-	if a := snap.Assignments[cluster]; a != nil {
-		for i := range a.Endpoints {
-			if a.Endpoints[i].Addr == ep {
-				info.ep = &a.Endpoints[i]
-			}
-		}
-	}
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	if h2 {
-		//lint:ignore SA1019 the upstream connection is an HBONE stream, dialled by us
-		tr := &http2.Transport{AllowHTTP: true}
-		//lint:ignore SA1019 see above
-		cc, err := tr.NewClientConn(conn)
-		if err != nil {
-			stop()
-			conn.Close()
-			return nil, err
-		}
-		resp, err := cc.RoundTrip(req)
-		if err != nil {
-			stop()
-			conn.Close()
-			return nil, err
-		}
-		resp.Body = &closeBody{ReadCloser: resp.Body, close: func() { stop(); cc.Close(); conn.Close() }}
-		return resp, nil
-	}
-	bw := bufio.NewWriter(conn)
-	req.Header.Del("Te")
-	if err := req.Write(bw); err != nil {
-		stop()
-		conn.Close()
-		return nil, err
-	}
-	if err := bw.Flush(); err != nil {
-		stop()
-		conn.Close()
-		return nil, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		stop()
-		conn.Close()
-		if ctx.Err() != nil {
-			return nil, context.DeadlineExceeded
-		}
-		return nil, err
-	}
-	resp.Body = &closeBody{ReadCloser: resp.Body, close: func() { stop(); conn.Close() }}
-	return resp, nil
-}
-
-type closeBody struct {
-	io.ReadCloser
-	once  sync.Once
-	close func()
-}
-
-func (b *closeBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.once.Do(b.close)
-	return err
+	return func() { b.retries.Add(-1) }
 }
 
 var mirrorSem = make(chan struct{}, maxMirrors)

@@ -14,13 +14,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -56,7 +54,10 @@ type Proxy struct {
 	cfg    Config
 	srv    *hbone.Server
 	dialer *hbone.Dialer
-	pools  sync.Map // cluster name -> *pool
+	//lint:ignore SA1019 see dialHost
+	h2       *http2.Transport
+	clusters sync.Map       // cluster name -> *upstream
+	drains   sync.WaitGroup // retired HTTP/2 connections finishing their streams
 }
 
 // New returns a proxy; Serve starts it.
@@ -82,7 +83,8 @@ func New(cfg Config) (*Proxy, error) {
 			return d.DialContext(ctx, "tcp", a.String())
 		}
 	}
-	p := &Proxy{cfg: cfg}
+	//lint:ignore SA1019 see dialHost
+	p := &Proxy{cfg: cfg, h2: &http2.Transport{AllowHTTP: true, IdleConnTimeout: upstreamIdleTimeout}}
 	var err error
 	p.srv, err = hbone.NewServer(hbone.ServerConfig{
 		TLS:     spiffe.ServerConfig(cfg.Certificate, cfg.Roots, cfg.Identity.TrustDomain()),
@@ -104,10 +106,19 @@ func New(cfg Config) (*Proxy, error) {
 	return p, nil
 }
 
-// Serve serves HBONE on ln until ctx ends.
+// Serve serves HBONE on ln until ctx ends, then closes the upstream
+// connections.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	defer p.dialer.Close()
-	return p.srv.Serve(ctx, ln)
+	jctx, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); p.janitor(jctx) }()
+	err := p.srv.Serve(ctx, ln)
+	stop()
+	wg.Wait()
+	p.drains.Wait()
+	return err
 }
 
 // session is one accepted CONNECT.
@@ -249,7 +260,8 @@ func closeWrite(c net.Conn) {
 // errNoHealthy means the cluster has no usable endpoint.
 var errNoHealthy = errors.New("no healthy upstream")
 
-// dialCluster opens a connection to an endpoint of cluster.
+// dialCluster opens a connection to an endpoint of cluster for a TCP relay;
+// it holds one of the cluster's connections until closed.
 func (p *Proxy) dialCluster(ctx context.Context, snap *config.Snapshot, cluster string, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {
 	if cluster == config.PassthroughCluster {
 		return p.dialPassthrough(ctx, snap, target)
@@ -258,22 +270,28 @@ func (p *Proxy) dialCluster(ctx context.Context, snap *config.Snapshot, cluster 
 	if pl == nil {
 		return nil, netip.AddrPort{}, errNoHealthy
 	}
+	b := &pl.u.b
+	if !take(&b.conns, pl.cluster.MaxConnections) {
+		return nil, netip.AddrPort{}, errOverloaded
+	}
 	tried := map[netip.AddrPort]bool{}
 	var last error = errNoHealthy
 	for range 3 {
-		ep, release, ok := pl.pick(tried)
-		if !ok {
+		h := pl.pick(tried)
+		if h == nil {
 			break
 		}
-		c, err := p.dialEndpoint(ctx, ep, pl.cluster.ConnectTimeout)
+		h.active.Add(1)
+		c, err := p.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
 		if err == nil {
-			return &releaseConn{Conn: c, release: release}, ep.Addr, nil
+			return &tcpConn{Conn: c, release: func() { h.active.Add(-1); b.connFreed() }}, h.ep.Addr, nil
 		}
-		release()
-		pl.markFailed(ep.Addr)
-		tried[ep.Addr] = true
+		h.active.Add(-1)
+		pl.markFailed(h.ep.Addr)
+		tried[h.ep.Addr] = true
 		last = err
 	}
+	b.connFreed()
 	return nil, netip.AddrPort{}, last
 }
 
@@ -314,106 +332,4 @@ func (p *Proxy) dialEndpoint(ctx context.Context, ep config.Endpoint, timeout ti
 		Addr:      netip.AddrPortFrom(ep.Addr.Addr(), p.cfg.UpstreamHBONEPort),
 		Authority: ep.Addr.String(),
 	})
-}
-
-type releaseConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *releaseConn) Close() error {
-	c.once.Do(c.release)
-	return c.Conn.Close()
-}
-
-// pool is one cluster's endpoint picker and connection budget.
-type pool struct {
-	cluster *config.Cluster
-	eps     []config.Endpoint
-	rr      atomic.Uint64
-	active  []atomic.Int64
-	conns   atomic.Int64
-	mu      sync.Mutex
-	failed  map[netip.AddrPort]time.Time
-	ver     *config.Assignment
-	cver    *config.Cluster
-}
-
-func (p *Proxy) pool(snap *config.Snapshot, name string) *pool {
-	c, ok := snap.Clusters[name]
-	a, ok2 := snap.Assignments[name]
-	if !ok || !ok2 {
-		return nil
-	}
-	if v, ok := p.pools.Load(name); ok {
-		pl := v.(*pool)
-		if pl.ver == a && pl.cver == c {
-			return pl
-		}
-	}
-	pl := &pool{cluster: c, eps: a.Endpoints, active: make([]atomic.Int64, len(a.Endpoints)), failed: map[netip.AddrPort]time.Time{}, ver: a, cver: c}
-	p.pools.Store(name, pl)
-	return pl
-}
-
-func (pl *pool) usable(i int, skip map[netip.AddrPort]bool) bool {
-	ep := pl.eps[i]
-	if !ep.Healthy || skip[ep.Addr] {
-		return false
-	}
-	pl.mu.Lock()
-	t, bad := pl.failed[ep.Addr]
-	pl.mu.Unlock()
-	return !bad || time.Since(t) > 5*time.Second
-}
-
-func (pl *pool) pick(skip map[netip.AddrPort]bool) (config.Endpoint, func(), bool) {
-	n := len(pl.eps)
-	if n == 0 {
-		return config.Endpoint{}, nil, false
-	}
-	if pl.conns.Load() >= int64(pl.cluster.MaxConnections) {
-		return config.Endpoint{}, nil, false
-	}
-	best := -1
-	if pl.cluster.LB == config.LeastRequest {
-		// power of two choices
-		a, b := rand.IntN(n), rand.IntN(n)
-		for _, i := range []int{a, b} {
-			if pl.usable(i, skip) && (best < 0 || pl.active[i].Load() < pl.active[best].Load()) {
-				best = i
-			}
-		}
-	}
-	if best < 0 {
-		start := int(pl.rr.Add(1))
-		for k := range n {
-			i := (start + k) % n
-			if pl.usable(i, skip) {
-				best = i
-				break
-			}
-		}
-	}
-	if best < 0 {
-		return config.Endpoint{}, nil, false
-	}
-	pl.active[best].Add(1)
-	pl.conns.Add(1)
-	return pl.eps[best], func() { pl.active[best].Add(-1); pl.conns.Add(-1) }, true
-}
-
-func (pl *pool) markFailed(a netip.AddrPort) {
-	pl.mu.Lock()
-	pl.failed[a] = time.Now()
-	pl.mu.Unlock()
-}
-
-// CloseWrite half-closes the underlying connection when it can.
-func (c *releaseConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return c.Conn.Close()
 }

@@ -39,7 +39,7 @@ import (
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
-const host = "echo.demo.svc.cluster.local"
+const svcHost = "echo.demo.svc.cluster.local"
 
 var vip = netip.MustParseAddrPort("10.96.0.10:80")
 
@@ -126,7 +126,7 @@ func hcm(t *testing.T, filters ...*hcmv3.HttpFilter) *anypb.Any {
 	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}})
 	return mustAny(t, &hcmv3.HttpConnectionManager{
 		StatPrefix:     "x",
-		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: host + ":80"}},
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: svcHost + ":80"}},
 		HttpFilters:    filters,
 	})
 }
@@ -134,7 +134,7 @@ func hcm(t *testing.T, filters ...*hcmv3.HttpFilter) *anypb.Any {
 func (m *mesh) apply(routes []*routev3.Route, backends map[string][]netip.AddrPort, filters ...*hcmv3.HttpFilter) {
 	t := m.t
 	l := &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{{
-		Name: host + ":80",
+		Name: svcHost + ":80",
 		FilterChainMatch: &listenerv3.FilterChainMatch{
 			PrefixRanges:    []*corev3.CidrRange{{AddressPrefix: vip.Addr().String(), PrefixLen: wrapperspb.UInt32(32)}},
 			DestinationPort: wrapperspb.UInt32(80),
@@ -144,7 +144,7 @@ func (m *mesh) apply(routes []*routev3.Route, backends map[string][]netip.AddrPo
 	if err := m.store.ApplyListeners(map[string]*anypb.Any{"waypoint": mustAny(t, l)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	rc := &routev3.RouteConfiguration{Name: host + ":80", VirtualHosts: []*routev3.VirtualHost{{Name: host + ":80", Domains: []string{"*"}, Routes: routes}}}
+	rc := &routev3.RouteConfiguration{Name: svcHost + ":80", VirtualHosts: []*routev3.VirtualHost{{Name: svcHost + ":80", Domains: []string{"*"}, Routes: routes}}}
 	if err := m.store.ApplyRoutes(map[string]*anypb.Any{rc.Name: mustAny(t, rc)}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func (m *mesh) do(req *http.Request) *http.Response {
 }
 
 func get(path string, hdr ...string) *http.Request {
-	r, _ := http.NewRequest("GET", "http://"+host+path, nil)
+	r, _ := http.NewRequest("GET", "http://"+svcHost+path, nil)
 	for i := 0; i+1 < len(hdr); i += 2 {
 		r.Header.Set(hdr[i], hdr[i+1])
 	}
@@ -401,8 +401,8 @@ func TestTCPFallback(t *testing.T) {
 			go func() { io.Copy(c, c); c.Close() }()
 		}
 	}()
-	m.apply([]*routev3.Route{{Match: prefix("/"), Action: toCluster("outbound|80||" + host)}},
-		map[string][]netip.AddrPort{"outbound|80||" + host: {ln.Addr().(*net.TCPAddr).AddrPort()}})
+	m.apply([]*routev3.Route{{Match: prefix("/"), Action: toCluster("outbound|80||" + svcHost)}},
+		map[string][]netip.AddrPort{"outbound|80||" + svcHost: {ln.Addr().(*net.TCPAddr).AddrPort()}})
 	c, err := m.dial(vip)
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,33 @@
+package proxy
+
+import (
+	"errors"
+	"net"
+	"syscall"
+)
+
+// alive reports whether an idle connection can still carry a request: the
+// peer has neither closed it nor sent bytes nobody asked for. It peeks at
+// the socket without blocking; connections that are not sockets (HBONE
+// streams) are taken to be alive, the retry on a fresh connection covers
+// them.
+func alive(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	ok = false
+	var buf [1]byte
+	err = rc.Read(func(fd uintptr) bool {
+		// 0 bytes is the peer's FIN, more is unsolicited data; only
+		// "nothing yet" means alive.
+		_, _, err := syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		ok = errors.Is(err, syscall.EAGAIN)
+		return true
+	})
+	return ok && err == nil
+}

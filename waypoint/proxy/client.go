@@ -1,0 +1,299 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/weftmesh/weft/waypoint/config"
+)
+
+// The upstream HTTP client: HTTP/1.1 (RFC 9112) with persistent
+// connections, or HTTP/2 (RFC 9113) streams on shared connections, over
+// the connections of upstream.go.
+
+// h1conn is one upstream HTTP/1.1 connection. Its owner is the request
+// using it, or the host's idle list.
+type h1conn struct {
+	nc     net.Conn
+	h      *host // nil: not pooled, closed after its request
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	nread  int64 // bytes read from nc, to tell "nothing came back"
+	idleAt time.Time
+}
+
+func newH1Conn(nc net.Conn, h *host) *h1conn {
+	c := &h1conn{nc: nc, h: h}
+	c.br = bufio.NewReaderSize(c, 4096)
+	c.bw = bufio.NewWriterSize(nc, 4096)
+	return c
+}
+
+// Read feeds br, counting.
+func (c *h1conn) Read(p []byte) (int, error) {
+	n, err := c.nc.Read(p)
+	c.nread += int64(n)
+	return n, err
+}
+
+// discard closes the connection and gives back its slot.
+func (c *h1conn) discard() {
+	c.nc.Close()
+	if c.h != nil {
+		c.h.u.b.connFreed()
+	}
+}
+
+// release returns the connection to its host's idle list after a complete
+// exchange.
+func (c *h1conn) release() {
+	h := c.h
+	if h == nil || c.br.Buffered() > 0 {
+		// Bytes nobody asked for mean the connection is out of step.
+		c.discard()
+		return
+	}
+	c.idleAt = time.Now()
+	h.mu.Lock()
+	if h.retired {
+		h.mu.Unlock()
+		c.discard()
+		return
+	}
+	h.idle = append(h.idle, c)
+	h.mu.Unlock()
+	h.u.b.notify()
+}
+
+// replayable reports whether req's body can be sent again.
+func replayable(req *http.Request) bool {
+	return req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+}
+
+// idempotent reports whether req may be repeated when it is not known
+// whether the peer acted on it (RFC 9110 section 9.2.2).
+func idempotent(req *http.Request) bool {
+	switch req.Method {
+	case "GET", "HEAD", "OPTIONS", "TRACE":
+		return true
+	}
+	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
+// rewind makes req's body ready for another attempt.
+func rewind(req *http.Request) bool {
+	if req.GetBody == nil {
+		return req.Body == nil || req.Body == http.NoBody
+	}
+	b, err := req.GetBody()
+	if err != nil {
+		return false
+	}
+	req.Body = b
+	return true
+}
+
+// roundTrip sends one attempt to an endpoint of cluster. The request slot
+// of the cluster's breaker is held until the response body is done.
+func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster string, req *http.Request, h2 bool, target netip.AddrPort, info *reqInfo) (*http.Response, error) {
+	if cluster == config.PassthroughCluster {
+		return p.roundTripPassthrough(ctx, snap, req, h2, target, info)
+	}
+	pl := p.pool(snap, cluster)
+	if pl == nil {
+		return nil, errNoHealthy
+	}
+	h2 = h2 || pl.cluster.HTTP2
+	b := &pl.u.b
+	if !take(&b.requests, pl.cluster.MaxRequests) {
+		return nil, errOverloaded
+	}
+	fresh := false
+	for attempt := 0; ; attempt++ {
+		l, err := p.checkout(ctx, pl, h2, fresh)
+		if err != nil {
+			b.requests.Add(-1)
+			return nil, err
+		}
+		info.upstream, info.ep = l.h.ep.Addr, &l.h.ep
+		l.h.active.Add(1)
+		done := func() {
+			l.h.active.Add(-1)
+			b.requests.Add(-1)
+			if h2 {
+				b.notify() // a stream is free
+			}
+		}
+		var resp *http.Response
+		var again bool
+		if h2 {
+			resp, again, err = l.h2.roundTrip(req, done)
+		} else {
+			resp, again, err = l.h1.roundTrip(ctx, req, done)
+		}
+		if err == nil {
+			return resp, nil
+		}
+		l.h.active.Add(-1)
+		// A pooled connection the peer had already given up on: once more
+		// on a new one.
+		if l.reused && again && attempt == 0 && ctx.Err() == nil && rewind(req) {
+			fresh = true
+			continue
+		}
+		b.requests.Add(-1)
+		if ctx.Err() != nil {
+			return nil, context.DeadlineExceeded
+		}
+		return nil, err
+	}
+}
+
+// roundTrip sends req and reads the response head. On error the connection
+// is discarded and again says whether the peer cannot have acted on req.
+// done runs once the response body is finished.
+func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) (*http.Response, bool, error) {
+	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	fail := func(err error, again bool) (*http.Response, bool, error) {
+		stop()
+		c.discard()
+		return nil, again, err
+	}
+	n0 := c.nread
+	if err := req.Write(c.bw); err != nil {
+		return fail(err, replayable(req))
+	}
+	if err := c.bw.Flush(); err != nil {
+		return fail(err, replayable(req))
+	}
+	resp, err := http.ReadResponse(c.br, req)
+	// Interim responses (RFC 9110 section 15.2) are not forwarded.
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp, err = http.ReadResponse(c.br, req)
+	}
+	if err != nil {
+		return fail(err, c.nread == n0 && idempotent(req))
+	}
+	body := &h1body{body: resp.Body, c: c, stop: stop, keep: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols, done: done}
+	if resp.Body == http.NoBody {
+		body.end(true)
+		return resp, false, nil
+	}
+	resp.Body = body
+	return resp, false, nil
+}
+
+// h1body is an HTTP/1.1 response body; reading it to the end returns the
+// connection to the pool, closing it early discards the connection.
+type h1body struct {
+	body io.ReadCloser
+	c    *h1conn
+	stop func() bool
+	keep bool
+	done func()
+	once sync.Once
+	eof  bool
+}
+
+func (b *h1body) Read(p []byte) (int, error) {
+	if b.eof {
+		return 0, io.EOF
+	}
+	n, err := b.body.Read(p)
+	if err != nil {
+		b.eof = err == io.EOF
+		b.end(b.eof)
+	}
+	return n, err
+}
+
+func (b *h1body) Close() error {
+	b.end(false)
+	return nil
+}
+
+func (b *h1body) end(complete bool) {
+	b.once.Do(func() {
+		live := b.stop()
+		if complete && live && b.keep {
+			b.c.release()
+		} else {
+			b.c.discard()
+		}
+		b.done()
+	})
+}
+
+// roundTrip sends req as a stream of the shared connection.
+func (c *h2conn) roundTrip(req *http.Request, done func()) (*http.Response, bool, error) {
+	resp, err := c.cc.RoundTrip(req)
+	if err != nil {
+		if c.closeWhenIdle {
+			c.close()
+		}
+		return nil, replayable(req), err
+	}
+	end := done
+	if c.closeWhenIdle {
+		end = func() { done(); c.close() }
+	}
+	resp.Body = &endBody{ReadCloser: resp.Body, end: end}
+	return resp, false, nil
+}
+
+// endBody runs end once when the body hits its end or is closed.
+type endBody struct {
+	io.ReadCloser
+	once sync.Once
+	end  func()
+}
+
+func (b *endBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.once.Do(b.end)
+	}
+	return n, err
+}
+
+func (b *endBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.end)
+	return err
+}
+
+// roundTripPassthrough sends req to the original destination on a
+// connection of its own.
+func (p *Proxy) roundTripPassthrough(ctx context.Context, snap *config.Snapshot, req *http.Request, h2 bool, target netip.AddrPort, info *reqInfo) (*http.Response, error) {
+	nc, ep, err := p.dialPassthrough(ctx, snap, target)
+	if err != nil {
+		return nil, err
+	}
+	info.upstream = ep
+	if h2 {
+		//lint:ignore SA1019 see dialHost
+		cc, err := p.h2.NewClientConn(nc)
+		if err != nil {
+			nc.Close()
+			return nil, err
+		}
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			cc.Close()
+			return nil, err
+		}
+		resp.Body = &endBody{ReadCloser: resp.Body, end: func() { cc.Close() }}
+		return resp, nil
+	}
+	resp, _, err := newH1Conn(nc, nil).roundTrip(ctx, req, func() {})
+	if err != nil && ctx.Err() != nil {
+		return nil, context.DeadlineExceeded
+	}
+	return resp, err
+}

@@ -1,0 +1,538 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/weftmesh/weft/waypoint/config"
+)
+
+// Upstream connections and circuit breakers.
+//
+// Every cluster has an upstream: a breaker with Envoy's
+// circuit_breakers.thresholds[0] semantics and, per endpoint, a host that
+// keeps idle HTTP/1.1 connections (most recently used first) and the
+// shared HTTP/2 client connections of h2c clusters. Both outlive
+// configuration pushes that keep the cluster and the endpoint; an endpoint
+// that leaves the assignment has its host retired (idle connections closed,
+// busy ones closed when their request ends, HTTP/2 ones drained).
+
+const (
+	// upstreamIdleTimeout closes a pooled connection unused for that long
+	// (Envoy's common_http_protocol_options.idle_timeout is 1 h; 60 s stays
+	// under the idle timeouts of common servers less often than not, and the
+	// liveness check and retry cover the rest).
+	upstreamIdleTimeout = 60 * time.Second
+	// janitorInterval is how often idle connections are swept.
+	janitorInterval = 10 * time.Second
+	// h2DrainTimeout bounds how long a retired HTTP/2 connection may finish
+	// its streams.
+	h2DrainTimeout = 30 * time.Second
+)
+
+// errOverloaded means a circuit breaker refused the request (Envoy's
+// overflow, response flag UO).
+var errOverloaded = errors.New("upstream overflow: circuit breaker open")
+
+// breaker counts what a cluster's circuit-breaker thresholds limit.
+type breaker struct {
+	conns, pending, requests, retries atomic.Int64
+
+	mu    sync.Mutex
+	freed chan struct{} // closed when a connection is freed or pooled; nil when nobody waits
+}
+
+// take counts one more in n unless that passes limit.
+func take(n *atomic.Int64, limit int) bool {
+	if n.Add(1) > int64(limit) {
+		n.Add(-1)
+		return false
+	}
+	return true
+}
+
+// wait returns a channel closed by the next notify.
+func (b *breaker) wait() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.freed == nil {
+		b.freed = make(chan struct{})
+	}
+	return b.freed
+}
+
+// notify wakes the requests waiting for a connection, if any.
+func (b *breaker) notify() {
+	if b.pending.Load() == 0 {
+		return
+	}
+	b.mu.Lock()
+	if b.freed != nil {
+		close(b.freed)
+		b.freed = nil
+	}
+	b.mu.Unlock()
+}
+
+// connFreed gives back a connection slot.
+func (b *breaker) connFreed() {
+	b.conns.Add(-1)
+	b.notify()
+}
+
+// upstream is one cluster's state that outlives configuration versions.
+type upstream struct {
+	b   breaker
+	cur atomic.Pointer[pool]
+
+	mu    sync.Mutex
+	hosts map[hostKey]*host // the current version's hosts
+}
+
+type hostKey struct {
+	addr     netip.AddrPort
+	hbone    bool
+	identity string
+}
+
+// host is one endpoint's connections.
+type host struct {
+	ep     config.Endpoint
+	u      *upstream
+	active atomic.Int64 // requests and TCP relays in flight (LEAST_REQUEST)
+
+	mu      sync.Mutex
+	idle    []*h1conn // oldest first
+	h2      []*h2conn
+	retired bool
+}
+
+// pool is one configuration version of a cluster: its settings and hosts.
+type pool struct {
+	cluster *config.Cluster
+	u       *upstream
+	hosts   []*host
+	rr      atomic.Uint64
+	ver     *config.Assignment
+	cver    *config.Cluster
+
+	mu     sync.Mutex
+	failed map[netip.AddrPort]time.Time
+}
+
+// pool returns the current pool of a cluster, nil when the cluster or its
+// assignment is missing.
+func (p *Proxy) pool(snap *config.Snapshot, name string) *pool {
+	c, ok := snap.Clusters[name]
+	a, ok2 := snap.Assignments[name]
+	if !ok || !ok2 {
+		return nil
+	}
+	v, ok := p.clusters.Load(name)
+	if !ok {
+		v, _ = p.clusters.LoadOrStore(name, &upstream{hosts: map[hostKey]*host{}})
+	}
+	u := v.(*upstream)
+	if pl := u.cur.Load(); pl != nil && pl.ver == a && pl.cver == c {
+		return pl
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if pl := u.cur.Load(); pl != nil && pl.ver == a && pl.cver == c {
+		return pl
+	}
+	pl := &pool{cluster: c, u: u, ver: a, cver: c, failed: map[netip.AddrPort]time.Time{}}
+	hosts := make(map[hostKey]*host, len(a.Endpoints))
+	for _, ep := range a.Endpoints {
+		k := hostKey{ep.Addr, ep.HBONE, ep.Identity}
+		h := hosts[k]
+		if h == nil {
+			h = u.hosts[k]
+		}
+		if h == nil {
+			h = &host{u: u}
+		}
+		h.ep = ep // health and workload labels may change
+		hosts[k] = h
+		pl.hosts = append(pl.hosts, h)
+	}
+	for k, h := range u.hosts {
+		if _, ok := hosts[k]; !ok {
+			p.retire(h)
+		}
+	}
+	u.hosts = hosts
+	u.cur.Store(pl)
+	return pl
+}
+
+func (pl *pool) usable(h *host, skip map[netip.AddrPort]bool) bool {
+	if !h.ep.Healthy || skip[h.ep.Addr] {
+		return false
+	}
+	pl.mu.Lock()
+	t, bad := pl.failed[h.ep.Addr]
+	pl.mu.Unlock()
+	return !bad || time.Since(t) > 5*time.Second
+}
+
+// pick chooses an endpoint by the cluster's policy; nil when none is usable.
+func (pl *pool) pick(skip map[netip.AddrPort]bool) *host {
+	n := len(pl.hosts)
+	if n == 0 {
+		return nil
+	}
+	var best *host
+	if pl.cluster.LB == config.LeastRequest {
+		// power of two choices
+		for _, i := range [2]int{rand.IntN(n), rand.IntN(n)} {
+			h := pl.hosts[i]
+			if pl.usable(h, skip) && (best == nil || h.active.Load() < best.active.Load()) {
+				best = h
+			}
+		}
+	}
+	if best == nil {
+		start := int(pl.rr.Add(1))
+		for k := range n {
+			if h := pl.hosts[(start+k)%n]; pl.usable(h, skip) {
+				best = h
+				break
+			}
+		}
+	}
+	return best
+}
+
+func (pl *pool) markFailed(a netip.AddrPort) {
+	pl.mu.Lock()
+	pl.failed[a] = time.Now()
+	pl.mu.Unlock()
+}
+
+// stealIdle closes one idle HTTP/1.1 connection of another host so that
+// its slot can go to h; it reports whether it freed one.
+func (pl *pool) stealIdle(h *host) bool {
+	for _, o := range pl.hosts {
+		if o == h {
+			continue
+		}
+		o.mu.Lock()
+		var c *h1conn
+		if len(o.idle) > 0 {
+			c = o.idle[0]
+			o.idle[0] = nil
+			o.idle = o.idle[1:]
+		}
+		o.mu.Unlock()
+		if c != nil {
+			c.discard()
+			return true
+		}
+	}
+	return false
+}
+
+// lease is a connection handed to one request attempt.
+type lease struct {
+	h      *host
+	h1     *h1conn
+	h2     *h2conn
+	reused bool
+}
+
+// checkout returns a connection to an endpoint of pl: a pooled one unless
+// fresh, else a new one within MaxConnections, else it waits (as one of at
+// most MaxPending requests) for one to be freed. A failed dial marks the
+// endpoint and moves to another, three endpoints at most.
+func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (lease, error) {
+	b := &pl.u.b
+	var tried map[netip.AddrPort]bool
+	var last error = errNoHealthy
+	waiting := false
+	defer func() {
+		if waiting {
+			b.pending.Add(-1)
+		}
+	}()
+	for dials := 0; dials < 3; {
+		h := pl.pick(tried)
+		if h == nil {
+			return lease{}, last
+		}
+		if !fresh {
+			if l, ok := h.reuse(useH2); ok {
+				return l, nil
+			}
+		}
+		if !take(&b.conns, pl.cluster.MaxConnections) {
+			if !pl.stealIdle(h) || !take(&b.conns, pl.cluster.MaxConnections) {
+				if !waiting {
+					if !take(&b.pending, pl.cluster.MaxPending) {
+						return lease{}, errOverloaded
+					}
+					waiting = true
+				}
+				ch := b.wait()
+				// A connection freed between the checks above and wait would
+				// otherwise go unnoticed.
+				if l, ok := h.reuse(useH2); ok && !fresh {
+					return l, nil
+				}
+				if !take(&b.conns, pl.cluster.MaxConnections) {
+					select {
+					case <-ch:
+						continue
+					case <-ctx.Done():
+						return lease{}, ctx.Err()
+					}
+				}
+			}
+		}
+		l, err := p.dialHost(ctx, pl, h, useH2)
+		if err == nil {
+			return l, nil
+		}
+		b.connFreed()
+		pl.markFailed(h.ep.Addr)
+		if tried == nil {
+			tried = map[netip.AddrPort]bool{}
+		}
+		tried[h.ep.Addr] = true
+		last = err
+		dials++
+		if ctx.Err() != nil {
+			return lease{}, last
+		}
+	}
+	return lease{}, last
+}
+
+// reuse takes a pooled connection of h: an idle, live HTTP/1.1 one, or a
+// stream reserved on a shared HTTP/2 one.
+func (h *host) reuse(useH2 bool) (lease, bool) {
+	if useH2 {
+		if c := h.reserveH2(); c != nil {
+			return lease{h: h, h2: c, reused: true}, true
+		}
+		return lease{}, false
+	}
+	now := time.Now()
+	for {
+		h.mu.Lock()
+		n := len(h.idle)
+		if n == 0 {
+			h.mu.Unlock()
+			return lease{}, false
+		}
+		c := h.idle[n-1]
+		if now.Sub(c.idleAt) > upstreamIdleTimeout {
+			// The newest is too old, so are all the others.
+			stale := h.idle
+			h.idle = nil
+			h.mu.Unlock()
+			for _, c := range stale {
+				c.discard()
+			}
+			return lease{}, false
+		}
+		h.idle[n-1] = nil
+		h.idle = h.idle[:n-1]
+		h.mu.Unlock()
+		if alive(c.nc) {
+			return lease{h: h, h1: c, reused: true}, true
+		}
+		c.discard()
+	}
+}
+
+// dialHost opens a connection to h; the caller holds its connection slot,
+// which the connection keeps on success.
+func (p *Proxy) dialHost(ctx context.Context, pl *pool, h *host, useH2 bool) (lease, error) {
+	nc, err := p.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
+	if err != nil {
+		return lease{}, err
+	}
+	if !useH2 {
+		return lease{h: h, h1: newH1Conn(nc, h)}, nil
+	}
+	//lint:ignore SA1019 the upstream connection is ours (often an HBONE stream); net/http cannot take it
+	cc, err := p.h2.NewClientConn(nc)
+	if err != nil {
+		nc.Close()
+		return lease{}, err
+	}
+	c := &h2conn{cc: cc, b: &h.u.b}
+	cc.ReserveNewRequest()
+	h.mu.Lock()
+	retired := h.retired
+	if !retired {
+		h.h2 = append(h.h2, c)
+	}
+	h.mu.Unlock()
+	if retired {
+		// Serves this one request, then closes.
+		cc.SetDoNotReuse()
+		c.closeWhenIdle = true
+	}
+	return lease{h: h, h2: c}, nil
+}
+
+// h2conn is a shared HTTP/2 client connection.
+type h2conn struct {
+	//lint:ignore SA1019 see dialHost
+	cc            *http2.ClientConn
+	b             *breaker
+	once          sync.Once
+	closeWhenIdle bool
+}
+
+// close closes the connection and gives back its slot, once.
+func (c *h2conn) close() {
+	c.once.Do(func() {
+		c.cc.Close()
+		c.b.connFreed()
+	})
+}
+
+// reserveH2 reserves a stream on a usable HTTP/2 connection of h.
+func (h *host) reserveH2() *h2conn { return h.scanH2(true) }
+
+// scanH2 drops h's closed HTTP/2 connections and, when reserve is set,
+// reserves a stream on the first that has room.
+func (h *host) scanH2(reserve bool) *h2conn {
+	var got *h2conn
+	var dead []*h2conn
+	h.mu.Lock()
+	keep := h.h2[:0]
+	for _, c := range h.h2 {
+		st := c.cc.State()
+		if st.Closed || (st.Closing && st.StreamsActive == 0 && st.StreamsReserved == 0) {
+			dead = append(dead, c)
+			continue
+		}
+		keep = append(keep, c)
+		if reserve && got == nil && c.cc.ReserveNewRequest() {
+			got = c
+		}
+	}
+	clear(h.h2[len(keep):])
+	h.h2 = keep
+	h.mu.Unlock()
+	for _, c := range dead {
+		c.close()
+	}
+	return got
+}
+
+// retire stops pooling on h: idle connections close now, busy HTTP/1.1 ones
+// when their request ends, HTTP/2 ones once their streams finish.
+func (p *Proxy) retire(h *host) {
+	h.mu.Lock()
+	h.retired = true
+	idle, h2s := h.idle, h.h2
+	h.idle, h.h2 = nil, nil
+	h.mu.Unlock()
+	for _, c := range idle {
+		c.discard()
+	}
+	for _, c := range h2s {
+		p.drains.Add(1)
+		go func() {
+			defer p.drains.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), h2DrainTimeout)
+			defer cancel()
+			c.cc.Shutdown(ctx)
+			c.close()
+		}()
+	}
+}
+
+// sweep closes h's idle connections older than the idle timeout and forgets
+// its closed HTTP/2 ones.
+func (h *host) sweep(now time.Time) {
+	h.mu.Lock()
+	i := 0
+	for i < len(h.idle) && now.Sub(h.idle[i].idleAt) > upstreamIdleTimeout {
+		i++
+	}
+	stale := slices.Clone(h.idle[:i])
+	n := copy(h.idle, h.idle[i:])
+	clear(h.idle[n:])
+	h.idle = h.idle[:n]
+	h.mu.Unlock()
+	for _, c := range stale {
+		c.discard()
+	}
+	h.scanH2(false)
+}
+
+// janitor sweeps idle connections until ctx ends, then closes them all.
+func (p *Proxy) janitor(ctx context.Context) {
+	t := time.NewTicker(janitorInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			p.clusters.Range(func(k, v any) bool {
+				u := v.(*upstream)
+				u.mu.Lock()
+				for _, h := range u.hosts {
+					p.retire(h)
+				}
+				u.mu.Unlock()
+				return true
+			})
+			return
+		case now := <-t.C:
+			snap := p.cfg.Store.Snapshot()
+			p.clusters.Range(func(k, v any) bool {
+				u := v.(*upstream)
+				u.mu.Lock()
+				gone := snap == nil || snap.Clusters[k.(string)] == nil
+				for _, h := range u.hosts {
+					if gone {
+						p.retire(h)
+					} else {
+						h.sweep(now)
+					}
+				}
+				if gone {
+					u.hosts = map[hostKey]*host{}
+					u.cur.Store(nil)
+				}
+				u.mu.Unlock()
+				return true
+			})
+		}
+	}
+}
+
+// tcpConn is a TCP relay's upstream connection, holding its slot.
+type tcpConn struct {
+	net.Conn
+	once    sync.Once
+	release func()
+}
+
+func (c *tcpConn) Close() error {
+	c.once.Do(c.release)
+	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the underlying connection when it can.
+func (c *tcpConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}

@@ -55,6 +55,7 @@ import (
 	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/controlplane/authpolicy"
 	"github.com/weftmesh/weft/controlplane/ca"
+	"github.com/weftmesh/weft/controlplane/deployer"
 	"github.com/weftmesh/weft/controlplane/waypointxds"
 	"github.com/weftmesh/weft/controlplane/xdsserver"
 	"github.com/weftmesh/weft/internal/spiffe"
@@ -110,6 +111,10 @@ type Config struct {
 	// Waypoints watches Gateways for waypoints. Default true; without the
 	// Gateway API CRDs the control plane runs without waypoints.
 	Waypoints *bool
+	// WaypointImage is the image of the waypoints deployed for Gateways of
+	// class istio-waypoint. Default "": waypoints are configured but not
+	// deployed (someone else deploys them).
+	WaypointImage string
 	// ShutdownGrace bounds the drain of gRPC streams. Default 5s.
 	ShutdownGrace time.Duration
 }
@@ -343,6 +348,18 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		return err
 	}
 	var wpConfig *waypointxds.Controller
+	var deploy *deployer.Deployer
+	if wpInf.Gateways != nil && cfg.WaypointImage != "" {
+		deploy, err = deployer.New(deployer.Config{
+			Image: cfg.WaypointImage, ControlPlaneNamespace: cfg.Namespace,
+			XDSAddress: cfg.ServiceName + "." + cfg.Namespace + ".svc:" + portOf(cfg.SecureAddr),
+			ClusterID:  cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
+		}, cp.clients.Kube, cp.clients.Gateway, inf.Gateways, gwInf.Gateway().V1().GatewayClasses().Informer(),
+			log.With("part", "waypoint-deployer"), cp.reg)
+		if err != nil {
+			return err
+		}
+	}
 	if wpInf.Gateways != nil {
 		wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
 			Mesh:   waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace},
@@ -415,6 +432,9 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if wpConfig != nil {
 		g.Go(func() error { return wpConfig.Run(gctx) })
 	}
+	if deploy != nil {
+		g.Go(func() error { return deploy.Run(gctx) })
+	}
 	g.Go(func() error {
 		if err := mon.Serve(monLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("serving monitoring on %s: %w", monLn.Addr(), err)
@@ -485,6 +505,15 @@ func stopGRPC(s *grpc.Server, grace time.Duration) {
 		s.Stop()
 		<-done
 	}
+}
+
+// portOf is the port of a listen address (":15012" → "15012").
+func portOf(addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil || p == "" || p == "0" {
+		return "15012"
+	}
+	return p
 }
 
 // hasGatewayAPI reports whether gateway.networking.k8s.io/v1 Gateways are

@@ -152,6 +152,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", envDur("PILOT_DEBOUNCE_AFTER", 10*time.Millisecond), "push once no change arrived for this long (env PILOT_DEBOUNCE_AFTER)")
 	fs.DurationVar(&cfg.DebounceMax, "debounce-max", envDur("PILOT_DEBOUNCE_MAX", 100*time.Millisecond), "push at most this long after a change (env PILOT_DEBOUNCE_MAX)")
 	fs.BoolVar(&waypoints, "waypoints", envBool("PILOT_ENABLE_AMBIENT_WAYPOINTS", true), "watch Gateways for waypoints (env PILOT_ENABLE_AMBIENT_WAYPOINTS)")
+	fs.StringVar(&cfg.WaypointImage, "waypoint-image", env("WEFT_WAYPOINT_IMAGE", ""), "image of the waypoints to deploy for Gateways of class istio-waypoint; empty deploys none (env WEFT_WAYPOINT_IMAGE)")
 	fs.StringVar(&opts.kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig; default the in-cluster configuration (env KUBECONFIG)")
 	fs.StringVar(&opts.logFormat, "log-format", env("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
 	fs.StringVar(&opts.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")

@@ -1,0 +1,253 @@
+// Package deployer deploys a waypoint for each Gateway of class
+// istio-waypoint: a ServiceAccount, a Deployment of the waypoint proxy and
+// a ClusterIP Service, all named after the Gateway, owned by it (so the
+// garbage collector deletes them with it) and applied server-side. It
+// writes the Gateway's status (Accepted, Programmed, the Service's hostname
+// and IP as addresses, the listeners) and the GatewayClass's Accepted.
+//
+// A Gateway's spec.infrastructure.parametersRef may name a ConfigMap in its
+// namespace whose keys deployment, service and serviceAccount hold YAML
+// strategic-merge patches applied to the generated objects (Istio's
+// convention). A missing ConfigMap or a patch that does not apply sets
+// Accepted=False (InvalidParameters) and applies nothing.
+package deployer
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+)
+
+// Ports of a waypoint.
+const (
+	PortHBONE   = ambient.HBONEPort
+	PortMetrics = 15020
+	PortStatus  = 15021
+)
+
+// Keys of the parameters ConfigMap.
+const (
+	KeyDeployment     = "deployment"
+	KeyService        = "service"
+	KeyServiceAccount = "serviceAccount"
+)
+
+// Config configures the deployer.
+type Config struct {
+	// Image of the waypoint proxy. Required.
+	Image string
+	// ControlPlaneNamespace is where the control plane's Service lives.
+	// Required.
+	ControlPlaneNamespace string
+	// XDSAddress the waypoints dial. Default
+	// weft-controlplane.<ControlPlaneNamespace>.svc:15012.
+	XDSAddress string
+	// ClusterID, TrustDomain, ClusterDomain: defaults "Kubernetes",
+	// "cluster.local", "cluster.local".
+	ClusterID, TrustDomain, ClusterDomain string
+	// ControllerName of the GatewayClass. Default
+	// "weft.dev/waypoint-controller".
+	ControllerName string
+}
+
+// DefaultControllerName is the GatewayClass controller of waypoints.
+const DefaultControllerName = "weft.dev/waypoint-controller"
+
+func (c *Config) defaults() error {
+	if c.Image == "" || c.ControlPlaneNamespace == "" {
+		return fmt.Errorf("the waypoint image and the control plane's namespace are required")
+	}
+	def := func(p *string, v string) {
+		if *p == "" {
+			*p = v
+		}
+	}
+	def(&c.XDSAddress, "weft-controlplane."+c.ControlPlaneNamespace+".svc:15012")
+	def(&c.ClusterID, "Kubernetes")
+	def(&c.TrustDomain, "cluster.local")
+	def(&c.ClusterDomain, "cluster.local")
+	def(&c.ControllerName, DefaultControllerName)
+	return nil
+}
+
+// Objects are what one waypoint is made of.
+type Objects struct {
+	ServiceAccount *corev1.ServiceAccount
+	Deployment     *appsv1.Deployment
+	Service        *corev1.Service
+}
+
+// ParamsError is a problem with a Gateway's parametersRef.
+type ParamsError struct{ msg string }
+
+func (e *ParamsError) Error() string { return e.msg }
+
+// Build returns the objects of a waypoint, with the patches of params (the
+// ConfigMap its parametersRef names, or nil) applied.
+func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, error) {
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	name, ns := gw.Name, gw.Namespace
+	labels := map[string]string{ambient.LabelGatewayName: name}
+	var annotations map[string]string
+	if inf := gw.Spec.Infrastructure; inf != nil {
+		for k, v := range inf.Labels {
+			labels[string(k)] = string(v)
+		}
+		if len(inf.Annotations) > 0 {
+			annotations = map[string]string{}
+			for k, v := range inf.Annotations {
+				annotations[string(k)] = string(v)
+			}
+		}
+	}
+	meta := func(kind string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: maps.Clone(labels), Annotations: maps.Clone(annotations),
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: gwv1.GroupVersion.String(), Kind: "Gateway", Name: name, UID: gw.UID,
+				Controller: ptr(true), BlockOwnerDeletion: ptr(true),
+			}}}
+	}
+	podLabels := maps.Clone(labels)
+	podLabels["istio.io/dataplane-mode"] = "none"
+	podLabels["service.istio.io/canonical-name"] = name
+	podLabels["sidecar.istio.io/inject"] = "false"
+	env := func(k, v string) corev1.EnvVar { return corev1.EnvVar{Name: k, Value: v} }
+	field := func(k, path string) corev1.EnvVar {
+		return corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
+	}
+	o := &Objects{
+		ServiceAccount: &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta("ServiceAccount")},
+		Deployment: &appsv1.Deployment{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+			ObjectMeta: meta("Deployment"),
+			Spec: appsv1.DeploymentSpec{
+				Replicas: ptr(int32(1)),
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{ambient.LabelGatewayName: name}},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: maps.Clone(annotations)},
+					Spec: corev1.PodSpec{
+						ServiceAccountName:            name,
+						TerminationGracePeriodSeconds: ptr(int64(5)),
+						Containers: []corev1.Container{{
+							Name:  "waypoint",
+							Image: cfg.Image,
+							Env: []corev1.EnvVar{
+								env("SERVICE_ACCOUNT", name),
+								field("POD_NAME", "metadata.name"), field("POD_NAMESPACE", "metadata.namespace"),
+								field("INSTANCE_IP", "status.podIP"),
+								env("CONTROLPLANE_NAMESPACE", cfg.ControlPlaneNamespace),
+								env("XDS_ADDRESS", cfg.XDSAddress), env("CA_ADDRESS", cfg.XDSAddress),
+								env("XDS_SAN", "weft-controlplane."+cfg.ControlPlaneNamespace+".svc"),
+								env("CLUSTER_ID", cfg.ClusterID), env("TRUST_DOMAIN", cfg.TrustDomain),
+							},
+							Ports: []corev1.ContainerPort{
+								{Name: "hbone", ContainerPort: PortHBONE, Protocol: corev1.ProtocolTCP},
+								{Name: "metrics", ContainerPort: PortMetrics, Protocol: corev1.ProtocolTCP},
+								{Name: "status-port", ContainerPort: PortStatus, Protocol: corev1.ProtocolTCP},
+							},
+							ReadinessProbe: &corev1.Probe{
+								ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz/ready", Port: intstr.FromInt32(PortStatus)}},
+								PeriodSeconds: 2, FailureThreshold: 30,
+							},
+							Resources: corev1.ResourceRequirements{Requests: corev1.ResourceList{
+								corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("64Mi"),
+							}},
+							SecurityContext: &corev1.SecurityContext{
+								AllowPrivilegeEscalation: ptr(false), ReadOnlyRootFilesystem: ptr(true),
+								Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+							},
+							VolumeMounts: []corev1.VolumeMount{
+								{Name: "istio-token", MountPath: "/var/run/secrets/tokens"},
+								{Name: "root-cert", MountPath: "/var/run/secrets/istio"},
+							},
+						}},
+						Volumes: []corev1.Volume{
+							{Name: "istio-token", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+								Sources: []corev1.VolumeProjection{{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{
+									Audience: "istio-ca", ExpirationSeconds: ptr(int64(43200)), Path: "istio-token"}}},
+							}}},
+							{Name: "root-cert", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+								LocalObjectReference: corev1.LocalObjectReference{Name: "istio-ca-root-cert"}}}},
+						},
+					},
+				},
+			},
+		},
+		Service: &corev1.Service{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+			ObjectMeta: meta("Service"),
+			Spec: corev1.ServiceSpec{
+				Type:     corev1.ServiceTypeClusterIP,
+				Selector: map[string]string{ambient.LabelGatewayName: name},
+				Ports: []corev1.ServicePort{
+					{Name: "mesh", Port: PortHBONE, TargetPort: intstr.FromInt32(PortHBONE), Protocol: corev1.ProtocolTCP},
+					{Name: "metrics", Port: PortMetrics, TargetPort: intstr.FromInt32(PortMetrics), Protocol: corev1.ProtocolTCP},
+					{Name: "status-port", Port: PortStatus, TargetPort: intstr.FromInt32(PortStatus), Protocol: corev1.ProtocolTCP},
+				},
+			},
+		},
+	}
+	if params == nil {
+		return o, nil
+	}
+	where := "ConfigMap " + params.Namespace + "/" + params.Name
+	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, where+" key "+KeyServiceAccount); err != nil {
+		return nil, err
+	}
+	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, where+" key "+KeyDeployment); err != nil {
+		return nil, err
+	}
+	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, where+" key "+KeyService); err != nil {
+		return nil, err
+	}
+	// A patch may not take an object away from its Gateway.
+	o.ServiceAccount.Name, o.Deployment.Name, o.Service.Name = name, name, name
+	o.ServiceAccount.Namespace, o.Deployment.Namespace, o.Service.Namespace = ns, ns, ns
+	o.ServiceAccount.OwnerReferences = meta("").OwnerReferences
+	o.Deployment.OwnerReferences = meta("").OwnerReferences
+	o.Service.OwnerReferences = meta("").OwnerReferences
+	return o, nil
+}
+
+// patch applies a YAML strategic-merge patch to obj in place.
+func patch[T any](obj *T, patchYAML string, schema *T, where string) error {
+	if strings.TrimSpace(patchYAML) == "" {
+		return nil
+	}
+	pj, err := yaml.YAMLToJSON([]byte(patchYAML))
+	if err != nil {
+		return &ParamsError{fmt.Sprintf("%s is not YAML: %v", where, err)}
+	}
+	orig, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	out, err := strategicpatch.StrategicMergePatch(orig, pj, schema)
+	if err != nil {
+		return &ParamsError{fmt.Sprintf("%s does not apply: %v", where, err)}
+	}
+	var res T
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&res); err != nil {
+		return &ParamsError{fmt.Sprintf("%s gives an invalid object: %v", where, err)}
+	}
+	*obj = res
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }

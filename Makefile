@@ -22,6 +22,18 @@ build: ## Build every Weft binary into bin/.
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./...
 
+# Architecture of the images `make images` writes (GOARCH spelling).
+IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
+# The components the images hold, built static for them into bin/images/bin/.
+IMAGE_CMDS := ./controlplane/cmd/weft-controlplane ./webhook/cmd/weft-webhook ./ztunnel/cmd/ztunnel \
+	./cni/cmd/weft-cni-agent ./cni/cmd/weft-cni ./waypoint/cmd/waypoint
+
+.PHONY: images
+images: ## Write OCI image archives of every component into bin/images/.
+	@mkdir -p $(BIN)/images/bin
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -o $(BIN)/images/bin/ $(IMAGE_CMDS)
+	GOOS= GOARCH= $(GO) run ./test/cmd/weft-images -bin $(BIN)/images/bin -out $(BIN)/images -chart charts/weft -arch $(IMAGE_ARCH)
+
 .PHONY: test
 test: deps tools lint ## Run every test (root-only netns and cluster tests included) and a short fuzz of every parser.
 	$(GO) test -race -count=1 ./...

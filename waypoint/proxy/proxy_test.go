@@ -24,6 +24,7 @@ import (
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -52,6 +53,7 @@ type mesh struct {
 	src    spiffeid.ID
 	wpID   spiffeid.ID
 	reg    *prometheus.Registry
+	p      *Proxy
 }
 
 func mustAny(t *testing.T, m proto.Message) *anypb.Any {
@@ -62,7 +64,8 @@ func mustAny(t *testing.T, m proto.Message) *anypb.Any {
 	return a
 }
 
-func newMesh(t *testing.T) *mesh {
+// newMesh starts a waypoint on loopback; opts adjust its Config.
+func newMesh(t *testing.T, opts ...func(*Config)) *mesh {
 	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
 	if err != nil {
 		t.Fatal(err)
@@ -73,11 +76,16 @@ func newMesh(t *testing.T) *mesh {
 		t.Fatal(err)
 	}
 	m := &mesh{t: t, ca: ca, store: config.NewStore(), wpID: wp.ID(), reg: prometheus.NewRegistry()}
-	p, err := New(Config{Identity: wp.ID(), Certificate: spiffe.StaticCertificate(svid), Roots: ca.Roots(), Store: m.store,
-		Metrics: NewMetrics(m.reg), Logger: slog.New(slog.DiscardHandler)})
+	cfg := Config{Identity: wp.ID(), Certificate: spiffe.StaticCertificate(svid), Roots: ca.Roots(), Store: m.store,
+		Metrics: NewMetrics(m.reg), Logger: slog.New(slog.DiscardHandler)}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	p, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	m.p = p
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -104,21 +112,31 @@ func newMesh(t *testing.T) *mesh {
 
 // backend is a plain HTTP server on loopback answering with its name.
 func backend(t *testing.T, name string, h http.HandlerFunc) netip.AddrPort {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	if h == nil {
 		h = func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("x-backend", name)
 			fmt.Fprintf(w, "%s %s %s", name, r.URL.Path, r.Header.Get("traceparent"))
 		}
 	}
+	return serveHTTP(t, h, nil)
+}
+
+// serveHTTP serves h over HTTP/1.1 and h2c on loopback; tweak adjusts the
+// server before it starts.
+func serveHTTP(t *testing.T, h http.Handler, tweak func(*http.Server)) netip.AddrPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
 	srv := &http.Server{Handler: h, Protocols: new(http.Protocols)}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	if tweak != nil {
+		tweak(srv)
+	}
+	done := make(chan struct{})
+	go func() { srv.Serve(ln); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done })
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
@@ -132,6 +150,35 @@ func hcm(t *testing.T, filters ...*hcmv3.HttpFilter) *anypb.Any {
 }
 
 func (m *mesh) apply(routes []*routev3.Route, backends map[string][]netip.AddrPort, filters ...*hcmv3.HttpFilter) {
+	clusters := map[string]clusterSpec{}
+	for name, addrs := range backends {
+		var cs clusterSpec
+		for _, a := range addrs {
+			cs.eps = append(cs.eps, endpointSpec{addr: a})
+		}
+		clusters[name] = cs
+	}
+	m.applyClusters(routes, clusters, filters...)
+}
+
+// clusterSpec is a test cluster.
+type clusterSpec struct {
+	eps    []endpointSpec
+	http2  bool                                  // explicit HTTP/2 (h2c) upstream
+	limits *clusterv3.CircuitBreakers_Thresholds // circuit_breakers.thresholds[0]
+}
+
+// endpointSpec is a test endpoint.
+type endpointSpec struct {
+	addr netip.AddrPort
+	// identity, when set, makes the endpoint an HBONE one that must present
+	// this SPIFFE ID.
+	identity string
+}
+
+// applyClusters pushes the listener, the route table and clusters with
+// their endpoints.
+func (m *mesh) applyClusters(routes []*routev3.Route, clusters map[string]clusterSpec, filters ...*hcmv3.HttpFilter) {
 	t := m.t
 	l := &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{{
 		Name: svcHost + ":80",
@@ -149,15 +196,31 @@ func (m *mesh) apply(routes []*routev3.Route, backends map[string][]netip.AddrPo
 		t.Fatal(err)
 	}
 	cl, cla := map[string]*anypb.Any{}, map[string]*anypb.Any{}
-	for name, eps := range backends {
-		cl[name] = mustAny(t, &clusterv3.Cluster{Name: name, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(time.Second)})
+	for name, cs := range clusters {
+		c := &clusterv3.Cluster{Name: name, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(time.Second)}
+		if cs.limits != nil {
+			c.CircuitBreakers = &clusterv3.CircuitBreakers{Thresholds: []*clusterv3.CircuitBreakers_Thresholds{cs.limits}}
+		}
+		if cs.http2 {
+			c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": mustAny(t, &httpopts.HttpProtocolOptions{
+				UpstreamProtocolOptions: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}}}}})}
+		}
+		cl[name] = mustAny(t, c)
 		var les []*endpointv3.LbEndpoint
-		for _, ep := range eps {
-			md, _ := structpb.NewStruct(map[string]any{"tunnel": "", "workload": name, "namespace": "demo", "workload_name": name})
+		for _, ep := range cs.eps {
+			fields := map[string]any{"tunnel": "", "workload": name, "namespace": "demo", "workload_name": name}
+			if ep.identity != "" {
+				fields["tunnel"], fields["identity"] = "HBONE", ep.identity
+			}
+			md, err := structpb.NewStruct(fields)
+			if err != nil {
+				t.Fatal(err)
+			}
 			les = append(les, &endpointv3.LbEndpoint{
 				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address: ep.Addr().String(), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ep.Port())}}}}}},
+					Address: ep.addr.Addr().String(), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ep.addr.Port())}}}}}},
 				HealthStatus: corev3.HealthStatus_HEALTHY,
 				Metadata:     &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"weft": md}},
 			})
@@ -194,6 +257,46 @@ func (m *mesh) do(req *http.Request) *http.Response {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body = io.NopCloser(strings.NewReader(string(b)))
 	c.Close()
+	return resp
+}
+
+// downstream is one HTTP/1.1 connection through the waypoint, for
+// requests in sequence.
+type downstream struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+// h1 opens a CONNECT to target for HTTP/1.1 requests; closed at the end of
+// the test.
+func (m *mesh) h1(target netip.AddrPort) *downstream {
+	m.t.Helper()
+	c, err := m.dial(target)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	m.t.Cleanup(func() { c.Close() })
+	return &downstream{t: m.t, c: c, br: bufio.NewReader(c)}
+}
+
+// do sends req and returns its response with the body read.
+func (d *downstream) do(req *http.Request) *http.Response {
+	d.t.Helper()
+	d.c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer d.c.SetDeadline(time.Time{})
+	if err := req.Write(d.c); err != nil {
+		d.t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(d.br, req)
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		d.t.Fatalf("reading the body of %s %s: %v", req.Method, req.URL.Path, err)
+	}
+	resp.Body = io.NopCloser(strings.NewReader(string(b)))
 	return resp
 }
 

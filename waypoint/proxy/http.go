@@ -339,13 +339,17 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 	stripHop(h)
 	rt.Response.Apply(h)
+	h.Del("Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
 	}
 	w.WriteHeader(resp.StatusCode)
 	copyFlush(w, resp.Body)
+	// Trailers are complete once the body is read. Those the upstream did not
+	// announce (gRPC's grpc-status, RFC 9113 section 8.1) are only sent
+	// under TrailerPrefix.
 	for k, vs := range resp.Trailer {
-		w.Header()[k] = vs
+		w.Header()[http.TrailerPrefix+k] = vs
 	}
 }
 

@@ -239,33 +239,54 @@ func (c *h2conn) roundTrip(req *http.Request, done func()) (*http.Response, bool
 		}
 		return nil, replayable(req), err
 	}
-	end := done
+	eb := &endBody{ReadCloser: resp.Body, remain: resp.ContentLength, done: done}
 	if c.closeWhenIdle {
-		end = func() { done(); c.close() }
+		eb.end = c.close
 	}
-	resp.Body = &endBody{ReadCloser: resp.Body, end: end}
+	resp.Body = eb
 	return resp, false, nil
 }
 
-// endBody runs end once when the body hits its end or is closed.
+// endBody runs done once the body has delivered its declared length, hits
+// its end or is closed, and then end, when set, once it hits its end or is
+// closed. The HTTP/2 client reports the end only on the read after the
+// last DATA, when the client may already have the whole response: a
+// request slot given back only then would still be held when the client's
+// next request arrives.
 type endBody struct {
 	io.ReadCloser
-	once sync.Once
-	end  func()
+	remain   int64 // declared length not yet read; -1 when unknown
+	done     func()
+	end      func()
+	doneOnce sync.Once
+	endOnce  sync.Once
 }
 
 func (b *endBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	if b.remain > 0 {
+		b.remain -= int64(n)
+	}
+	if b.remain == 0 || err != nil {
+		b.doneOnce.Do(b.done)
+	}
 	if err != nil {
-		b.once.Do(b.end)
+		b.finish()
 	}
 	return n, err
 }
 
 func (b *endBody) Close() error {
 	err := b.ReadCloser.Close()
-	b.once.Do(b.end)
+	b.doneOnce.Do(b.done)
+	b.finish()
 	return err
+}
+
+func (b *endBody) finish() {
+	if b.end != nil {
+		b.endOnce.Do(b.end)
+	}
 }
 
 // roundTripPassthrough sends req to the original destination on a
@@ -288,7 +309,7 @@ func (p *Proxy) roundTripPassthrough(ctx context.Context, snap *config.Snapshot,
 			cc.Close()
 			return nil, err
 		}
-		resp.Body = &endBody{ReadCloser: resp.Body, end: func() { cc.Close() }}
+		resp.Body = &endBody{ReadCloser: resp.Body, remain: -1, done: func() {}, end: func() { cc.Close() }}
 		return resp, nil
 	}
 	resp, _, err := newH1Conn(nc, nil).roundTrip(ctx, req, func() {})

@@ -219,11 +219,12 @@ func (pl *pool) markFailed(a netip.AddrPort) {
 	pl.mu.Unlock()
 }
 
-// stealIdle closes one idle HTTP/1.1 connection of another host so that
-// its slot can go to h; it reports whether it freed one.
-func (pl *pool) stealIdle(h *host) bool {
+// stealIdle closes one idle HTTP/1.1 connection so that its slot can go to
+// h: one of another host, or also of h itself when h's pooled connections
+// are not to be used (fresh). It reports whether it freed one.
+func (pl *pool) stealIdle(h *host, fresh bool) bool {
 	for _, o := range pl.hosts {
-		if o == h {
+		if o == h && !fresh {
 			continue
 		}
 		o.mu.Lock()
@@ -240,6 +241,14 @@ func (pl *pool) stealIdle(h *host) bool {
 		}
 	}
 	return false
+}
+
+// takeConn claims a connection slot for h, closing an idle connection (see
+// stealIdle) when the cluster is at max_connections.
+func (pl *pool) takeConn(h *host, fresh bool) bool {
+	b := &pl.u.b
+	return take(&b.conns, pl.cluster.MaxConnections) ||
+		pl.stealIdle(h, fresh) && take(&b.conns, pl.cluster.MaxConnections)
 }
 
 // lease is a connection handed to one request attempt.
@@ -274,27 +283,28 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (leas
 				return l, nil
 			}
 		}
-		if !take(&b.conns, pl.cluster.MaxConnections) {
-			if !pl.stealIdle(h) || !take(&b.conns, pl.cluster.MaxConnections) {
-				if !waiting {
-					if !take(&b.pending, pl.cluster.MaxPending) {
-						return lease{}, errOverloaded
-					}
-					waiting = true
+		if !pl.takeConn(h, fresh) {
+			if !waiting {
+				if !take(&b.pending, pl.cluster.MaxPending) {
+					return lease{}, errOverloaded
 				}
-				ch := b.wait()
-				// A connection freed between the checks above and wait would
-				// otherwise go unnoticed.
-				if l, ok := h.reuse(useH2); ok && !fresh {
+				waiting = true
+			}
+			ch := b.wait()
+			// A connection freed between the checks above and wait would
+			// otherwise go unnoticed. (A fresh attempt must not take one:
+			// the lease would be dropped with its slot.)
+			if !fresh {
+				if l, ok := h.reuse(useH2); ok {
 					return l, nil
 				}
-				if !take(&b.conns, pl.cluster.MaxConnections) {
-					select {
-					case <-ch:
-						continue
-					case <-ctx.Done():
-						return lease{}, ctx.Err()
-					}
+			}
+			if !pl.takeConn(h, fresh) {
+				select {
+				case <-ch:
+					continue
+				case <-ctx.Done():
+					return lease{}, ctx.Err()
 				}
 			}
 		}

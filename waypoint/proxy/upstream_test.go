@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -221,4 +222,39 @@ func TestRetryBudget(t *testing.T) {
 	mu.Unlock()
 	m.settled("nobudget")
 	m.settled("budget")
+}
+
+// TestFreshCheckout: the attempt that replaces a pooled connection the
+// peer had given up on needs a new connection; with the cluster's only slot
+// held by an idle connection to the same endpoint it closes that one
+// rather than waiting for a slot that is never freed.
+func TestFreshCheckout(t *testing.T) {
+	m := newMesh(t)
+	addr := backend(t, "b", nil)
+	m.applyClusters([]*routev3.Route{{Match: prefix("/"), Action: toCluster("b")}},
+		map[string]clusterSpec{"b": {eps: []endpointSpec{{addr: addr}}, limits: &clusterv3.CircuitBreakers_Thresholds{
+			MaxConnections: wrapperspb.UInt32(1), MaxPendingRequests: wrapperspb.UInt32(1)}}})
+	if r := m.do(get("/")); r.StatusCode != 200 {
+		t.Fatalf("first request: %d", r.StatusCode)
+	}
+	if n := m.settled("b"); n != 1 {
+		t.Fatalf("%d connections pooled, want 1", n)
+	}
+	pl := m.p.pool(m.store.Snapshot(), "b")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	l, err := m.p.checkout(ctx, pl, false, true)
+	if err != nil {
+		t.Fatalf("fresh checkout: %v", err)
+	}
+	if l.reused {
+		t.Error("fresh checkout reused a pooled connection")
+	}
+	if conns, pending, _, _ := m.breakerState("b"); conns != 1 || pending != 0 {
+		t.Errorf("after a fresh checkout: %d connections, %d pending; want 1 and 0", conns, pending)
+	}
+	l.h1.discard()
+	if conns, _, _, _ := m.breakerState("b"); conns != 0 {
+		t.Errorf("%d connections counted after the only one closed", conns)
+	}
 }

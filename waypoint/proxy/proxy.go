@@ -224,6 +224,17 @@ type peekConn struct {
 
 func (c *peekConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// CloseWrite ends the stream's sending side. net/http half-closes a
+// connection it gives up on (431, 400, Connection: close) and lingers
+// before closing, so that the client reads the answer before the reset
+// that closing with unread bytes sends.
+func (c *peekConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // serveTCP relays the stream to an endpoint of cluster.
 func (s *session) serveTCP(down net.Conn, _ []byte, cluster string) {
 	start := time.Now()

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -92,24 +93,27 @@ func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 // reqInfo is what the access log and metrics record about a request.
 type reqInfo struct {
-	status             int
-	route, cluster     string
-	upstream           netip.AddrPort
-	ep                 *config.Endpoint
-	audit              bool
-	auditPolicy        string
-	reqBytes, rspBytes int64
-	flags              string
+	status         int
+	route, cluster string
+	upstream       netip.AddrPort
+	ep             *config.Endpoint
+	audit          bool
+	auditPolicy    string
+	// reqBytes is added to by whoever reads the request body: the handler,
+	// or an HTTP/2 upstream's body writer that may outlive the response.
+	reqBytes atomic.Int64
+	rspBytes int64
+	flags    string
 }
 
 type countingBody struct {
 	io.ReadCloser
-	n *int64
+	n *atomic.Int64
 }
 
 func (b countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
-	*b.n += int64(n)
+	b.n.Add(int64(n))
 	return n, err
 }
 

@@ -69,16 +69,17 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 		firstNonEmpty(s.baggage["service.version"], "unknown"), firstNonEmpty(s.baggage["k8s.cluster.name"], "unknown"),
 		dstWL, dstNS, dstPrin, dstWL, "unknown", host, firstNonEmpty(svcName, "unknown"), firstNonEmpty(svcNS, "unknown"),
 		"unknown", proto, strconv.Itoa(info.status), grpc, flags, "mutual_tls"}
+	reqBytes := info.reqBytes.Load()
 	m := p.cfg.Metrics
 	m.requests.WithLabelValues(v...).Inc()
 	m.duration.WithLabelValues(v...).Observe(float64(d.Microseconds()) / 1000)
-	m.reqBytes.WithLabelValues(v...).Observe(float64(info.reqBytes))
+	m.reqBytes.WithLabelValues(v...).Observe(float64(reqBytes))
 	m.rspBytes.WithLabelValues(v...).Observe(float64(info.rspBytes))
 	attrs := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "src_workload", srcWL, "src_namespace", srcNS,
 		"dst_addr", s.target.String(), "dst_service", host, "dst_workload", dstWL, "dst_namespace", dstNS, "dst_identity", dstPrin,
 		"method", r.Method, "path", r.URL.RequestURI(), "protocol", r.Proto, "status", info.status, "route", info.route,
 		"cluster", info.cluster, "upstream", upstreamString(info), "response_flags", flags,
-		"bytes_recv", info.reqBytes, "bytes_sent", info.rspBytes, "duration_ms", d.Milliseconds(), "traceparent", tp}
+		"bytes_recv", reqBytes, "bytes_sent", info.rspBytes, "duration_ms", d.Milliseconds(), "traceparent", tp}
 	if info.audit {
 		attrs = append(attrs, "audit", true, "audit_policy", info.auditPolicy)
 	}

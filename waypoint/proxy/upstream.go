@@ -313,6 +313,11 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (leas
 			return l, nil
 		}
 		b.connFreed()
+		if ctx.Err() != nil {
+			// The request ended (its client left, its timeout passed), not
+			// the endpoint: a failure here says nothing about the endpoint.
+			return lease{}, err
+		}
 		pl.markFailed(h.ep.Addr)
 		if tried == nil {
 			tried = map[netip.AddrPort]bool{}
@@ -320,9 +325,6 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (leas
 		tried[h.ep.Addr] = true
 		last = err
 		dials++
-		if ctx.Err() != nil {
-			return lease{}, last
-		}
 	}
 	return lease{}, last
 }

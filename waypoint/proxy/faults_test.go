@@ -1,13 +1,18 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +20,28 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
+
+// rawBackend accepts loopback TCP connections and hands each to serve.
+func rawBackend(t *testing.T, serve func(net.Conn)) netip.AddrPort {
+	ln := listen(t)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() { defer wg.Done(); defer c.Close(); serve(c) }()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
 
 // h2client opens an h2c connection through the waypoint.
 //
@@ -203,4 +229,208 @@ func TestRapidReset(t *testing.T) {
 		}
 	}
 	m.settled("b")
+}
+
+// TestUpstreamNeverAnswers: an upstream that accepts the request and never
+// answers meets the route timeout with 504, and its connection is closed.
+func TestUpstreamNeverAnswers(t *testing.T) {
+	m := newMesh(t)
+	closed := make(chan struct{}, 1)
+	silent := rawBackend(t, func(c net.Conn) {
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := io.Copy(io.Discard, c) // until the waypoint closes it
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return
+		}
+		closed <- struct{}{}
+	})
+	m.apply([]*routev3.Route{{Match: prefix("/"), Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: "silent"}, Timeout: durationpb.New(200 * time.Millisecond)}}}},
+		map[string][]netip.AddrPort{"silent": {silent}})
+	start := time.Now()
+	r := m.do(get("/"))
+	if b := body(r); r.StatusCode != 504 || b != "upstream request timeout" {
+		t.Errorf("silent upstream: %d %q, want 504", r.StatusCode, b)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("504 after %v, want about the 200 ms route timeout", d)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Error("the upstream connection is still open after the timeout")
+	}
+}
+
+// TestUpstreamResetMidBody: an upstream that resets in the middle of a
+// response body ends the client's response with an error, whether the body
+// had a length or was chunked, on HTTP/1.1 and HTTP/2; it neither hangs nor
+// looks complete.
+func TestUpstreamResetMidBody(t *testing.T) {
+	m := newMesh(t)
+	// HTTP/1.1 upstreams that reset their TCP connection.
+	partial := func(head string) func(net.Conn) {
+		return func(c net.Conn) {
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+				return
+			}
+			io.WriteString(c, head)
+			time.Sleep(50 * time.Millisecond)
+			c.(*net.TCPConn).SetLinger(0)
+		}
+	}
+	sized := rawBackend(t, partial("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("x", 1000)))
+	chunked := rawBackend(t, partial("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n"+strings.Repeat("x", 1000)+"\r\n"))
+	// An upstream aborting its response: its HTTP/1.1 connection closes, its
+	// HTTP/2 stream is reset. (An HTTP/2 client's requests go to upstreams
+	// over HTTP/2.)
+	abort := backend(t, "abort", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/abort/sized" {
+			w.Header().Set("Content-Length", "100000")
+		}
+		io.WriteString(w, strings.Repeat("x", 1000))
+		w.(http.Flusher).Flush()
+		time.Sleep(50 * time.Millisecond)
+		panic(http.ErrAbortHandler)
+	})
+	m.apply([]*routev3.Route{
+		{Match: prefix("/sized"), Action: toCluster("sized")},
+		{Match: prefix("/chunked"), Action: toCluster("chunked")},
+		{Match: prefix("/abort"), Action: toCluster("abort")},
+	}, map[string][]netip.AddrPort{"sized": {sized}, "chunked": {chunked}, "abort": {abort}})
+	for _, path := range []string{"/sized", "/chunked", "/abort/sized", "/abort/chunked"} {
+		t.Run("http1"+path, func(t *testing.T) {
+			c, err := m.dial(vip)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			req := get(path)
+			req.Write(c)
+			resp, err := http.ReadResponse(bufio.NewReader(c), req)
+			if err != nil {
+				t.Fatalf("no response head: %v", err)
+			}
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d, want the upstream's 200", resp.StatusCode)
+			}
+			n, err := io.Copy(io.Discard, resp.Body)
+			var ne net.Error
+			switch {
+			case errors.As(err, &ne) && ne.Timeout():
+				t.Errorf("the client still waits after %d bytes", n)
+			case err == nil:
+				t.Errorf("the body looked complete after %d of the upstream's bytes", n)
+			}
+		})
+	}
+	for _, path := range []string{"/abort/sized", "/abort/chunked"} {
+		t.Run("http2"+path, func(t *testing.T) {
+			cc := m.h2client(vip)
+			done := make(chan error, 1)
+			go func() {
+				resp, err := cc.RoundTrip(get(path))
+				if err != nil {
+					done <- fmt.Errorf("no response head: %w", err)
+					return
+				}
+				defer resp.Body.Close()
+				if resp.StatusCode != 200 {
+					done <- fmt.Errorf("status %d, want the upstream's 200", resp.StatusCode)
+					return
+				}
+				n, err := io.Copy(io.Discard, resp.Body)
+				if err == nil {
+					err = fmt.Errorf("the body looked complete after %d of the upstream's bytes", n)
+				} else {
+					err = nil
+				}
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Error(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the client still waits")
+			}
+		})
+	}
+}
+
+// TestLargeBodyStreams: without a retry policy a 10 MiB request body is
+// streamed: the upstream has its first MiB before the client sends the
+// rest, with a length or chunked, to HTTP/1.1 and HTTP/2 upstreams.
+func TestLargeBodyStreams(t *testing.T) {
+	const size, first = 10 << 20, 1 << 20
+	for _, tc := range []struct {
+		name    string
+		http2   bool
+		chunked bool
+	}{{"http1", false, false}, {"http1-chunked", false, true}, {"http2", true, false}, {"http2-chunked", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMesh(t)
+			got := make(chan struct{})
+			addr := backend(t, "sink", func(w http.ResponseWriter, r *http.Request) {
+				if _, err := io.ReadFull(r.Body, make([]byte, first)); err != nil {
+					http.Error(w, err.Error(), 500)
+					return
+				}
+				close(got)
+				n, err := io.Copy(io.Discard, r.Body)
+				if err != nil {
+					http.Error(w, err.Error(), 500)
+					return
+				}
+				fmt.Fprint(w, first+n)
+			})
+			m.applyClusters([]*routev3.Route{{Match: prefix("/"), Action: toCluster("sink")}},
+				map[string]clusterSpec{"sink": {eps: []endpointSpec{{addr: addr}}, http2: tc.http2}})
+			c, err := m.dial(vip)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			head := "POST /upload HTTP/1.1\r\nHost: " + svcHost + "\r\nContent-Length: " + strconv.Itoa(size) + "\r\n\r\n"
+			bw := io.Writer(c)
+			var cw io.WriteCloser
+			if tc.chunked {
+				head = "POST /upload HTTP/1.1\r\nHost: " + svcHost + "\r\nTransfer-Encoding: chunked\r\n\r\n"
+				cw = httputil.NewChunkedWriter(c)
+				bw = cw
+			}
+			io.WriteString(c, head)
+			chunk := bytes.Repeat([]byte("z"), 64<<10)
+			for sent := 0; sent < first; sent += len(chunk) {
+				if _, err := bw.Write(chunk); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-got:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the upstream did not get the first MiB before the rest was sent: the body is buffered")
+			}
+			for sent := first; sent < size; sent += len(chunk) {
+				if _, err := bw.Write(chunk); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if cw != nil {
+				cw.Close()
+				io.WriteString(c, "\r\n") // no trailers
+			}
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b := body(resp); resp.StatusCode != 200 || b != strconv.Itoa(size) {
+				t.Errorf("upload: %d %q, want 200 %d", resp.StatusCode, b, size)
+			}
+		})
+	}
 }

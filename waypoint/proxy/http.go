@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	mrand "math/rand/v2"
 	"net"
@@ -104,6 +105,8 @@ type reqInfo struct {
 	reqBytes atomic.Int64
 	rspBytes int64
 	flags    string
+	// aborted: the response broke off after its head was sent.
+	aborted bool
 }
 
 type countingBody struct {
@@ -158,6 +161,13 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) {
 	info.status = cw.status
 	info.rspBytes = cw.n
 	s.p.record(s, r, info, time.Since(start), tp)
+	if info.aborted {
+		// net/http's one way to end a response in error once its head is
+		// out: the HTTP/1.1 server closes the connection without the last
+		// chunk, the HTTP/2 server resets the stream. Both recover this
+		// value themselves and log nothing.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 func fail(w http.ResponseWriter, code int, body string) {
@@ -348,7 +358,15 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		h.Add("Trailer", k)
 	}
 	w.WriteHeader(resp.StatusCode)
-	copyFlush(w, resp.Body)
+	if err := copyFlush(w, resp.Body); err != nil {
+		// Ending the response normally would pass a truncated body off as
+		// complete.
+		info.flags, info.aborted = "UR", true
+		if ctx.Err() != nil {
+			info.flags = "UT"
+		}
+		return
+	}
 	// Trailers are complete once the body is read. Those the upstream did not
 	// announce (gRPC's grpc-status, RFC 9113 section 8.1) are only sent
 	// under TrailerPrefix.
@@ -357,21 +375,27 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 }
 
-func copyFlush(w http.ResponseWriter, r io.Reader) {
+// copyFlush copies an upstream body to the client as it comes. It returns
+// the upstream's error when the body ends other than at its end; a client
+// that went away is not an error here.
+func copyFlush(w http.ResponseWriter, r io.Reader) error {
 	buf := make([]byte, 32<<10)
 	f, _ := w.(http.Flusher)
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
-				return
+				return nil
 			}
 			if f != nil {
 				f.Flush()
 			}
 		}
+		if err == io.EOF {
+			return nil
+		}
 		if err != nil {
-			return
+			return fmt.Errorf("reading the upstream response body: %w", err)
 		}
 	}
 }

@@ -6,6 +6,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -16,10 +17,14 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/weftmesh/weft/waypoint/internal/pbcheck"
 	"github.com/weftmesh/weft/waypoint/rbac"
@@ -161,9 +166,9 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 		if f.GetTypedConfig() == nil {
 			return fmt.Errorf("%s.typed_config is required", w)
 		}
-		msg, err := f.GetTypedConfig().UnmarshalNew()
+		msg, err := unmarshalTyped(f.GetTypedConfig(), w)
 		if err != nil {
-			return fmt.Errorf("%s.typed_config: %v", w, err)
+			return err
 		}
 		last := i == len(fs)-1
 		switch m := msg.(type) {
@@ -209,6 +214,19 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 	return nil
 }
 
+// unmarshalTyped decodes a filter's typed_config; a type this binary does
+// not know is unsupported by definition.
+func unmarshalTyped(a *anypb.Any, where string) (proto.Message, error) {
+	msg, err := a.UnmarshalNew()
+	if errors.Is(err, protoregistry.NotFound) {
+		return nil, fmt.Errorf("%s.typed_config %s is not supported", where, a.GetTypeUrl())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s.typed_config %s: %v", where, a.GetTypeUrl(), err)
+	}
+	return msg, nil
+}
+
 func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 	if err := pbcheck.Only(m, w, "codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout"); err != nil {
 		return nil, err
@@ -244,9 +262,9 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 		if f.GetTypedConfig() == nil {
 			return nil, fmt.Errorf("%s.typed_config is required", fw)
 		}
-		msg, err := f.GetTypedConfig().UnmarshalNew()
+		msg, err := unmarshalTyped(f.GetTypedConfig(), fw)
 		if err != nil {
-			return nil, fmt.Errorf("%s.typed_config: %v", fw, err)
+			return nil, err
 		}
 		switch fm := msg.(type) {
 		case *rbacfilter.RBAC:
@@ -258,10 +276,14 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 				return nil, err
 			}
 			h.RBAC = append(h.RBAC, r)
-		default:
-			if f.GetName() == "envoy.filters.http.router" && i == len(fs)-1 {
-				continue
+		case *routerv3.Router:
+			if i != len(fs)-1 {
+				return nil, fmt.Errorf("%s: the router must be the last HTTP filter", fw)
 			}
+			if err := pbcheck.Only(fm, fw); err != nil {
+				return nil, err
+			}
+		default:
 			return nil, fmt.Errorf("%s.typed_config %s is not supported", fw, f.GetTypedConfig().GetTypeUrl())
 		}
 	}

@@ -48,3 +48,17 @@ func FuzzCompile(f *testing.F) {
 		}
 	})
 }
+
+// TestUnknownFilterType: a filter of a type the waypoint does not link is
+// refused as unsupported, with the type named.
+func TestUnknownFilterType(t *testing.T) {
+	l := &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{{
+		Name:    "echo:80",
+		Filters: []*listenerv3.Filter{{Name: "x", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: &anypb.Any{TypeUrl: "type.googleapis.com/example.Unknown"}}}},
+	}}}
+	a, _ := anypb.New(l)
+	err := NewStore().ApplyListeners(map[string]*anypb.Any{"waypoint": a}, nil)
+	if err == nil || !strings.Contains(err.Error(), "typed_config type.googleapis.com/example.Unknown is not supported") {
+		t.Fatalf("got %v", err)
+	}
+}

@@ -44,7 +44,8 @@ fuzz: ## Fuzz every parser for FUZZTIME each (default 3s).
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
 .PHONY: bench
-bench: ## Run the benchmarks; the figures are the `bench: <name> <value>` lines.
+bench: ## Run the benchmarks (installing nginx, their baseline, if missing); the figures are the `bench: <name> <value>` lines.
+	@BENCH=1 scripts/deps.sh
 	@set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./... | tee $(BIN)/bench.log | grep -E '^(bench:|FAIL|ok|panic)'
 
 .PHONY: lint

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # deps.sh: installs the Debian packages Weft's build, tests and demo need,
 # when they are missing. Run as root on Debian; it does nothing when all is there.
+# BENCH=1 (make bench) adds what only the benchmarks need: nginx, the
+# waypoint's baseline, which the benchmark runs itself (no nginx service).
 set -euo pipefail
 
 # command -> package that provides it
@@ -12,10 +14,13 @@ declare -A need=(
 	[flock]=util-linux
 	[tcpdump]=tcpdump
 )
+if [[ ${BENCH:-} == 1 ]]; then
+	need[nginx]=nginx
+fi
 
 missing=()
 for cmd in "${!need[@]}"; do
-	command -v "$cmd" >/dev/null 2>&1 || missing+=("${need[$cmd]}")
+	command -v "$cmd" >/dev/null 2>&1 || [[ -x /usr/sbin/$cmd ]] || missing+=("${need[$cmd]}")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 
@@ -25,5 +30,16 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# Packages with a service (nginx) must not start it: a policy-rc.d that
+# denies every start, only for this install and only if there is none.
+if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+	printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+	chmod 755 /usr/sbin/policy-rc.d
+	trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# nor at boot, where systemd runs.
+if [[ " ${missing[*]} " == *" nginx "* && -d /run/systemd/system ]]; then
+	systemctl disable --now nginx >/dev/null 2>&1 || true
+fi

@@ -1,4 +1,20 @@
-// Package bench holds the local cluster's benchmarks (`make bench`):
-// the cold build of its tools, its start time and how fast pods get Ready.
-// They print `bench: <name> <value>` lines.
+// Package bench holds Weft's benchmarks (`make bench`). They print
+// `bench: <name> <value>` lines, each figure measured against its baseline
+// in the same run:
+//
+//   - BenchmarkCluster: the local cluster's cold tool build, its start time
+//     and how fast pods get Ready.
+//   - BenchmarkZtunnel: two pods in their own network namespaces with
+//     Istio's in-pod redirection, ztunnel's proxies for both in a child
+//     process; throughput, added latency, RSS, CPU and idle-connection
+//     memory against the same pods without redirection.
+//   - BenchmarkWaypoint: the same pods plus a waypoint in a third namespace
+//     and a process of its own; the latency ztunnel + waypoint adds over
+//     ztunnel alone and the waypoint's RSS at 1000 req/s, and its requests/s
+//     per busy core against nginx as a reverse proxy to the same backend
+//     (nginx runs from a configuration the benchmark writes; `make bench`
+//     installs it).
+//
+// The namespace benchmarks need root and WEFT_ROOT_TESTS=1 (`make bench`
+// sets it); everything they build is in namespaces they create and remove.
 package bench

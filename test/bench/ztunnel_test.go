@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
@@ -45,8 +46,13 @@ import (
 const (
 	podA = "10.250.0.1"
 	podB = "10.250.0.2"
+	// benchNS is the Kubernetes namespace of every workload in the mesh's view.
+	benchNS = "bench"
 	// childEnv makes the re-executed test binary run the proxies.
 	childEnv = "WEFT_BENCH_ZTUNNEL_CHILD"
+	// caEnv names the directory holding the mesh CA (ca.pem, ca-key.pem)
+	// that the parent made and every child loads.
+	caEnv = "WEFT_BENCH_CA"
 )
 
 // BenchmarkZtunnel prints:
@@ -83,11 +89,12 @@ func TestZtunnelChild(t *testing.T) {
 }
 
 type podPair struct {
-	a, b      *netns.NS
+	a, b *netns.NS
+	// w is the waypoint's namespace, once addWaypoint made it.
+	w         *netns.NS
 	names     []string
-	child     *exec.Cmd
-	childIn   io.WriteCloser
-	childOut  *bufio.Reader
+	caDir     string
+	child     *childProc // ztunnel's proxies for both pods
 	redirects bool
 }
 
@@ -141,7 +148,8 @@ func newPodPair(b *testing.B) *podPair {
 		h.Close()
 	}
 	p.serveApps(b)
-	p.startChild(b)
+	p.caDir = newCADir(b)
+	p.child = startChild(b, "ztunnel", "TestZtunnelChild", nil, childEnv+"="+p.a.Path()+","+p.b.Path(), caEnv+"="+p.caDir)
 	return p
 }
 
@@ -199,30 +207,55 @@ func (p *podPair) setRedirect(b *testing.B, on bool) {
 	p.redirects = on
 }
 
-func (p *podPair) startChild(b *testing.B) {
-	p.child = exec.Command(os.Args[0], "-test.run", "^TestZtunnelChild$", "-test.v")
-	p.child.Env = append(os.Environ(), childEnv+"="+p.a.Path()+","+p.b.Path())
-	p.child.Stderr = os.Stderr
-	in, _ := p.child.StdinPipe()
-	out, _ := p.child.StdoutPipe()
-	p.childIn, p.childOut = in, bufio.NewReader(out)
-	if err := p.child.Start(); err != nil {
-		b.Fatal(err)
-	}
-	if line := p.childLine(b, ""); line != "ready" {
-		b.Fatalf("ztunnel child: %s", line)
-	}
+// childProc is this test binary re-executed to run one part of a benchmark
+// in a process of its own, so that its CPU time and memory are its own. It
+// answers each command line on stdin with one line and ends when stdin
+// closes.
+type childProc struct {
+	name string
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	once sync.Once
 }
 
-// childLine sends a command (if any) and returns the child's next answer.
-func (p *podPair) childLine(b *testing.B, cmd string) string {
+// startChild runs the test function test as a child process with env added
+// to its environment, inside ns when ns is not nil, and waits for its
+// "ready". The child is stopped when the benchmark ends.
+func startChild(b *testing.B, name, test string, ns *netns.NS, env ...string) *childProc {
+	b.Helper()
+	c := &childProc{name: name, cmd: exec.Command(os.Args[0], "-test.run", "^"+test+"$", "-test.v")}
+	c.cmd.Env = append(os.Environ(), env...)
+	c.cmd.Stderr = os.Stderr
+	c.in, _ = c.cmd.StdinPipe()
+	out, _ := c.cmd.StdoutPipe()
+	c.out = bufio.NewReader(out)
+	var err error
+	if ns != nil {
+		// os/exec forks from the calling thread, which is in ns.
+		err = ns.Do(c.cmd.Start)
+	} else {
+		err = c.cmd.Start()
+	}
+	if err != nil {
+		b.Fatalf("starting the %s child: %v", name, err)
+	}
+	b.Cleanup(c.stop)
+	if line := c.line(b, ""); line != "ready" {
+		b.Fatalf("%s child: %s", name, line)
+	}
+	return c
+}
+
+// line sends a command (if any) and returns the child's next answer.
+func (c *childProc) line(b *testing.B, cmd string) string {
 	if cmd != "" {
-		fmt.Fprintln(p.childIn, cmd)
+		fmt.Fprintln(c.in, cmd)
 	}
 	for {
-		line, err := p.childOut.ReadString('\n')
+		line, err := c.out.ReadString('\n')
 		if err != nil {
-			b.Fatalf("ztunnel child: %v", err)
+			b.Fatalf("%s child: %v", c.name, err)
 		}
 		line = strings.TrimSpace(line)
 		if strings.HasPrefix(line, "=== RUN") || line == "" {
@@ -232,19 +265,26 @@ func (p *podPair) childLine(b *testing.B, cmd string) string {
 	}
 }
 
-func (p *podPair) close() {
-	if p.child != nil && p.child.Process != nil {
-		p.childIn.Close()
+func (c *childProc) pid() int { return c.cmd.Process.Pid }
+
+// stop closes the child's stdin and waits for it to exit, killing it after
+// 10 s.
+func (c *childProc) stop() {
+	c.once.Do(func() {
+		c.in.Close()
 		done := make(chan struct{})
-		go func() { p.child.Wait(); close(done) }()
+		go func() { c.cmd.Wait(); close(done) }()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
-			p.child.Process.Kill()
+			c.cmd.Process.Kill()
 			<-done
 		}
-	}
-	for _, ns := range []*netns.NS{p.a, p.b} {
+	})
+}
+
+func (p *podPair) close() {
+	for _, ns := range []*netns.NS{p.a, p.b, p.w} {
 		if ns != nil {
 			ns.Close()
 		}
@@ -252,6 +292,39 @@ func (p *podPair) close() {
 	for _, name := range p.names {
 		netns.Delete(name)
 	}
+}
+
+// newCADir makes the mesh CA every process of a benchmark trusts and writes
+// it to a temporary directory the children load it from.
+func newCADir(b *testing.B) string {
+	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
+	if err != nil {
+		b.Fatal(err)
+	}
+	key, err := ca.KeyPEM()
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	for name, data := range map[string][]byte{"ca.pem": ca.CertPEM(), "ca-key.pem": key} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// loadCA loads the CA newCADir wrote.
+func loadCA(dir string) (*spiffe.CA, error) {
+	cert, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
+	if err != nil {
+		return nil, err
+	}
+	key, err := os.ReadFile(filepath.Join(dir, "ca-key.pem"))
+	if err != nil {
+		return nil, err
+	}
+	return spiffe.LoadCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain}, cert, key)
 }
 
 // dialFromA opens a connection from the client app in pod A.
@@ -303,10 +376,11 @@ func (p *podPair) throughput(b *testing.B) {
 	fmt.Printf("bench: ztunnel_throughput_vs_direct %.3f\n", m/d)
 }
 
-// openLoop sends 1 KiB POSTs at a fixed rate for d over conns keep-alive
-// connections (a schedule that does not wait for responses, like fortio's
-// uniform mode) and returns each request's latency from when it was sent.
-func (p *podPair) openLoop(b *testing.B, rate int, d time.Duration, conns int) []time.Duration {
+// openLoop sends 1 KiB POSTs to url from pod A at a fixed rate for d over
+// conns keep-alive connections (a schedule that does not wait for
+// responses, like fortio's uniform mode) and returns each request's latency
+// from when it was sent.
+func (p *podPair) openLoop(b *testing.B, url string, rate int, d time.Duration, conns int) []time.Duration {
 	tr := &http.Transport{
 		MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return p.dialFromA(addr) },
@@ -319,6 +393,7 @@ func (p *podPair) openLoop(b *testing.B, rate int, d time.Duration, conns int) [
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, n)
 	var failed int
+	var firstErr error
 	var wg sync.WaitGroup
 	for range conns * 4 {
 		wg.Add(1)
@@ -326,7 +401,7 @@ func (p *podPair) openLoop(b *testing.B, rate int, d time.Duration, conns int) [
 			defer wg.Done()
 			for range due {
 				t0 := time.Now()
-				resp, err := client.Post("http://"+podB+":8080/", "application/octet-stream", bytes.NewReader(body))
+				resp, err := client.Post(url, "application/octet-stream", bytes.NewReader(body))
 				if err == nil {
 					io.Copy(io.Discard, resp.Body)
 					resp.Body.Close()
@@ -335,6 +410,9 @@ func (p *podPair) openLoop(b *testing.B, rate int, d time.Duration, conns int) [
 				mu.Lock()
 				if err != nil {
 					failed++
+					if firstErr == nil {
+						firstErr = err
+					}
 				} else {
 					lat = append(lat, el)
 				}
@@ -354,24 +432,25 @@ func (p *podPair) openLoop(b *testing.B, rate int, d time.Duration, conns int) [
 	close(due)
 	wg.Wait()
 	if failed > 0 {
-		b.Fatalf("%d of %d requests failed", failed, n)
+		b.Fatalf("%d of %d requests failed, the first with: %v", failed, n, firstErr)
 	}
 	return lat
 }
 
 func (p *podPair) latency(b *testing.B) {
 	const rate, conns = 1000, 8
+	url := "http://" + podB + ":8080/"
 	p.setRedirect(b, false)
-	p.openLoop(b, rate, time.Second, conns) // warm-up
-	direct := p.openLoop(b, rate, 10*time.Second, conns)
+	p.openLoop(b, url, rate, time.Second, conns) // warm-up
+	direct := p.openLoop(b, url, rate, 10*time.Second, conns)
 	p.setRedirect(b, true)
-	p.openLoop(b, rate, time.Second, conns)
-	cpu0 := procCPU(b, p.child.Process.Pid)
+	p.openLoop(b, url, rate, time.Second, conns)
+	cpu0 := procCPU(b, p.child.pid())
 	t0 := time.Now()
-	mesh := p.openLoop(b, rate, 10*time.Second, conns)
-	cpu := procCPU(b, p.child.Process.Pid) - cpu0
+	mesh := p.openLoop(b, url, rate, 10*time.Second, conns)
+	cpu := procCPU(b, p.child.pid()) - cpu0
 	el := time.Since(t0)
-	rss := procRSS(b, p.child.Process.Pid)
+	rss := procRSS(b, p.child.pid())
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	fmt.Printf("bench: direct_p90_ms %.3f\n", ms(pct(direct, 0.90)))
 	fmt.Printf("bench: ztunnel_p90_ms %.3f\n", ms(pct(mesh, 0.90)))
@@ -385,7 +464,7 @@ func (p *podPair) latency(b *testing.B) {
 func (p *podPair) idle(b *testing.B) {
 	const n = 1000
 	p.setRedirect(b, true)
-	before, _ := strconv.ParseFloat(p.childLine(b, "mem"), 64)
+	before, _ := strconv.ParseFloat(p.child.line(b, "mem"), 64)
 	conns := make([]net.Conn, 0, n)
 	for range n {
 		c, err := p.dialFromA(podB + ":9000")
@@ -398,7 +477,7 @@ func (p *podPair) idle(b *testing.B) {
 		conns = append(conns, c)
 	}
 	time.Sleep(500 * time.Millisecond) // let every tunnel settle on both ends
-	after, _ := strconv.ParseFloat(p.childLine(b, "mem"), 64)
+	after, _ := strconv.ParseFloat(p.child.line(b, "mem"), 64)
 	for _, c := range conns {
 		c.Close()
 	}
@@ -416,13 +495,17 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	return time.Duration(ut+st) * time.Second / 100 // USER_HZ
 }
 
-func procRSS(b *testing.B, pid int) int64 {
+func procRSS(b *testing.B, pid int) int64 { return procStatus(b, pid, "VmRSS") }
+
+// procStatus reads a size in bytes from /proc/<pid>/status (VmRSS,
+// RssAnon, RssFile, ...).
+func procStatus(b *testing.B, pid int, field string) int64 {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, line := range strings.Split(string(raw), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			return kb << 10
 		}
@@ -442,25 +525,19 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// runChild runs ztunnel's proxies for both pods until stdin closes; "mem"
-// on stdin answers heap + stack in use after a collection.
+// runChild runs ztunnel's proxies for both pods until stdin closes. It
+// answers on stdout: "mem" with heap + stack in use after a collection,
+// "waypoint on" and "waypoint off" (binding the server's Service to the
+// waypoint, or not) with "ok".
 func runChild(spec string) error {
 	paths := strings.Split(spec, ",")
-	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
+	ca, err := loadCA(os.Getenv(caEnv))
 	if err != nil {
 		return err
 	}
 	store := state.NewStore()
-	pods := []struct{ path, name, ip string }{{paths[0], "client", podA}, {paths[1], "server", podB}}
-	addrs := map[string]*workloadpb.Address{}
-	for _, p := range pods {
-		uid := "Kubernetes//Pod/bench/" + p.name
-		addrs[uid] = &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: &workloadpb.Workload{
-			Uid: uid, Name: p.name, Namespace: "bench", ServiceAccount: p.name, Node: "node",
-			Addresses: [][]byte{netip.MustParseAddr(p.ip).AsSlice()}, TunnelProtocol: workloadpb.TunnelProtocol_HBONE,
-		}}}
-	}
-	if err := store.ApplyAddresses(addrs, nil); err != nil {
+	pods := []struct{ path, name string }{{paths[0], "client"}, {paths[1], "server"}}
+	if err := store.ApplyAddresses(meshAddresses(false), nil); err != nil {
 		return err
 	}
 	metrics := proxy.NewMetrics(prometheus.NewRegistry())
@@ -474,13 +551,13 @@ func runChild(spec string) error {
 		if err != nil {
 			return err
 		}
-		id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, "bench", p.name)
+		id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, p.name)
 		svid, err := ca.IssueSVID(id, time.Hour)
 		if err != nil {
 			return err
 		}
 		px, err := proxy.NewPod(proxy.PodConfig{
-			Namespace: "bench", Name: p.name, ServiceAccount: p.name, Node: "node", Store: store,
+			Namespace: benchNS, Name: p.name, ServiceAccount: p.name, Node: "node", Store: store,
 			Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst,
 			Credentials: staticCreds{spiffe.StaticCertificate(svid), ca.Roots()},
 			Metrics:     metrics, Logger: quiet, AccessLog: quiet,
@@ -503,15 +580,73 @@ func runChild(spec string) error {
 	fmt.Println("ready")
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
-		if sc.Text() == "mem" {
-			var ms runtime.MemStats
-			runtime.GC()
-			runtime.GC()
-			runtime.ReadMemStats(&ms)
-			fmt.Println(ms.HeapInuse + ms.StackInuse)
+		switch cmd := sc.Text(); cmd {
+		case "mem":
+			fmt.Println(memInUse())
+		case "waypoint on", "waypoint off":
+			if err := store.ApplyAddresses(meshAddresses(cmd == "waypoint on"), nil); err != nil {
+				fmt.Println("error:", err)
+				continue
+			}
+			fmt.Println("ok")
 		}
 	}
 	return nil
+}
+
+// memInUse is heap + stack in use after a collection.
+func memInUse() uint64 {
+	var ms runtime.MemStats
+	runtime.GC()
+	runtime.GC()
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse + ms.StackInuse
+}
+
+// meshAddresses is the control plane's view the ztunnel child holds: the
+// client and server pods, the server's Service, and the waypoint with its
+// Service. With waypoint, the server's Service is bound to the waypoint.
+// Pod-IP traffic (BenchmarkZtunnel's) routes the same either way.
+func meshAddresses(waypoint bool) map[string]*workloadpb.Address {
+	workload := func(name, ip string, svc string, port, target uint32) *workloadpb.Address {
+		w := &workloadpb.Workload{
+			Uid: "Kubernetes//Pod/" + benchNS + "/" + name, Name: name, Namespace: benchNS, ServiceAccount: name, Node: "node",
+			Addresses: [][]byte{netip.MustParseAddr(ip).AsSlice()}, TunnelProtocol: workloadpb.TunnelProtocol_HBONE,
+		}
+		if svc != "" {
+			w.Services = map[string]*workloadpb.PortList{benchNS + "/" + svc: {Ports: []*workloadpb.Port{{ServicePort: port, TargetPort: target}}}}
+		}
+		return &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}}
+	}
+	service := func(host, vip string, port, target uint32) *workloadpb.Service {
+		return &workloadpb.Service{
+			Name: strings.Split(host, ".")[0], Namespace: benchNS, Hostname: host,
+			Addresses: []*workloadpb.NetworkAddress{{Address: netip.MustParseAddr(vip).AsSlice()}},
+			Ports:     []*workloadpb.Port{{ServicePort: port, TargetPort: target}},
+		}
+	}
+	server := service(serverHost, serverVIP, 80, 8080)
+	if waypoint {
+		server.Waypoint = &workloadpb.GatewayAddress{
+			Destination:   &workloadpb.GatewayAddress_Hostname{Hostname: &workloadpb.NamespacedHostname{Namespace: benchNS, Hostname: waypointHost}},
+			HboneMtlsPort: 15008,
+		}
+	}
+	addrs := map[string]*workloadpb.Address{}
+	for _, a := range []*workloadpb.Address{
+		workload("client", podA, "", 0, 0),
+		workload("server", podB, serverHost, 80, 8080),
+		workload("waypoint", podW, waypointHost, 15008, 15008),
+		{Type: &workloadpb.Address_Service{Service: server}},
+		{Type: &workloadpb.Address_Service{Service: service(waypointHost, waypointVIP, 15008, 15008)}},
+	} {
+		if w := a.GetWorkload(); w != nil {
+			addrs[w.GetUid()] = a
+		} else {
+			addrs[benchNS+"/"+a.GetService().GetHostname()] = a
+		}
+	}
+	return addrs
 }
 
 type staticCreds struct {

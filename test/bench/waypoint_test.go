@@ -1,0 +1,665 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/vishvananda/netlink"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/netns"
+	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/test/cluster"
+	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/proxy"
+)
+
+// The waypoint benchmark adds a third network namespace to
+// BenchmarkZtunnel's two pods: the waypoint's, with podW on its loopback,
+// joined to each pod by a veth pair. The waypoint (waypoint/proxy on a
+// static Envoy configuration) runs there in a process of its own, this test
+// binary re-executed; ztunnel's child process holds both pods' proxies as in
+// BenchmarkZtunnel. nginx, for the throughput baseline, runs in the
+// waypoint's namespace too, so both proxies reach the same backend (the
+// server app in pod B) over the same link.
+const (
+	podW = "10.250.0.3"
+	// serverHost's VIP is what the client app in pod A connects to; the
+	// ztunnel child binds it to the waypoint on "waypoint on".
+	serverHost = "server." + benchNS + ".svc.cluster.local"
+	serverVIP  = "10.96.0.10"
+	// serviceRange is routed from pod A's eth0 so that its app can connect
+	// to a VIP; its ztunnel takes the connection before it leaves the pod.
+	serviceRange = "10.96.0.0/16"
+	// waypointHost is the waypoint's own Service, named by the binding.
+	waypointHost = "waypoint." + benchNS + ".svc.cluster.local"
+	waypointVIP  = "10.96.0.99"
+	// backendHost's VIP is the throughput benchmark's CONNECT target: the
+	// waypoint routes it to the server app over plain TCP, as nginx does.
+	backendHost = "backend." + benchNS + ".svc.cluster.local"
+	backendVIP  = "10.96.0.11"
+	nginxPort   = 8081
+	// waypointChildEnv makes the re-executed test binary run the waypoint.
+	waypointChildEnv = "WEFT_BENCH_WAYPOINT_CHILD"
+)
+
+// BenchmarkWaypoint prints:
+//
+//	waypoint_added_p99_ms   1 KiB HTTP request/response at 1000 req/s from pod A to the server's
+//	                        Service VIP: p99 through ztunnel + waypoint minus p99 through ztunnel alone
+//	waypoint_rss_mb         the waypoint process's RSS (VmRSS) at the end of that load; the
+//	                        process is this test binary, whose code pages count in it too
+//	                        (waypoint_idle_rss_mb is the same before any load, waypoint_rss_anon_mb
+//	                        the anonymous part: heap, stacks)
+//	waypoint_rps_vs_nginx   requests/s per busy core of the waypoint (HBONE in, HTTP/1.1 keep-alive
+//	                        inside the streams, 1 KiB responses) ÷ the same for nginx as a reverse proxy
+//	                        (keep-alive upstream) to the same backend, under the same closed-loop load
+//
+// and the raw figures behind them. Every figure is measured against its
+// baseline in the same run.
+func BenchmarkWaypoint(b *testing.B) {
+	if why := cluster.SkipReason(); why != "" {
+		b.Skip(why)
+	}
+	p := newPodPair(b)
+	p.addWaypoint(b)
+	wp := startChild(b, "waypoint", "TestWaypointChild", p.w, waypointChildEnv+"=1", caEnv+"="+p.caDir)
+	// Before any load: mostly the test binary's code and package
+	// initialisation, which a waypoint binary has less of.
+	fmt.Printf("bench: waypoint_idle_rss_mb %.1f\n", float64(procRSS(b, wp.pid()))/(1<<20))
+	// Latency first: the RSS figure is the waypoint's after the 1000 req/s
+	// load, not after the throughput runs.
+	b.Run("latency", func(b *testing.B) {
+		for range b.N {
+			waypointLatency(b, p, wp)
+		}
+	})
+	b.Run("rps_vs_nginx", func(b *testing.B) {
+		bin, why := findNginx()
+		if why != "" {
+			b.Skip(why)
+		}
+		for range b.N {
+			waypointRPS(b, p, wp, bin)
+		}
+	})
+}
+
+// TestWaypointChild is the child process of BenchmarkWaypoint, not a test.
+func TestWaypointChild(t *testing.T) {
+	if os.Getenv(waypointChildEnv) == "" {
+		t.Skip("runs only as BenchmarkWaypoint's child process")
+	}
+	if err := runWaypoint(); err != nil {
+		fmt.Println("error:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// addWaypoint makes the waypoint's namespace: podW on its loopback, a veth
+// pair to each pod ("eth1" in the pod, "a" or "b" in the waypoint's
+// namespace) with host routes both ways, and the Service range routed from
+// pod A's eth0.
+func (p *podPair) addWaypoint(b *testing.B) {
+	name := fmt.Sprintf("weft-bench-%d-w", os.Getpid())
+	ns, err := netns.Create(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.names = append(p.names, name)
+	p.w = ns
+	hw, err := ns.Netlink()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer hw.Close()
+	check := func(err error, what string) {
+		if err != nil {
+			b.Fatalf("waypoint topology: %s: %v", what, err)
+		}
+	}
+	lo, err := hw.LinkByName("lo")
+	check(err, "lo")
+	check(hw.AddrAdd(lo, &netlink.Addr{IPNet: ipnet(podW + "/32")}), "address on lo")
+	check(hw.LinkSetUp(lo), "lo up")
+	for _, side := range []struct {
+		ns         *netns.NS
+		peer, addr string
+	}{{p.a, "a", podA}, {p.b, "b", podB}} {
+		h, err := side.ns.Netlink()
+		check(err, side.ns.Path())
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth1"}, PeerName: side.peer, PeerNamespace: netlink.NsFd(ns.Fd())}
+		check(h.LinkAdd(veth), "veth to "+side.addr)
+		l, err := h.LinkByName("eth1")
+		check(err, "eth1")
+		check(h.LinkSetUp(l), "eth1 up")
+		check(h.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipnet(podW + "/32"), Src: net.ParseIP(side.addr), Scope: netlink.SCOPE_LINK}), "route to the waypoint")
+		if side.addr == podA {
+			eth0, err := h.LinkByName("eth0")
+			check(err, "eth0")
+			check(h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: ipnet(serviceRange), Scope: netlink.SCOPE_LINK}), "service route")
+		}
+		h.Close()
+		pl, err := hw.LinkByName(side.peer)
+		check(err, side.peer)
+		check(hw.LinkSetUp(pl), side.peer+" up")
+		check(hw.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Dst: ipnet(side.addr + "/32"), Src: net.ParseIP(podW), Scope: netlink.SCOPE_LINK}), "route to "+side.addr)
+	}
+}
+
+// bindWaypoint binds the server's Service to the waypoint in ztunnel's
+// view, or removes the binding.
+func (p *podPair) bindWaypoint(b *testing.B, on bool) {
+	cmd := map[bool]string{true: "waypoint on", false: "waypoint off"}[on]
+	if line := p.child.line(b, cmd); line != "ok" {
+		b.Fatalf("ztunnel child: %s: %s", cmd, line)
+	}
+}
+
+// waypointRequests is how many requests the waypoint has answered.
+func waypointRequests(b *testing.B, wp *childProc) int {
+	n, err := strconv.Atoi(wp.line(b, "requests"))
+	if err != nil {
+		b.Fatalf("waypoint child: requests: %v", err)
+	}
+	return n
+}
+
+func waypointLatency(b *testing.B, p *podPair, wp *childProc) {
+	const rate, conns, rounds = 1000, 8, 2
+	const d = 5 * time.Second
+	url := "http://" + serverVIP + "/"
+	p.setRedirect(b, true)
+	var base, mesh []time.Duration
+	var cpu, el time.Duration
+	// Alternate so that drift in the machine's load hits both sides alike.
+	for range rounds {
+		p.bindWaypoint(b, false)
+		p.openLoop(b, url, rate, time.Second, conns) // warm-up
+		n0 := waypointRequests(b, wp)
+		base = append(base, p.openLoop(b, url, rate, d, conns)...)
+		if n := waypointRequests(b, wp) - n0; n != 0 {
+			b.Fatalf("%d requests went through the waypoint with the binding removed", n)
+		}
+		p.bindWaypoint(b, true)
+		p.openLoop(b, url, rate, time.Second, conns)
+		n0 = waypointRequests(b, wp)
+		cpu0, t0 := procCPU(b, wp.pid()), time.Now()
+		lat := p.openLoop(b, url, rate, d, conns)
+		cpu += procCPU(b, wp.pid()) - cpu0
+		el += time.Since(t0)
+		if n := waypointRequests(b, wp) - n0; n < len(lat) {
+			b.Fatalf("only %d of %d requests went through the waypoint", n, len(lat))
+		}
+		mesh = append(mesh, lat...)
+	}
+	rss, anon := procRSS(b, wp.pid()), procStatus(b, wp.pid(), "RssAnon")
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	fmt.Printf("bench: svc_ztunnel_p90_ms %.3f\n", ms(pct(base, 0.90)))
+	fmt.Printf("bench: svc_ztunnel_p99_ms %.3f\n", ms(pct(base, 0.99)))
+	fmt.Printf("bench: svc_ztunnel_waypoint_p90_ms %.3f\n", ms(pct(mesh, 0.90)))
+	fmt.Printf("bench: svc_ztunnel_waypoint_p99_ms %.3f\n", ms(pct(mesh, 0.99)))
+	fmt.Printf("bench: waypoint_added_p50_ms %.3f\n", ms(pct(mesh, 0.50)-pct(base, 0.50)))
+	fmt.Printf("bench: waypoint_added_p90_ms %.3f\n", ms(pct(mesh, 0.90)-pct(base, 0.90)))
+	fmt.Printf("bench: waypoint_added_p99_ms %.3f\n", ms(pct(mesh, 0.99)-pct(base, 0.99)))
+	fmt.Printf("bench: waypoint_rss_mb %.1f\n", float64(rss)/(1<<20))
+	fmt.Printf("bench: waypoint_rss_anon_mb %.1f\n", float64(anon)/(1<<20))
+	fmt.Printf("bench: waypoint_cpu_per_1000rps %.3f\n", cpu.Seconds()/el.Seconds()/(rate/1000.0))
+}
+
+func waypointRPS(b *testing.B, p *podPair, wp *childProc, nginxBin string) {
+	const conns, rounds = 16, 3
+	const d = 3 * time.Second
+	p.setRedirect(b, false) // the load generator in pod A talks to both proxies itself
+	ng := startNginx(b, p, nginxBin)
+	hb, src := p.hboneClient(b)
+	wpID := benchID("waypoint")
+	viaWaypoint := func() (net.Conn, error) {
+		return hb.Dial(context.Background(), hbone.Target{Source: src, Peers: []spiffeid.ID{wpID},
+			Addr: netip.MustParseAddrPort(podW + ":15008"), Authority: backendVIP + ":80"})
+	}
+	viaNginx := func() (net.Conn, error) { return p.dialFromA(fmt.Sprintf("%s:%d", podW, nginxPort)) }
+	ngPIDs := append([]int{ng.Process.Pid}, childPIDs(ng.Process.Pid)...)
+	if len(ngPIDs) < 2 {
+		b.Fatal("nginx has no worker processes")
+	}
+	closedLoop(b, viaNginx, nil, conns, time.Second) // warm-up
+	closedLoop(b, viaWaypoint, nil, conns, time.Second)
+	var ngRPS, ngCores, wpRPS, wpCores, ngPerCore, wpPerCore []float64
+	for range rounds {
+		r, c := closedLoop(b, viaNginx, ngPIDs, conns, d)
+		ngRPS, ngCores, ngPerCore = append(ngRPS, r), append(ngCores, c), append(ngPerCore, r/c)
+		r, c = closedLoop(b, viaWaypoint, []int{wp.pid()}, conns, d)
+		wpRPS, wpCores, wpPerCore = append(wpRPS, r), append(wpCores, c), append(wpPerCore, r/c)
+	}
+	fmt.Printf("bench: nginx_rps %.0f\n", median(ngRPS))
+	fmt.Printf("bench: nginx_cpu_cores %.3f\n", median(ngCores))
+	fmt.Printf("bench: nginx_rps_per_core %.0f\n", median(ngPerCore))
+	fmt.Printf("bench: waypoint_rps %.0f\n", median(wpRPS))
+	fmt.Printf("bench: waypoint_cpu_cores %.3f\n", median(wpCores))
+	fmt.Printf("bench: waypoint_rps_per_core %.0f\n", median(wpPerCore))
+	fmt.Printf("bench: waypoint_rps_vs_nginx %.3f\n", median(wpPerCore)/median(ngPerCore))
+}
+
+// benchID is the SPIFFE ID of service account sa in benchNS.
+func benchID(sa string) spiffeid.ID {
+	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, sa)
+	return id.ID()
+}
+
+// hboneClient is an HBONE dialer for the client app in pod A, with the
+// client's SVID from the bench CA.
+func (p *podPair) hboneClient(b *testing.B) (*hbone.Dialer, spiffeid.ID) {
+	ca, err := loadCA(p.caDir)
+	if err != nil {
+		b.Fatal(err)
+	}
+	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, "client")
+	svid, err := ca.IssueSVID(id, time.Hour)
+	if err != nil {
+		b.Fatal(err)
+	}
+	d, err := hbone.NewDialer(hbone.DialerConfig{
+		TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
+			return spiffe.ClientConfig(spiffe.StaticCertificate(svid), ca.Roots(), peers), nil
+		},
+		Dial: func(ctx context.Context, addr netip.AddrPort, _ netip.Addr) (net.Conn, error) {
+			return p.dialFromA(addr.String())
+		},
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	return d, id.ID()
+}
+
+// closedLoop keeps conns keep-alive connections busy for d, each sending
+// its next GET as soon as the previous 1 KiB response is read, and returns
+// the completed requests per second and the CPU cores the processes pids
+// used meanwhile (CPU seconds ÷ wall seconds, from /proc/<pid>/stat).
+func closedLoop(b *testing.B, dial func() (net.Conn, error), pids []int, conns int, d time.Duration) (rps, cores float64) {
+	cs := make([]net.Conn, 0, conns)
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for range conns {
+		c, err := dial()
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs = append(cs, c)
+	}
+	req := []byte("GET / HTTP/1.1\r\nHost: " + backendHost + "\r\n\r\n")
+	var total atomic.Int64
+	var errOnce sync.Once
+	var firstErr error
+	var wg sync.WaitGroup
+	cpu0 := cpuOf(b, pids)
+	start := time.Now()
+	deadline := start.Add(d)
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			br := bufio.NewReaderSize(c, 4096)
+			var n int64
+			defer func() { total.Add(n) }()
+			for time.Now().Before(deadline) {
+				err := exchange(c, br, req)
+				if err != nil {
+					errOnce.Do(func() { firstErr = err })
+					return
+				}
+				n++
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	cpu := cpuOf(b, pids) - cpu0
+	if firstErr != nil {
+		b.Fatal(firstErr)
+	}
+	return float64(total.Load()) / el.Seconds(), cpu.Seconds() / el.Seconds()
+}
+
+// exchange sends one request and reads its response to the end.
+func exchange(c net.Conn, br *bufio.Reader, req []byte) error {
+	if _, err := c.Write(req); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK || n != 1024 {
+		return fmt.Errorf("response %d with %d bytes, want 200 with 1024", resp.StatusCode, n)
+	}
+	return nil
+}
+
+func cpuOf(b *testing.B, pids []int) time.Duration {
+	var t time.Duration
+	for _, pid := range pids {
+		t += procCPU(b, pid)
+	}
+	return t
+}
+
+// childPIDs lists the processes whose parent is pid.
+func childPIDs(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		n, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", n))
+		i := strings.LastIndexByte(string(raw), ')')
+		if err != nil || i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(raw[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// findNginx returns nginx's path, or why the throughput comparison cannot
+// run.
+func findNginx() (path, why string) {
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p, ""
+	}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		return "/usr/sbin/nginx", ""
+	}
+	return "", "nginx is not installed: `make bench` installs it (BENCH=1 scripts/deps.sh), or apt-get install nginx"
+}
+
+// nginxConf is nginx as a reverse proxy with keep-alive connections on
+// both sides and no access log (the waypoint runs with none either); %[1]s
+// is the run's directory.
+const nginxConf = `daemon off;
+master_process on;
+worker_processes auto;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events {
+	worker_connections 1024;
+}
+http {
+	access_log off;
+	client_body_temp_path %[1]s/client_body;
+	proxy_temp_path %[1]s/proxy;
+	fastcgi_temp_path %[1]s/fastcgi;
+	uwsgi_temp_path %[1]s/uwsgi;
+	scgi_temp_path %[1]s/scgi;
+	keepalive_requests 1000000;
+	upstream backend {
+		server %[2]s;
+		keepalive 64;
+		keepalive_requests 1000000;
+	}
+	server {
+		listen %[3]s;
+		location / {
+			proxy_pass http://backend;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+		}
+	}
+}
+`
+
+// startNginx runs nginx in the waypoint's namespace, proxying nginxPort to
+// the server app, with its configuration, pid, log and temp files in a
+// temporary directory; it is stopped when the benchmark ends.
+func startNginx(b *testing.B, p *podPair, bin string) *exec.Cmd {
+	dir := b.TempDir()
+	// nginx's workers run as nobody: let them reach the temp paths.
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	listen := fmt.Sprintf("%s:%d", podW, nginxPort)
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, podB+":8080", listen), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := p.w.Do(cmd.Start); err != nil {
+		b.Fatalf("starting nginx: %v", err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	b.Cleanup(func() {
+		workers := childPIDs(cmd.Process.Pid)
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+		for _, pid := range workers {
+			syscall.Kill(pid, syscall.SIGKILL) // gone already unless the master was killed
+		}
+	})
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-exited:
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			b.Fatalf("nginx exited: %s", log)
+		default:
+		}
+		c, err := p.dialFromA(listen)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Since(start) > 10*time.Second {
+			b.Fatalf("nginx does not listen on %s: %v", listen, err)
+		}
+	}
+	// The master starts its workers right after it listens.
+	for start := time.Now(); len(childPIDs(cmd.Process.Pid)) == 0 && time.Since(start) < 5*time.Second; {
+		time.Sleep(20 * time.Millisecond)
+	}
+	return cmd
+}
+
+// runWaypoint runs the waypoint in this process, which is in the
+// waypoint's namespace, until stdin closes. It answers "mem" with heap +
+// stack in use after a collection and "requests" with the requests it has
+// answered (istio_requests_total).
+func runWaypoint() error {
+	ca, err := loadCA(os.Getenv(caEnv))
+	if err != nil {
+		return err
+	}
+	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, "waypoint")
+	svid, err := ca.IssueSVID(id, time.Hour)
+	if err != nil {
+		return err
+	}
+	store := config.NewStore()
+	if err := applyWaypointConfig(store); err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	quiet := slog.New(slog.DiscardHandler)
+	px, err := proxy.New(proxy.Config{
+		Identity: id.ID(), Certificate: spiffe.StaticCertificate(svid), Roots: ca.Roots(), Store: store,
+		Metrics: proxy.NewMetrics(reg), Logger: quiet, AccessLog: quiet,
+	})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", ":15008")
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- px.Serve(ctx, ln) }()
+	if path := os.Getenv("WEFT_BENCH_WAYPOINT_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			cancel()
+			return err
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	fmt.Println("ready")
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		switch sc.Text() {
+		case "mem":
+			fmt.Println(memInUse())
+		case "requests":
+			fmt.Println(requestsTotal(reg))
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
+			return nil
+		}
+		return err
+	case <-time.After(5 * time.Second): // connections still draining
+		return nil
+	}
+}
+
+func requestsTotal(reg *prometheus.Registry) int {
+	mfs, _ := reg.Gather()
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() == "istio_requests_total" {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return int(sum)
+}
+
+// applyWaypointConfig gives the waypoint the Envoy resources the control
+// plane would send for two Services bound to it: the server's (its VIP
+// routed to pod B over HBONE, as in the mesh) and the throughput
+// benchmark's backend (routed to the same app over plain TCP, as nginx
+// reaches it).
+func applyWaypointConfig(store *config.Store) error {
+	var errs []error
+	toAny := func(m proto.Message) *anypb.Any {
+		a, err := anypb.New(m)
+		errs = append(errs, err)
+		return a
+	}
+	router := &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: toAny(&routerv3.Router{})}}
+	l := &listenerv3.Listener{Name: "waypoint"}
+	routes, clusters, endpoints := map[string]*anypb.Any{}, map[string]*anypb.Any{}, map[string]*anypb.Any{}
+	for _, s := range []struct {
+		host, vip string
+		hbone     bool
+	}{{serverHost, serverVIP, true}, {backendHost, backendVIP, false}} {
+		name, cluster := s.host+":80", "outbound|80||"+s.host
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			Name: name,
+			FilterChainMatch: &listenerv3.FilterChainMatch{
+				PrefixRanges:    []*corev3.CidrRange{{AddressPrefix: s.vip, PrefixLen: wrapperspb.UInt32(32)}},
+				DestinationPort: wrapperspb.UInt32(80),
+			},
+			Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: toAny(&hcmv3.HttpConnectionManager{
+				StatPrefix:     name,
+				RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: name}},
+				HttpFilters:    []*hcmv3.HttpFilter{router},
+			})}}},
+		})
+		routes[name] = toAny(&routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{{
+			Name: name, Domains: []string{"*"},
+			Routes: []*routev3.Route{{
+				Name:   "default",
+				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}},
+			}},
+		}}})
+		clusters[cluster] = toAny(&clusterv3.Cluster{Name: cluster, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(10 * time.Second)}) // Istio's default
+		md := map[string]any{"tunnel": "", "workload": "server", "namespace": benchNS, "workload_name": "server"}
+		if s.hbone {
+			md["tunnel"] = "HBONE"
+			md["identity"] = benchID("server").String()
+		}
+		meta, err := structpb.NewStruct(md)
+		errs = append(errs, err)
+		endpoints[cluster] = toAny(&endpointv3.ClusterLoadAssignment{ClusterName: cluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+					SocketAddress: &corev3.SocketAddress{Address: podB, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 8080}}}}}},
+				HealthStatus: corev3.HealthStatus_HEALTHY,
+				Metadata:     &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"weft": meta}},
+			}},
+		}}})
+	}
+	listeners := map[string]*anypb.Any{"waypoint": toAny(l)}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return errors.Join(
+		store.ApplyClusters(clusters, nil),
+		store.ApplyEndpoints(endpoints, nil),
+		store.ApplyRoutes(routes, nil),
+		store.ApplyListeners(listeners, nil),
+	)
+}

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
@@ -16,11 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -39,15 +37,23 @@ type Deployer struct {
 	gateways cache.SharedIndexInformer
 	classes  cache.SharedIndexInformer
 	log      *slog.Logger
-	queue    workqueue.TypedRateLimitingInterface[string]
 
-	owned   informers.SharedInformerFactory // Deployments and Services with the gateway label
-	params  informers.SharedInformerFactory // ConfigMaps
+	owned   informers.SharedInformerFactory // ServiceAccounts, Deployments and Services with the gateway-name label
+	params  informers.SharedInformerFactory // ConfigMaps, for parametersRef
 	results *prometheus.CounterVec
 }
 
+// Results of a reconcile: the result label of weft_waypoint_reconciles_total.
+const (
+	resultOK       = "ok"       // deployed and status written (or the classes' status)
+	resultRefused  = "refused"  // not Accepted: invalid parameters or name
+	resultConflict = "conflict" // a status write lost a race; retried
+	resultError    = "error"    // failed; retried with backoff
+)
+
 // New returns a Deployer. gateways and classes are the Gateway and
 // GatewayClass informers, which the caller starts. log and reg may be nil.
+// It starts nothing; Run does.
 func New(cfg Config, kube kubernetes.Interface, gw gwclient.Interface, gateways, classes cache.SharedIndexInformer, log *slog.Logger, reg prometheus.Registerer) (*Deployer, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, fmt.Errorf("creating the waypoint deployer: %w", err)
@@ -60,14 +66,12 @@ func New(cfg Config, kube kubernetes.Interface, gw gwclient.Interface, gateways,
 	}
 	d := &Deployer{
 		cfg: cfg, kube: kube, gw: gw, gateways: gateways, classes: classes, log: log,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "waypoints"}),
-		owned: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.LabelSelector = ambient.LabelGatewayName
-		})),
-		params: informers.NewSharedInformerFactory(kube, 0),
+		// Existence selector: only objects that carry the label.
+		owned: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ambient.LabelGatewayName })),
+		params: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields)),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "weft_waypoint_reconciles_total", Help: "Waypoint Gateway reconciliations, by result.",
+			Name: "weft_waypoint_reconciles_total", Help: "Waypoint Gateway reconciliations, by result (ok, refused, conflict, error).",
 		}, []string{"result"}),
 	}
 	if reg != nil {
@@ -78,14 +82,25 @@ func New(cfg Config, kube kubernetes.Interface, gw gwclient.Interface, gateways,
 	return d, nil
 }
 
+// stripManagedFields drops what the deployer never reads from its caches.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
 const classKey = "\x00class" // queue key of the GatewayClass status
 
-// Run reconciles until ctx ends.
+// Run reconciles until ctx ends, and returns after its workers and
+// informers have stopped.
 func (d *Deployer) Run(ctx context.Context) error {
-	defer d.queue.ShutDown()
+	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "waypoints"})
+	defer queue.ShutDown()
 	enqueue := func(obj any) {
 		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-			d.queue.Add(k)
+			queue.Add(k)
 		}
 	}
 	byOwner := func(obj any) {
@@ -94,7 +109,7 @@ func (d *Deployer) Run(ctx context.Context) error {
 		}
 		if m, err := meta.Accessor(obj); err == nil {
 			if name := m.GetLabels()[ambient.LabelGatewayName]; name != "" {
-				d.queue.Add(m.GetNamespace() + "/" + name)
+				queue.Add(m.GetNamespace() + "/" + name)
 			}
 		}
 	}
@@ -109,7 +124,7 @@ func (d *Deployer) Run(ctx context.Context) error {
 		for _, o := range d.gateways.GetIndexer().List() {
 			gw := o.(*gwv1.Gateway)
 			if gw.Namespace == cm.Namespace && paramsName(gw) == cm.Name {
-				d.queue.Add(cm.Namespace + "/" + gw.Name)
+				queue.Add(cm.Namespace + "/" + gw.Name)
 			}
 		}
 	}
@@ -118,7 +133,7 @@ func (d *Deployer) Run(ctx context.Context) error {
 		f   func(any)
 	}{
 		{d.gateways, enqueue},
-		{d.classes, func(any) { d.queue.Add(classKey) }},
+		{d.classes, func(any) { queue.Add(classKey) }},
 		{d.owned.Apps().V1().Deployments().Informer(), byOwner},
 		{d.owned.Core().V1().Services().Informer(), byOwner},
 		{d.owned.Core().V1().ServiceAccounts().Informer(), byOwner},
@@ -144,43 +159,54 @@ func (d *Deployer) Run(ctx context.Context) error {
 		return nil
 	}
 	d.log.Info("waypoint deployer started", "image", d.cfg.Image)
-	done := make(chan struct{})
+	var wg sync.WaitGroup
 	for range 2 {
-		go func() {
-			defer func() { done <- struct{}{} }()
-			wait.UntilWithContext(ctx, func(ctx context.Context) {
-				for d.next(ctx) {
-				}
-			}, time.Second)
-		}()
+		wg.Go(func() { d.worker(ctx, queue) })
 	}
 	<-ctx.Done()
-	d.queue.ShutDown()
-	<-done
-	<-done
+	queue.ShutDown()
+	wg.Wait()
 	return nil
 }
 
-func (d *Deployer) next(ctx context.Context) bool {
-	key, quit := d.queue.Get()
+// worker reconciles keys until the queue shuts down.
+func (d *Deployer) worker(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) {
+	for d.next(ctx, queue) {
+	}
+}
+
+func (d *Deployer) next(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) bool {
+	key, quit := queue.Get()
 	if quit {
 		return false
 	}
-	defer d.queue.Done(key)
+	defer queue.Done(key)
+	var result string
 	var err error
 	if key == classKey {
-		err = d.reconcileClasses(ctx)
+		result, err = d.reconcileClasses(ctx)
 	} else {
-		err = d.reconcile(ctx, key)
+		result, err = d.reconcile(ctx, key)
 	}
-	if err != nil {
-		d.results.WithLabelValues("error").Inc()
-		d.log.Warn("waypoint reconcile failed; retrying", "gateway", key, "error", err)
-		d.queue.AddRateLimited(key)
-		return true
+	switch {
+	case err == nil:
+		queue.Forget(key)
+	case apierrors.IsConflict(err):
+		// Stale cache: the informer brings the new version and the
+		// retry recomputes from it.
+		result = resultConflict
+		d.log.Debug("waypoint status conflict; retrying", "gateway", key, "error", err)
+		queue.AddRateLimited(key)
+	default:
+		result = resultError
+		if ctx.Err() == nil {
+			d.log.Warn("waypoint reconcile failed; retrying", "gateway", key, "error", err)
+		}
+		queue.AddRateLimited(key)
 	}
-	d.results.WithLabelValues("ok").Inc()
-	d.queue.Forget(key)
+	if result != "" {
+		d.results.WithLabelValues(result).Inc()
+	}
 	return true
 }
 
@@ -191,85 +217,122 @@ func paramsName(gw *gwv1.Gateway) string {
 	return ""
 }
 
-// reconcile applies a Gateway's objects and writes its status.
-func (d *Deployer) reconcile(ctx context.Context, key string) error {
+// refusal is why a Gateway is not Accepted.
+type refusal struct{ reason, msg string }
+
+// reconcile applies a Gateway's objects and writes its status. The result
+// is "" for a Gateway that is not a waypoint's.
+func (d *Deployer) reconcile(ctx context.Context, key string) (string, error) {
 	obj, ok, err := d.gateways.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
-		return err // deleted: the garbage collector removes what it owned
+		return "", err // deleted: the garbage collector removes what it owned
 	}
 	gw := obj.(*gwv1.Gateway)
 	if string(gw.Spec.GatewayClassName) != ambient.WaypointClass {
-		return nil
+		return "", nil
 	}
-	params, perr := d.parameters(gw)
+	if gw.DeletionTimestamp != nil {
+		// Being deleted (its dependents first, in a foreground deletion):
+		// applying would bring back what the garbage collector removes.
+		return "", nil
+	}
+	if err := checkName(gw.Name); err != nil {
+		return resultRefused, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalid), err.Error()}, nil)
+	}
+	params, err := d.parameters(gw)
 	var objs *Objects
-	if perr == nil {
-		objs, perr = Build(d.cfg, gw, params)
+	if err == nil {
+		objs, err = Build(d.cfg, gw, params)
 	}
-	var pe *ParamsError
-	if perr != nil && !errors.As(perr, &pe) {
-		return perr
-	}
-	if pe != nil {
+	if pe := (*ParamsError)(nil); errors.As(err, &pe) {
 		d.log.Warn("waypoint parameters refused", "gateway", key, "error", pe.msg)
-		return d.writeStatus(ctx, gw, pe.msg, nil)
-	}
-	for _, o := range []any{objs.ServiceAccount, objs.Deployment, objs.Service} {
-		if err := d.apply(ctx, o); err != nil {
-			return err
-		}
+		return resultRefused, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), pe.msg}, nil)
+	} else if err != nil {
+		return "", err
 	}
 	var svc *corev1.Service
-	if o, ok, _ := d.owned.Core().V1().Services().Informer().GetIndexer().GetByKey(key); ok {
-		svc = o.(*corev1.Service)
+	for _, o := range []any{objs.ServiceAccount, objs.Deployment, objs.Service} {
+		applied, err := d.apply(ctx, o)
+		if apierrors.IsInvalid(err) && params != nil {
+			// The patches made an object the API server refuses.
+			var st apierrors.APIStatus
+			errors.As(err, &st)
+			msg := fmt.Sprintf("ConfigMap %s/%s: the API server refuses the patched %s: %s", params.Namespace, params.Name, kindOf(o), st.Status().Message)
+			d.log.Warn("waypoint parameters refused", "gateway", key, "error", msg)
+			return resultRefused, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), msg}, nil)
+		}
+		if err != nil {
+			return "", err
+		}
+		if s, ok := applied.(*corev1.Service); ok {
+			svc = s
+		}
 	}
-	return d.writeStatus(ctx, gw, "", svc)
+	return resultOK, d.writeStatus(ctx, gw, nil, svc)
+}
+
+func kindOf(obj any) string {
+	switch obj.(type) {
+	case *corev1.ServiceAccount:
+		return "ServiceAccount"
+	case *appsv1.Deployment:
+		return "Deployment"
+	case *corev1.Service:
+		return "Service"
+	}
+	return fmt.Sprintf("%T", obj)
 }
 
 // parameters reads the ConfigMap a Gateway's parametersRef names.
 func (d *Deployer) parameters(gw *gwv1.Gateway) (*corev1.ConfigMap, error) {
-	inf := gw.Spec.Infrastructure
-	if inf == nil || inf.ParametersRef == nil {
+	name := paramsName(gw)
+	if name == "" {
 		return nil, nil
 	}
-	ref := inf.ParametersRef
-	if (ref.Group != "" && ref.Group != "core") || ref.Kind != "ConfigMap" {
-		return nil, &ParamsError{fmt.Sprintf("parametersRef %s/%s %s: only a ConfigMap is supported", ref.Group, ref.Kind, ref.Name)}
+	if err := checkRef(gw); err != nil {
+		return nil, err
 	}
-	o, ok, err := d.params.Core().V1().ConfigMaps().Informer().GetIndexer().GetByKey(gw.Namespace + "/" + ref.Name)
+	o, ok, err := d.params.Core().V1().ConfigMaps().Informer().GetIndexer().GetByKey(gw.Namespace + "/" + name)
 	if err != nil {
 		return nil, err
 	}
 	if !ok {
-		return nil, &ParamsError{fmt.Sprintf("parametersRef ConfigMap %s/%s not found", gw.Namespace, ref.Name)}
+		return nil, &ParamsError{fmt.Sprintf("parametersRef ConfigMap %s/%s not found", gw.Namespace, name)}
 	}
 	return o.(*corev1.ConfigMap), nil
 }
 
-// apply server-side-applies one object.
-func (d *Deployer) apply(ctx context.Context, obj any) error {
+// apply server-side-applies one object and returns it as the API server
+// has it.
+func (d *Deployer) apply(ctx context.Context, obj any) (any, error) {
 	data, err := json.Marshal(obj)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)}
+	var out any
 	switch o := obj.(type) {
 	case *corev1.ServiceAccount:
-		_, err = d.kube.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		out, err = d.kube.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
 	case *appsv1.Deployment:
-		_, err = d.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		out, err = d.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
 	case *corev1.Service:
-		_, err = d.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+		out, err = d.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
+	default:
+		return nil, fmt.Errorf("applying %T: not a waypoint object", obj)
 	}
 	if err != nil {
-		return fmt.Errorf("applying %T: %w", obj, err)
+		return nil, fmt.Errorf("applying the %s: %w", kindOf(obj), err)
 	}
-	return nil
+	return out, nil
 }
 
 // writeStatus sets the Gateway's conditions, addresses and listeners.
-// refused is the parameters problem, if any; svc the deployed Service.
-func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused string, svc *corev1.Service) error {
+// refused is why it is not accepted, if it is not; svc the applied Service.
+// It updates the version of the Gateway it was computed from: a conflict
+// means the cache is behind, and the retry recomputes from the newer one
+// rather than write this status over a spec it did not see.
+func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *refusal, svc *corev1.Service) error {
 	st := gwv1.GatewayStatus{Conditions: slices.Clone(gw.Status.Conditions)}
 	gen := gw.Generation
 	set := func(conds *[]metav1.Condition, typ string, ok bool, reason, msg string) {
@@ -281,9 +344,9 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused st
 	}
 	programmed := false
 	switch {
-	case refused != "":
-		set(&st.Conditions, string(gwv1.GatewayConditionAccepted), false, string(gwv1.GatewayReasonInvalidParameters), refused)
-		set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonInvalid), "not deployed: "+refused)
+	case refused != nil:
+		set(&st.Conditions, string(gwv1.GatewayConditionAccepted), false, refused.reason, refused.msg)
+		set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonInvalid), "not deployed: "+refused.msg)
 	default:
 		set(&st.Conditions, string(gwv1.GatewayConditionAccepted), true, string(gwv1.GatewayReasonAccepted), "waypoint deployed")
 		if svc != nil && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone {
@@ -295,9 +358,10 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused st
 			}
 			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed), "the waypoint's Service has an address")
 		} else {
-			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonPending), "waiting for the waypoint's Service address")
+			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonAddressNotAssigned), "the waypoint's Service has no cluster IP")
 		}
 	}
+	accepted := refused == nil
 	for _, l := range gw.Spec.Listeners {
 		ls := gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}}
 		for _, old := range gw.Status.Listeners {
@@ -306,7 +370,7 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused st
 				ls.AttachedRoutes = old.AttachedRoutes
 			}
 		}
-		set(&ls.Conditions, string(gwv1.ListenerConditionAccepted), refused == "", reasonOf(refused == "", string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonPending)), "")
+		set(&ls.Conditions, string(gwv1.ListenerConditionAccepted), accepted, reasonOf(accepted, string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonPending)), "")
 		set(&ls.Conditions, string(gwv1.ListenerConditionProgrammed), programmed, reasonOf(programmed, string(gwv1.ListenerReasonProgrammed), string(gwv1.ListenerReasonPending)), "")
 		set(&ls.Conditions, string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs), "")
 		st.Listeners = append(st.Listeners, ls)
@@ -314,19 +378,16 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused st
 	if statusEqual(gw.Status, st) {
 		return nil
 	}
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cur, err := d.gw.GatewayV1().Gateways(gw.Namespace).Get(ctx, gw.Name, metav1.GetOptions{})
-		if err != nil {
-			if apierrors.IsNotFound(err) {
-				return nil
-			}
-			return err
-		}
-		cur = cur.DeepCopy()
-		cur.Status = st
-		_, err = d.gw.GatewayV1().Gateways(gw.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
-		return err
-	})
+	cur := gw.DeepCopy()
+	cur.Status = st
+	_, err := d.gw.GatewayV1().Gateways(gw.Namespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil // deleted meanwhile
+	}
+	if err != nil {
+		return fmt.Errorf("writing the status of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
+	}
+	return nil
 }
 
 func reasonOf(ok bool, yes, no string) string {
@@ -345,7 +406,7 @@ func statusEqual(a, b gwv1.GatewayStatus) bool {
 }
 
 // reconcileClasses accepts the GatewayClasses of our controller.
-func (d *Deployer) reconcileClasses(ctx context.Context) error {
+func (d *Deployer) reconcileClasses(ctx context.Context) (string, error) {
 	for _, o := range d.classes.GetIndexer().List() {
 		gc := o.(*gwv1.GatewayClass)
 		if string(gc.Spec.ControllerName) != d.cfg.ControllerName {
@@ -360,10 +421,10 @@ func (d *Deployer) reconcileClasses(ctx context.Context) error {
 		cur := gc.DeepCopy()
 		cur.Status.Conditions = conds
 		if _, err := d.gw.GatewayV1().GatewayClasses().UpdateStatus(ctx, cur, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return fmt.Errorf("GatewayClass %s status: %w", gc.Name, err)
+			return "", fmt.Errorf("writing the status of GatewayClass %s: %w", gc.Name, err)
 		}
 	}
-	return nil
+	return resultOK, nil
 }
 
 func mustJSON(v any) string {

@@ -8,14 +8,20 @@
 // A Gateway's spec.infrastructure.parametersRef may name a ConfigMap in its
 // namespace whose keys deployment, service and serviceAccount hold YAML
 // strategic-merge patches applied to the generated objects (Istio's
-// convention). A missing ConfigMap or a patch that does not apply sets
-// Accepted=False (InvalidParameters) and applies nothing.
+// convention). A patch may change labels, annotations and the spec; the
+// name, namespace, kind and owner of each object, its gateway-name label
+// and the selectors stay the deployer's. A missing ConfigMap or a patch
+// that does not apply sets Accepted=False (InvalidParameters) and applies
+// nothing; so does an object the API server rejects, which stops the
+// apply there (ServiceAccount, Deployment, Service, in that order).
 package deployer
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -24,7 +30,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/strategicpatch"
+	"k8s.io/apimachinery/pkg/util/validation"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weftmesh/weft/controlplane/ambient"
@@ -54,6 +62,10 @@ type Config struct {
 	// XDSAddress the waypoints dial. Default
 	// weft-controlplane.<ControlPlaneNamespace>.svc:15012.
 	XDSAddress string
+	// XDSServerName is the name the waypoints verify in the control
+	// plane's certificate. Default the host of XDSAddress when it is a DNS
+	// name, else weft-controlplane.<ControlPlaneNamespace>.svc.
+	XDSServerName string
 	// ClusterID, TrustDomain, ClusterDomain: defaults "Kubernetes",
 	// "cluster.local", "cluster.local".
 	ClusterID, TrustDomain, ClusterDomain string
@@ -75,6 +87,10 @@ func (c *Config) defaults() error {
 		}
 	}
 	def(&c.XDSAddress, "weft-controlplane."+c.ControlPlaneNamespace+".svc:15012")
+	if host, _, err := net.SplitHostPort(c.XDSAddress); err == nil && host != "" && net.ParseIP(host) == nil {
+		def(&c.XDSServerName, host)
+	}
+	def(&c.XDSServerName, "weft-controlplane."+c.ControlPlaneNamespace+".svc")
 	def(&c.ClusterID, "Kubernetes")
 	def(&c.TrustDomain, "cluster.local")
 	def(&c.ClusterDomain, "cluster.local")
@@ -89,19 +105,49 @@ type Objects struct {
 	Service        *corev1.Service
 }
 
-// ParamsError is a problem with a Gateway's parametersRef.
+// ParamsError is a problem with a Gateway's parametersRef: the Gateway is
+// not Accepted (reason InvalidParameters) until it is fixed.
 type ParamsError struct{ msg string }
 
 func (e *ParamsError) Error() string { return e.msg }
 
+// checkName reports a Gateway name that cannot name a waypoint's objects (a
+// Service name is a DNS-1035 label).
+func checkName(name string) error {
+	if errs := validation.IsDNS1035Label(name); len(errs) > 0 {
+		return fmt.Errorf("the Gateway's name %q cannot name the waypoint's Service: %s", name, strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// checkRef reports a parametersRef that is not a ConfigMap.
+func checkRef(gw *gwv1.Gateway) error {
+	inf := gw.Spec.Infrastructure
+	if inf == nil || inf.ParametersRef == nil {
+		return nil
+	}
+	if ref := inf.ParametersRef; (ref.Group != "" && ref.Group != "core") || ref.Kind != "ConfigMap" {
+		return &ParamsError{fmt.Sprintf("parametersRef %q names a %s of group %q: only a ConfigMap (group \"\") in the Gateway's namespace is supported",
+			ref.Name, ref.Kind, ref.Group)}
+	}
+	return nil
+}
+
 // Build returns the objects of a waypoint, with the patches of params (the
-// ConfigMap its parametersRef names, or nil) applied.
+// ConfigMap its parametersRef names, or nil) applied. Problems with the
+// parameters are *ParamsError.
 func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	if err := checkName(gw.Name); err != nil {
+		return nil, err
+	}
+	if err := checkRef(gw); err != nil {
+		return nil, err
+	}
 	name, ns := gw.Name, gw.Namespace
-	labels := map[string]string{ambient.LabelGatewayName: name}
+	labels := map[string]string{}
 	var annotations map[string]string
 	if inf := gw.Spec.Infrastructure; inf != nil {
 		for k, v := range inf.Labels {
@@ -114,7 +160,8 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			}
 		}
 	}
-	meta := func(kind string) metav1.ObjectMeta {
+	labels[ambient.LabelGatewayName] = name // the infrastructure may not take it away
+	meta := func() metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: maps.Clone(labels), Annotations: maps.Clone(annotations),
 			OwnerReferences: []metav1.OwnerReference{{
 				APIVersion: gwv1.GroupVersion.String(), Kind: "Gateway", Name: name, UID: gw.UID,
@@ -130,10 +177,10 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		return corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
 	}
 	o := &Objects{
-		ServiceAccount: &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta("ServiceAccount")},
+		ServiceAccount: &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta()},
 		Deployment: &appsv1.Deployment{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
-			ObjectMeta: meta("Deployment"),
+			ObjectMeta: meta(),
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr(int32(1)),
 				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{ambient.LabelGatewayName: name}},
@@ -151,7 +198,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 								field("INSTANCE_IP", "status.podIP"),
 								env("CONTROLPLANE_NAMESPACE", cfg.ControlPlaneNamespace),
 								env("XDS_ADDRESS", cfg.XDSAddress), env("CA_ADDRESS", cfg.XDSAddress),
-								env("XDS_SAN", "weft-controlplane."+cfg.ControlPlaneNamespace+".svc"),
+								env("XDS_SAN", cfg.XDSServerName),
 								env("CLUSTER_ID", cfg.ClusterID), env("TRUST_DOMAIN", cfg.TrustDomain),
 							},
 							Ports: []corev1.ContainerPort{
@@ -189,7 +236,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		},
 		Service: &corev1.Service{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-			ObjectMeta: meta("Service"),
+			ObjectMeta: meta(),
 			Spec: corev1.ServiceSpec{
 				Type:     corev1.ServiceTypeClusterIP,
 				Selector: map[string]string{ambient.LabelGatewayName: name},
@@ -214,16 +261,34 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, where+" key "+KeyService); err != nil {
 		return nil, err
 	}
-	// A patch may not take an object away from its Gateway.
-	o.ServiceAccount.Name, o.Deployment.Name, o.Service.Name = name, name, name
-	o.ServiceAccount.Namespace, o.Deployment.Namespace, o.Service.Namespace = ns, ns, ns
-	o.ServiceAccount.OwnerReferences = meta("").OwnerReferences
-	o.Deployment.OwnerReferences = meta("").OwnerReferences
-	o.Service.OwnerReferences = meta("").OwnerReferences
+	// A patch may not take an object away from its Gateway: of the
+	// metadata it keeps the labels and annotations, and the gateway-name
+	// label and the selectors that find the pods stay.
+	own := func(tm *metav1.TypeMeta, m *metav1.ObjectMeta, apiVersion, kind string) {
+		*tm = metav1.TypeMeta{APIVersion: apiVersion, Kind: kind}
+		l, a := m.Labels, m.Annotations
+		*m = meta()
+		m.Labels, m.Annotations = l, a
+		if m.Labels == nil {
+			m.Labels = map[string]string{}
+		}
+		m.Labels[ambient.LabelGatewayName] = name
+	}
+	own(&o.ServiceAccount.TypeMeta, &o.ServiceAccount.ObjectMeta, "v1", "ServiceAccount")
+	own(&o.Deployment.TypeMeta, &o.Deployment.ObjectMeta, "apps/v1", "Deployment")
+	own(&o.Service.TypeMeta, &o.Service.ObjectMeta, "v1", "Service")
+	o.Deployment.Status, o.Service.Status = appsv1.DeploymentStatus{}, corev1.ServiceStatus{}
+	o.Deployment.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{ambient.LabelGatewayName: name}}
+	if o.Deployment.Spec.Template.Labels == nil {
+		o.Deployment.Spec.Template.Labels = map[string]string{}
+	}
+	o.Deployment.Spec.Template.Labels[ambient.LabelGatewayName] = name
+	o.Service.Spec.Selector = map[string]string{ambient.LabelGatewayName: name}
 	return o, nil
 }
 
-// patch applies a YAML strategic-merge patch to obj in place.
+// patch applies a YAML strategic-merge patch to obj in place. The result
+// is decoded strictly: an unknown, misspelt or duplicate field is an error.
 func patch[T any](obj *T, patchYAML string, schema *T, where string) error {
 	if strings.TrimSpace(patchYAML) == "" {
 		return nil
@@ -231,6 +296,9 @@ func patch[T any](obj *T, patchYAML string, schema *T, where string) error {
 	pj, err := yaml.YAMLToJSON([]byte(patchYAML))
 	if err != nil {
 		return &ParamsError{fmt.Sprintf("%s is not YAML: %v", where, err)}
+	}
+	if !strings.HasPrefix(strings.TrimSpace(string(pj)), "{") {
+		return &ParamsError{fmt.Sprintf("%s is not a YAML mapping (a partial object)", where)}
 	}
 	orig, err := json.Marshal(obj)
 	if err != nil {
@@ -241,9 +309,11 @@ func patch[T any](obj *T, patchYAML string, schema *T, where string) error {
 		return &ParamsError{fmt.Sprintf("%s does not apply: %v", where, err)}
 	}
 	var res T
-	dec := json.NewDecoder(strings.NewReader(string(out)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&res); err != nil {
+	strict, err := kjson.UnmarshalStrict(out, &res)
+	if err == nil && len(strict) > 0 {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
 		return &ParamsError{fmt.Sprintf("%s gives an invalid object: %v", where, err)}
 	}
 	*obj = res

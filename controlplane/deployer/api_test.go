@@ -1,0 +1,626 @@
+package deployer
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/controlplane/internal/apitest"
+)
+
+var nsSeq atomic.Int32
+
+// uniqueNS names a namespace of this run: the API server is shared by the
+// tests of a process, and -count runs them again on it.
+func uniqueNS(base string) string {
+	return fmt.Sprintf("%s-%d", base, nsSeq.Add(1))
+}
+
+// apiCheck observes the API server as an administrator.
+type apiCheck struct {
+	t   *testing.T
+	c   *apitest.Cluster
+	gw  gwclient.Interface
+	ctx context.Context
+	cfg Config
+}
+
+func newAPICheck(t *testing.T, c *apitest.Cluster, cfg Config) *apiCheck {
+	gw, err := gwclient.NewForConfig(c.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.defaults(); err != nil {
+		t.Fatal(err)
+	}
+	return &apiCheck{t: t, c: c, gw: gw, ctx: ctxFor(t, 4*time.Minute), cfg: cfg}
+}
+
+func (a *apiCheck) ensureClass(name, controller string) *gwv1.GatewayClass {
+	a.t.Helper()
+	gc, err := a.gw.GatewayV1().GatewayClasses().Create(a.ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: gwv1.GatewayClassSpec{ControllerName: gwv1.GatewayController(controller)}}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		gc, err = a.gw.GatewayV1().GatewayClasses().Get(a.ctx, name, metav1.GetOptions{})
+	}
+	if err != nil {
+		a.t.Fatalf("creating GatewayClass %s: %v", name, err)
+	}
+	return gc
+}
+
+// createGateway creates a Gateway with the HBONE listener of a waypoint.
+func (a *apiCheck) createGateway(ns, name, class, params string) *gwv1.Gateway {
+	a.t.Helper()
+	if err := a.c.EnsureNamespace(a.ctx, ns, nil); err != nil {
+		a.t.Fatal(err)
+	}
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: gwv1.GatewaySpec{
+		GatewayClassName: gwv1.ObjectName(class),
+		Listeners:        []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}},
+	}}
+	if params != "" {
+		gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Kind: "ConfigMap", Name: params}}
+	}
+	gw, err := a.gw.GatewayV1().Gateways(ns).Create(a.ctx, gw, metav1.CreateOptions{})
+	if err != nil {
+		a.t.Fatalf("creating Gateway %s/%s: %v", ns, name, err)
+	}
+	return gw
+}
+
+func (a *apiCheck) gateway(ns, name string) *gwv1.Gateway {
+	a.t.Helper()
+	gw, err := a.gw.GatewayV1().Gateways(ns).Get(a.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		a.t.Fatalf("reading Gateway %s/%s: %v", ns, name, err)
+	}
+	return gw
+}
+
+func condition(conds []metav1.Condition, typ string) string {
+	c := meta.FindStatusCondition(conds, typ)
+	if c == nil {
+		return typ + "=<none>"
+	}
+	return fmt.Sprintf("%s=%s/%s (generation %d) %q", typ, c.Status, c.Reason, c.ObservedGeneration, c.Message)
+}
+
+// waitProgrammed waits until the Gateway is Accepted=True and Programmed=True
+// for its generation, and returns it.
+func (a *apiCheck) waitProgrammed(ns, name string) *gwv1.Gateway {
+	a.t.Helper()
+	var gw *gwv1.Gateway
+	eventually(a.t, a.ctx, fmt.Sprintf("Gateway %s/%s Accepted and Programmed", ns, name), func(ctx context.Context) (bool, string) {
+		var err error
+		if gw, err = a.gw.GatewayV1().Gateways(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return false, errState(err)
+		}
+		ok := true
+		for _, typ := range []string{"Accepted", "Programmed"} {
+			c := meta.FindStatusCondition(gw.Status.Conditions, typ)
+			ok = ok && c != nil && c.Status == metav1.ConditionTrue && c.ObservedGeneration == gw.Generation
+		}
+		return ok, condition(gw.Status.Conditions, "Accepted") + ", " + condition(gw.Status.Conditions, "Programmed")
+	})
+	return gw
+}
+
+// waitRefused waits until the Gateway is Accepted=False with reason and a
+// message that says all of want.
+func (a *apiCheck) waitRefused(ns, name, reason string, want ...string) *gwv1.Gateway {
+	a.t.Helper()
+	var gw *gwv1.Gateway
+	eventually(a.t, a.ctx, fmt.Sprintf("Gateway %s/%s Accepted=False/%s saying %q", ns, name, reason, want), func(ctx context.Context) (bool, string) {
+		var err error
+		if gw, err = a.gw.GatewayV1().Gateways(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return false, errState(err)
+		}
+		c := meta.FindStatusCondition(gw.Status.Conditions, "Accepted")
+		ok := c != nil && c.Status == metav1.ConditionFalse && c.Reason == reason && c.ObservedGeneration == gw.Generation
+		for _, w := range want {
+			ok = ok && strings.Contains(c.Message, w)
+		}
+		return ok, condition(gw.Status.Conditions, "Accepted")
+	})
+	p := meta.FindStatusCondition(gw.Status.Conditions, "Programmed")
+	if p == nil || p.Status != metav1.ConditionFalse {
+		a.t.Errorf("refused Gateway %s/%s: %s, want Programmed=False", ns, name, condition(gw.Status.Conditions, "Programmed"))
+	}
+	return gw
+}
+
+// waitDeployment waits until the Gateway's Deployment exists and ok says
+// it is as wanted.
+func (a *apiCheck) waitDeployment(ns, name, what string, ok func(*appsv1.Deployment) (bool, string)) *appsv1.Deployment {
+	a.t.Helper()
+	var d *appsv1.Deployment
+	eventually(a.t, a.ctx, fmt.Sprintf("Deployment %s/%s %s", ns, name, what), func(ctx context.Context) (bool, string) {
+		var err error
+		if d, err = a.c.Kube.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{}); err != nil {
+			return false, errState(err)
+		}
+		return ok(d)
+	})
+	return d
+}
+
+func container(d *appsv1.Deployment) corev1.Container {
+	for _, c := range d.Spec.Template.Spec.Containers {
+		if c.Name == "waypoint" {
+			return c
+		}
+	}
+	return corev1.Container{}
+}
+
+func envOf(c corev1.Container, name string) (corev1.EnvVar, bool) {
+	i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == name })
+	if i < 0 {
+		return corev1.EnvVar{}, false
+	}
+	return c.Env[i], true
+}
+
+// checkDeployed checks the three objects of a programmed Gateway and its
+// status.
+func (a *apiCheck) checkDeployed(gw *gwv1.Gateway) {
+	a.t.Helper()
+	t, ctx, ns, name := a.t, a.ctx, gw.Namespace, gw.Name
+	owner := []metav1.OwnerReference{{APIVersion: "gateway.networking.k8s.io/v1", Kind: "Gateway", Name: name, UID: gw.UID,
+		Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
+	sa, err := a.c.Kube.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("ServiceAccount of Gateway %s/%s: %v", ns, name, err)
+	}
+	dep, err := a.c.Kube.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Deployment of Gateway %s/%s: %v", ns, name, err)
+	}
+	svc, err := a.c.Kube.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Service of Gateway %s/%s: %v", ns, name, err)
+	}
+	// Owned by the Gateway: the garbage collector deletes them with it.
+	for kind, om := range map[string]metav1.ObjectMeta{"ServiceAccount": sa.ObjectMeta, "Deployment": dep.ObjectMeta, "Service": svc.ObjectMeta} {
+		if diff := cmp.Diff(owner, om.OwnerReferences); diff != "" {
+			t.Errorf("%s %s/%s owner references (-want +got):\n%s", kind, ns, name, diff)
+		}
+		if om.Labels[ambient.LabelGatewayName] != name {
+			t.Errorf("%s %s/%s labels %v, want %s=%s", kind, ns, name, om.Labels, ambient.LabelGatewayName, name)
+		}
+	}
+	c := container(dep)
+	if c.Image != a.cfg.Image {
+		t.Errorf("Deployment %s/%s image %q, want %q", ns, name, c.Image, a.cfg.Image)
+	}
+	// What waypoint/cmd/waypoint reads.
+	for k, v := range map[string]string{
+		"SERVICE_ACCOUNT": name, "CONTROLPLANE_NAMESPACE": a.cfg.ControlPlaneNamespace,
+		"XDS_ADDRESS": a.cfg.XDSAddress, "CA_ADDRESS": a.cfg.XDSAddress, "XDS_SAN": a.cfg.XDSServerName,
+		"CLUSTER_ID": a.cfg.ClusterID, "TRUST_DOMAIN": a.cfg.TrustDomain,
+		"POD_NAME": "", "POD_NAMESPACE": "", "INSTANCE_IP": "",
+	} {
+		e, ok := envOf(c, k)
+		if !ok || (v != "" && e.Value != v) || (v == "" && e.ValueFrom == nil) {
+			t.Errorf("Deployment %s/%s env %s = %+v (set %v), want %q", ns, name, k, e, ok, v)
+		}
+	}
+	if sa := dep.Spec.Template.Spec.ServiceAccountName; sa != name {
+		t.Errorf("Deployment %s/%s runs as %q, want %q", ns, name, sa, name)
+	}
+	ports := map[string]int32{}
+	for _, p := range svc.Spec.Ports {
+		ports[p.Name] = p.Port
+	}
+	if diff := cmp.Diff(map[string]int32{"mesh": 15008, "metrics": 15020, "status-port": 15021}, ports); diff != "" {
+		t.Errorf("Service %s/%s ports (-want +got):\n%s", ns, name, diff)
+	}
+	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		t.Fatalf("Service %s/%s has no cluster IP", ns, name)
+	}
+	// The status.
+	wantAddrs := []gwv1.GatewayStatusAddress{
+		{Type: ptr(gwv1.HostnameAddressType), Value: name + "." + ns + ".svc.cluster.local"},
+		{Type: ptr(gwv1.IPAddressType), Value: svc.Spec.ClusterIP},
+	}
+	if diff := cmp.Diff(wantAddrs, gw.Status.Addresses); diff != "" {
+		t.Errorf("Gateway %s/%s addresses (-want +got):\n%s", ns, name, diff)
+	}
+	if len(gw.Status.Listeners) != len(gw.Spec.Listeners) {
+		t.Fatalf("Gateway %s/%s has %d listener statuses, want %d", ns, name, len(gw.Status.Listeners), len(gw.Spec.Listeners))
+	}
+	for i, ls := range gw.Status.Listeners {
+		if ls.Name != gw.Spec.Listeners[i].Name {
+			t.Errorf("Gateway %s/%s listener status %d is %q, want %q", ns, name, i, ls.Name, gw.Spec.Listeners[i].Name)
+		}
+		for _, typ := range []string{"Accepted", "Programmed", "ResolvedRefs"} {
+			if c := meta.FindStatusCondition(ls.Conditions, typ); c == nil || c.Status != metav1.ConditionTrue || c.ObservedGeneration != gw.Generation {
+				t.Errorf("Gateway %s/%s listener %s: %s, want True for generation %d", ns, name, ls.Name, condition(ls.Conditions, typ), gw.Generation)
+			}
+		}
+	}
+}
+
+func (a *apiCheck) applyConfigMap(ns, name string, data map[string]string) {
+	a.t.Helper()
+	cms := a.c.Kube.CoreV1().ConfigMaps(ns)
+	cm, err := cms.Get(a.ctx, name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = cms.Create(a.ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}, metav1.CreateOptions{})
+	case err == nil:
+		cm.Data = data
+		_, err = cms.Update(a.ctx, cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		a.t.Fatalf("writing ConfigMap %s/%s: %v", ns, name, err)
+	}
+}
+
+// TestAPIServer runs the Deployer against a real API server: GatewayClass
+// and Gateway status, the objects of a waypoint, drift, parametersRef,
+// other classes and deletion.
+func TestAPIServer(t *testing.T) {
+	c := realAPI(t)
+	cfg := Config{Image: "weft/waypoint:api-test", ControlPlaneNamespace: "weft-system"}
+	a := newAPICheck(t, c, cfg)
+	ns := uniqueNS("deployer-api")
+
+	// Classes exist before the deployer starts (as the chart installs ours).
+	other := a.ensureClass("other-class", "example.com/other-controller")
+	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	r := runDeployer(t, c.Config, cfg)
+
+	t.Run("GatewayClass", func(t *testing.T) {
+		eventually(t, a.ctx, "GatewayClass istio-waypoint Accepted", func(ctx context.Context) (bool, string) {
+			gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, ambient.WaypointClass, metav1.GetOptions{})
+			if err != nil {
+				return false, errState(err)
+			}
+			return meta.IsStatusConditionTrue(gc.Status.Conditions, "Accepted"), condition(gc.Status.Conditions, "Accepted")
+		})
+		// Every class is looked at in the pass that accepted ours.
+		got, err := a.gw.GatewayV1().GatewayClasses().Get(a.ctx, other.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.ResourceVersion != other.ResourceVersion || meta.IsStatusConditionTrue(got.Status.Conditions, "Accepted") {
+			t.Errorf("GatewayClass %s of another controller was written: %s", other.Name, condition(got.Status.Conditions, "Accepted"))
+		}
+	})
+
+	t.Run("Deploy", func(t *testing.T) {
+		created := a.createGateway(ns, "waypoint", ambient.WaypointClass, "")
+		gw := a.waitProgrammed(ns, "waypoint")
+		if gw.UID != created.UID {
+			t.Fatal("the Gateway was replaced")
+		}
+		a.checkDeployed(gw)
+	})
+
+	t.Run("DriftReverted", func(t *testing.T) {
+		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "waypoint", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:1"
+		if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
+			t.Fatal(err)
+		}
+		a.waitDeployment(ns, "waypoint", "image reverted to "+cfg.Image, func(d *appsv1.Deployment) (bool, string) {
+			img := container(d).Image
+			return img == cfg.Image, "image " + img
+		})
+	})
+
+	t.Run("Parameters", func(t *testing.T) {
+		a.createGateway(ns, "tuned", ambient.WaypointClass, "tuned-params")
+		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params", "not found")
+		// Refused: nothing is deployed.
+		for _, get := range []func() error{
+			func() error {
+				_, err := c.Kube.CoreV1().ServiceAccounts(ns).Get(a.ctx, "tuned", metav1.GetOptions{})
+				return err
+			},
+			func() error {
+				_, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "tuned", metav1.GetOptions{})
+				return err
+			},
+			func() error {
+				_, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "tuned", metav1.GetOptions{})
+				return err
+			},
+		} {
+			if err := get(); !apierrors.IsNotFound(err) {
+				t.Errorf("an object of the refused Gateway: %v, want not found", err)
+			}
+		}
+
+		// The ConfigMap appears: deployed with its patches.
+		patches := func(replicas int) map[string]string {
+			return map[string]string{
+				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: LOG_LEVEL, value: debug}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
+				KeyService:        "metadata:\n  annotations:\n    example.com/internal: \"true\"\n",
+				KeyServiceAccount: "metadata:\n  annotations:\n    iam.example.com/role: waypoint\n",
+			}
+		}
+		a.applyConfigMap(ns, "tuned-params", patches(2))
+		gw := a.waitProgrammed(ns, "tuned")
+		a.checkDeployed(gw)
+		dep := a.waitDeployment(ns, "tuned", "patched to 2 replicas", func(d *appsv1.Deployment) (bool, string) {
+			return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
+		})
+		if e, _ := envOf(container(dep), "LOG_LEVEL"); e.Value != "debug" {
+			t.Errorf("patched env LOG_LEVEL = %q, want debug", e.Value)
+		}
+		if m := container(dep).Resources.Limits[corev1.ResourceMemory]; m.String() != "256Mi" {
+			t.Errorf("patched memory limit %s, want 256Mi", m.String())
+		}
+		svc, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "tuned", metav1.GetOptions{})
+		if err != nil || svc.Annotations["example.com/internal"] != "true" {
+			t.Errorf("patched Service annotations: %v (%v)", svc.Annotations, err)
+		}
+		sa, err := c.Kube.CoreV1().ServiceAccounts(ns).Get(a.ctx, "tuned", metav1.GetOptions{})
+		if err != nil || sa.Annotations["iam.example.com/role"] != "waypoint" {
+			t.Errorf("patched ServiceAccount annotations: %v (%v)", sa.Annotations, err)
+		}
+
+		// The ConfigMap changes: applied again.
+		a.applyConfigMap(ns, "tuned-params", patches(3))
+		a.waitDeployment(ns, "tuned", "patched to 3 replicas", func(d *appsv1.Deployment) (bool, string) {
+			return d.Spec.Replicas != nil && *d.Spec.Replicas == 3, fmt.Sprintf("replicas %v", d.Spec.Replicas)
+		})
+
+		// A patch the API server refuses is reported, not retried forever.
+		a.applyConfigMap(ns, "tuned-params", patches(-1))
+		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params", "Deployment", "replicas")
+		a.applyConfigMap(ns, "tuned-params", patches(1))
+		a.waitProgrammed(ns, "tuned")
+		a.waitDeployment(ns, "tuned", "patched to 1 replica", func(d *appsv1.Deployment) (bool, string) {
+			return d.Spec.Replicas != nil && *d.Spec.Replicas == 1, fmt.Sprintf("replicas %v", d.Spec.Replicas)
+		})
+
+		// A patch that does not parse.
+		a.applyConfigMap(ns, "tuned-params", map[string]string{KeyService: "spec: {tpye: NodePort}"})
+		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params key service", "tpye")
+	})
+
+	t.Run("OtherClassIgnored", func(t *testing.T) {
+		before := a.createGateway(ns, "not-a-waypoint", other.Name, "")
+		// Created after it, on the same watch, so queued after it: once
+		// this one is programmed, the other one has been looked at.
+		a.createGateway(ns, "after-other", ambient.WaypointClass, "")
+		a.waitProgrammed(ns, "after-other")
+		if _, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "not-a-waypoint", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("Deployment for a Gateway of class %s: %v, want not found", other.Name, err)
+		}
+		if got := a.gateway(ns, "not-a-waypoint"); got.ResourceVersion != before.ResourceVersion {
+			t.Errorf("Gateway of class %s was written: %+v", other.Name, got.Status)
+		}
+	})
+
+	t.Run("Deleted", func(t *testing.T) {
+		// Foreground deletion: the Gateway stays, marked, until its
+		// dependents are gone (there is no garbage collector here, so it
+		// stays). The deployer must not bring back what the collector
+		// deletes; here the test deletes the Deployment itself.
+		fg := metav1.DeletePropagationForeground
+		if err := a.gw.GatewayV1().Gateways(ns).Delete(a.ctx, "waypoint", metav1.DeleteOptions{PropagationPolicy: &fg}); err != nil {
+			t.Fatal(err)
+		}
+		if gw := a.gateway(ns, "waypoint"); gw.DeletionTimestamp == nil {
+			t.Fatalf("Gateway not marked for deletion: finalizers %v", gw.Finalizers)
+		}
+		// The collector deletes dependents once it has seen the mark; so
+		// does this test, once the deployer has.
+		eventually(t, a.ctx, "the deployer sees the Gateway marked for deletion", func(context.Context) (bool, string) {
+			o, ok, err := r.d.gateways.GetIndexer().GetByKey(ns + "/waypoint")
+			if err != nil || !ok {
+				return false, fmt.Sprintf("in cache %v, error %v", ok, err)
+			}
+			return o.(*gwv1.Gateway).DeletionTimestamp != nil, "not marked yet"
+		})
+		if err := c.Kube.AppsV1().Deployments(ns).Delete(a.ctx, "waypoint", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// A drift on another waypoint's Deployment comes on the same watch
+		// after the deletion: once it is reverted, the deletion has been
+		// handled.
+		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "after-other", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:2"
+		if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
+			t.Fatal(err)
+		}
+		a.waitDeployment(ns, "after-other", "image reverted", func(d *appsv1.Deployment) (bool, string) {
+			img := container(d).Image
+			return img == cfg.Image, "image " + img
+		})
+		if _, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "waypoint", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("Deployment of a Gateway being deleted: %v, want it left deleted", err)
+		}
+	})
+
+	if n := r.count(t, resultOK); n < 1 {
+		t.Errorf("weft_waypoint_reconciles_total{result=ok} = %v, want at least 1", n)
+	}
+	if n := r.count(t, resultRefused); n < 1 {
+		t.Errorf("weft_waypoint_reconciles_total{result=refused} = %v, want at least 1", n)
+	}
+}
+
+// deployerAccess is every request the deployer (and the Gateway and
+// GatewayClass informers the control plane gives it) makes, cluster-wide.
+var deployerAccess = []authorizationv1.ResourceAttributes{
+	{Verb: "list", Group: "gateway.networking.k8s.io", Resource: "gateways"},
+	{Verb: "watch", Group: "gateway.networking.k8s.io", Resource: "gateways"},
+	{Verb: "update", Group: "gateway.networking.k8s.io", Resource: "gateways", Subresource: "status"},
+	{Verb: "list", Group: "gateway.networking.k8s.io", Resource: "gatewayclasses"},
+	{Verb: "watch", Group: "gateway.networking.k8s.io", Resource: "gatewayclasses"},
+	{Verb: "update", Group: "gateway.networking.k8s.io", Resource: "gatewayclasses", Subresource: "status"},
+	{Verb: "list", Resource: "configmaps"},
+	{Verb: "watch", Resource: "configmaps"},
+	// Server-side apply: patch, and create when the object is new.
+	{Verb: "list", Resource: "serviceaccounts"},
+	{Verb: "watch", Resource: "serviceaccounts"},
+	{Verb: "create", Resource: "serviceaccounts"},
+	{Verb: "patch", Resource: "serviceaccounts"},
+	{Verb: "list", Group: "apps", Resource: "deployments"},
+	{Verb: "watch", Group: "apps", Resource: "deployments"},
+	{Verb: "create", Group: "apps", Resource: "deployments"},
+	{Verb: "patch", Group: "apps", Resource: "deployments"},
+	{Verb: "list", Resource: "services"},
+	{Verb: "watch", Resource: "services"},
+	{Verb: "create", Resource: "services"},
+	{Verb: "patch", Resource: "services"},
+}
+
+// deployerNever are requests the deployer never makes: it only applies,
+// and the garbage collector deletes.
+var deployerNever = []authorizationv1.ResourceAttributes{
+	{Verb: "update", Resource: "serviceaccounts"},
+	{Verb: "delete", Resource: "serviceaccounts"},
+	{Verb: "update", Group: "apps", Resource: "deployments"},
+	{Verb: "delete", Group: "apps", Resource: "deployments"},
+	{Verb: "update", Resource: "services"},
+	{Verb: "delete", Resource: "services"},
+	{Verb: "update", Resource: "configmaps", Namespace: "default"},
+	{Verb: "update", Group: "gateway.networking.k8s.io", Resource: "gateways"},
+}
+
+// describe says a request as a ClusterRole rule would.
+func describe(ra authorizationv1.ResourceAttributes) string {
+	res := ra.Resource
+	if ra.Subresource != "" {
+		res += "/" + ra.Subresource
+	}
+	if ra.Group != "" {
+		res += "." + ra.Group
+	}
+	where := "cluster-wide"
+	if ra.Namespace != "" {
+		where = "in namespace " + ra.Namespace
+	}
+	return fmt.Sprintf("%s %s %s", ra.Verb, res, where)
+}
+
+func findHelm() string {
+	if p, err := filepath.Abs(filepath.Join("..", "..", "bin", "helm")); err == nil {
+		if st, err := os.Stat(p); err == nil && st.Mode()&0o111 != 0 {
+			return p
+		}
+	}
+	p, _ := exec.LookPath("helm")
+	return p
+}
+
+// TestChartRBAC runs the Deployer as the control plane's ServiceAccount
+// with the ClusterRole the chart grants it (rendered with helm), and checks
+// that the role allows exactly the deployer's requests.
+func TestChartRBAC(t *testing.T) {
+	c := realAPI(t)
+	helm := findHelm()
+	if helm == "" {
+		t.Skip("helm is needed to render the chart (bin/helm or PATH)")
+	}
+	rel, ns := uniqueNS("deployer-rbac-release"), uniqueNS("deployer-rbac")
+	cfg := Config{Image: "weft/waypoint:rbac-test", ControlPlaneNamespace: rel}
+	a := newAPICheck(t, c, cfg)
+	if err := c.EnsureNamespace(a.ctx, rel, nil); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(helm, "template", "weft", filepath.Join("..", "..", "charts", "weft"), "--namespace", rel,
+		"--kube-version", "1.37.0", "--show-only", "templates/controlplane-rbac.yaml").Output()
+	if err != nil {
+		t.Fatalf("helm template: %v", err)
+	}
+	if err := c.ApplyFile(a.ctx, out); err != nil {
+		t.Fatal(err)
+	}
+	user := "system:serviceaccount:" + rel + ":weft-controlplane"
+	groups := []string{"system:serviceaccounts", "system:serviceaccounts:" + rel, "system:authenticated"}
+	allowed := func(ctx context.Context, ra authorizationv1.ResourceAttributes) (bool, error) {
+		sar, err := c.Kube.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+			Spec: authorizationv1.SubjectAccessReviewSpec{User: user, Groups: groups, ResourceAttributes: &ra}}, metav1.CreateOptions{})
+		if err != nil {
+			return false, err
+		}
+		return sar.Status.Allowed, nil
+	}
+	// RBAC reads the new role from an informer: wait for the first rule.
+	eventually(t, a.ctx, "the chart's ClusterRole in force", func(ctx context.Context) (bool, string) {
+		ok, err := allowed(ctx, deployerAccess[0])
+		return ok, fmt.Sprintf("allowed %v, error %v", ok, err)
+	})
+	for _, ra := range deployerAccess {
+		if ok, err := allowed(a.ctx, ra); err != nil || !ok {
+			t.Errorf("the chart's ClusterRole does not allow %s (error %v): the deployer needs it", describe(ra), err)
+		}
+	}
+	for _, ra := range deployerNever {
+		if ok, err := allowed(a.ctx, ra); err != nil || ok {
+			t.Errorf("the chart's ClusterRole allows %s (error %v): the deployer never does it", describe(ra), err)
+		}
+	}
+
+	// The deployer itself, as that ServiceAccount: a missing permission
+	// leaves an informer unsynced or a write refused, and the Gateway is
+	// never programmed.
+	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	rc := rest.CopyConfig(c.Config)
+	rc.Impersonate = rest.ImpersonationConfig{UserName: user}
+	r := runDeployer(t, rc, cfg)
+	a.createGateway(ns, "rbac-waypoint", ambient.WaypointClass, "rbac-params")
+	a.waitRefused(ns, "rbac-waypoint", "InvalidParameters", "rbac-params")
+	a.applyConfigMap(ns, "rbac-params", map[string]string{KeyDeployment: "spec: {replicas: 2}"})
+	gw := a.waitProgrammed(ns, "rbac-waypoint")
+	a.checkDeployed(gw)
+	a.waitDeployment(ns, "rbac-waypoint", "patched to 2 replicas", func(d *appsv1.Deployment) (bool, string) {
+		return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
+	})
+	// Drift is reverted with these permissions too.
+	dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "rbac-waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:3"
+	if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
+		t.Fatal(err)
+	}
+	a.waitDeployment(ns, "rbac-waypoint", "image reverted", func(d *appsv1.Deployment) (bool, string) {
+		img := container(d).Image
+		return img == cfg.Image, "image " + img
+	})
+	eventually(t, a.ctx, "GatewayClass istio-waypoint Accepted", func(ctx context.Context) (bool, string) {
+		gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, ambient.WaypointClass, metav1.GetOptions{})
+		if err != nil {
+			return false, errState(err)
+		}
+		return meta.IsStatusConditionTrue(gc.Status.Conditions, "Accepted"), condition(gc.Status.Conditions, "Accepted")
+	})
+	if n := r.count(t, resultError); n != 0 {
+		t.Logf("%v reconciles failed with the chart's permissions (retried); run with WEFT_TEST_LOG=1 to see why", n)
+	}
+}

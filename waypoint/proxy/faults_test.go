@@ -181,14 +181,24 @@ func TestRapidReset(t *testing.T) {
 	}()
 	flood := make(chan int)
 	go func() {
+		// Batches of more streams than the connection allows, opened at
+		// once and then all reset.
+		const batch = maxConcurrentStreams * 3 / 2
 		sent := 0
 		block := encodeHeaders(":method", "GET", ":scheme", "http", ":authority", svcHost, ":path", "/slow")
-		for id := uint32(1); id < 20000; id += 2 {
-			if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: true, EndHeaders: true}) != nil ||
-				fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
-				break
+	flooding:
+		for first := uint32(1); first < 20000; first += 2 * batch {
+			for id := first; id < first+2*batch; id += 2 {
+				if fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block, EndStream: true, EndHeaders: true}) != nil {
+					break flooding
+				}
+				sent++
 			}
-			sent++
+			for id := first; id < first+2*batch; id += 2 {
+				if fr.WriteRSTStream(id, http2.ErrCodeCancel) != nil {
+					break flooding
+				}
+			}
 		}
 		flood <- sent
 	}()

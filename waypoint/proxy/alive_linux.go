@@ -4,14 +4,19 @@ import (
 	"errors"
 	"net"
 	"syscall"
+
+	"github.com/weftmesh/weft/internal/hbone"
 )
 
 // alive reports whether an idle connection can still carry a request: the
 // peer has neither closed it nor sent bytes nobody asked for. It peeks at
-// the socket without blocking; connections that are not sockets (HBONE
-// streams) are taken to be alive, the retry on a fresh connection covers
-// them.
+// the socket without blocking; HBONE streams are asked for their state;
+// other connections are taken to be alive, the retry on a fresh connection
+// covers them.
 func alive(c net.Conn) bool {
+	if st, ok := c.(*hbone.Stream); ok {
+		return streamAlive(st)
+	}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return true

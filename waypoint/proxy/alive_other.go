@@ -2,8 +2,18 @@
 
 package proxy
 
-import "net"
+import (
+	"net"
 
-// alive cannot peek here; the retry on a fresh connection covers a
-// connection the peer closed.
-func alive(net.Conn) bool { return true }
+	"github.com/weftmesh/weft/internal/hbone"
+)
+
+// alive reports whether an idle connection can still carry a request. It
+// cannot peek at sockets here; the retry on a fresh connection covers a
+// socket the peer closed.
+func alive(c net.Conn) bool {
+	if st, ok := c.(*hbone.Stream); ok {
+		return streamAlive(st)
+	}
+	return true
+}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
@@ -69,6 +70,16 @@ func (c *h1conn) release() {
 	h.idle = append(h.idle, c)
 	h.mu.Unlock()
 	h.u.b.notify()
+}
+
+// streamAlive reports whether an idle HBONE stream can still carry a
+// request: its peer has neither ended nor reset it (an application behind
+// HBONE closing an idle connection ends the stream). A zero-length Read of
+// a Stream does not block; it returns the stream's state: io.EOF once the
+// peer ended it, the reset error once it was reset.
+func streamAlive(st *hbone.Stream) bool {
+	_, err := st.Read(nil)
+	return err == nil
 }
 
 // replayable reports whether req's body can be sent again.

@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -166,5 +168,35 @@ func TestUpstreamHBONEStreamReuse(t *testing.T) {
 	}
 	if n := len(tb.seen()); n != 1 {
 		t.Errorf("20 sequential requests opened %d CONNECT streams, want 1", n)
+	}
+}
+
+// TestUpstreamHBONEIdleClose: an application behind HBONE that closes idle
+// connections costs no request, not even one that cannot be repeated: the
+// waypoint notices the ended tunnel before it sends on it.
+func TestUpstreamHBONEIdleClose(t *testing.T) {
+	hl := listen(t)
+	m := newMesh(t, withHBONEPort(hl))
+	appID, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, "demo", "app")
+	tb := serveTunnel(t, m, hl, appID)
+	app := serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		fmt.Fprintf(w, "%s %s", r.Method, b)
+	}), func(s *http.Server) { s.IdleTimeout = 50 * time.Millisecond })
+	m.applyClusters([]*routev3.Route{{Match: prefix("/"), Action: toCluster("app")}},
+		map[string]clusterSpec{"app": {eps: []endpointSpec{{addr: app, identity: appID.String()}}}})
+	c := m.h1(vip)
+	// Pauses well clear of the idle timeout: a request the application
+	// receives just as it closes the connection is lost on any transport.
+	for i := range 12 {
+		pause := time.Duration(i%2) * 150 * time.Millisecond
+		time.Sleep(pause)
+		req, _ := http.NewRequest("POST", "http://"+svcHost+"/", strings.NewReader(fmt.Sprint(i)))
+		if r := c.do(req); r.StatusCode != 200 || body(r) != fmt.Sprintf("POST %d", i) {
+			t.Fatalf("POST %d after a pause of %v: %d", i, pause, r.StatusCode)
+		}
+	}
+	if n := len(tb.seen()); n < 2 {
+		t.Errorf("%d CONNECTs: the application's idle timeout was not exercised", n)
 	}
 }

@@ -178,6 +178,53 @@ func TestCircuitBreaker(t *testing.T) {
 	}
 }
 
+// TestCircuitBreakerPending: with one connection and one pending request
+// allowed, a second request waits for the connection and is served on it,
+// a third overflows.
+func TestCircuitBreakerPending(t *testing.T) {
+	m := newMesh(t)
+	var conns atomic.Int32
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	addr := serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			started <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "ok "+r.URL.Path)
+	}), countConns(&conns))
+	m.applyClusters([]*routev3.Route{{Match: prefix("/"), Action: toCluster("held")}},
+		map[string]clusterSpec{"held": {eps: []endpointSpec{{addr: addr}}, limits: &clusterv3.CircuitBreakers_Thresholds{
+			MaxConnections: wrapperspb.UInt32(1), MaxPendingRequests: wrapperspb.UInt32(1)}}})
+	first, second := make(chan *http.Response), make(chan *http.Response)
+	go func() { first <- m.do(get("/hold")) }()
+	<-started
+	go func() { second <- m.do(get("/queued")) }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, pending, _, _ := m.breakerState("held"); pending == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never queued")
+		}
+	}
+	if r := m.do(get("/third")); r.StatusCode != 503 || r.Header.Get("x-envoy-overloaded") != "true" {
+		t.Errorf("third request: %d, want 503 with x-envoy-overloaded", r.StatusCode)
+	}
+	close(release)
+	if r := <-first; r.StatusCode != 200 {
+		t.Errorf("held request: %d", r.StatusCode)
+	}
+	if r := <-second; r.StatusCode != 200 || body(r) != "ok /queued" {
+		t.Errorf("queued request: %d", r.StatusCode)
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("the upstream saw %d connections, want 1", n)
+	}
+	if n := m.settled("held"); n != 1 {
+		t.Errorf("breaker counts %d connections, want 1", n)
+	}
+}
+
 // TestRetryBudget: a retriable 503 is retried only within the cluster's
 // max_retries.
 func TestRetryBudget(t *testing.T) {

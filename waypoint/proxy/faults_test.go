@@ -369,6 +369,9 @@ func TestUpstreamResetMidBody(t *testing.T) {
 			}
 		})
 	}
+	if got := m.counted(t, "response_flags", "UR"); got != 6 {
+		t.Errorf("%v requests recorded with response flag UR, want 6", got)
+	}
 }
 
 // TestLargeBodyStreams: without a retry policy a 10 MiB request body is

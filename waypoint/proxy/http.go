@@ -361,9 +361,14 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	if err := copyFlush(w, resp.Body); err != nil {
 		// Ending the response normally would pass a truncated body off as
 		// complete.
-		info.flags, info.aborted = "UR", true
-		if ctx.Err() != nil {
+		info.aborted = true
+		switch {
+		case errors.Is(ctx.Err(), context.DeadlineExceeded):
 			info.flags = "UT"
+		case ctx.Err() != nil:
+			info.flags = "DC" // the client left
+		default:
+			info.flags = "UR"
 		}
 		return
 	}

@@ -353,7 +353,13 @@ func TestRoutingWeightsAndMetrics(t *testing.T) {
 	}
 }
 
+// requests counts istio_requests_total with response_code code.
 func (m *mesh) requests(t *testing.T, code string) float64 {
+	return m.counted(t, "response_code", code)
+}
+
+// counted sums istio_requests_total over the series whose label is value.
+func (m *mesh) counted(t *testing.T, label, value string) float64 {
 	mfs, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -365,7 +371,7 @@ func (m *mesh) requests(t *testing.T, code string) float64 {
 		}
 		for _, mt := range mf.GetMetric() {
 			for _, l := range mt.GetLabel() {
-				if l.GetName() == "response_code" && l.GetValue() == code {
+				if l.GetName() == label && l.GetValue() == value {
 					sum += mt.GetCounter().GetValue()
 				}
 			}

@@ -60,9 +60,12 @@ proto: deps ## Regenerate the checked-in Go code from internal/pb/**/*.proto.
 tools: ## Build the pinned cluster tools (Kubernetes, etcd, helm, CNI plugins) into bin/; cached by version.
 	@GO=$(GO) BIN=$(BIN) scripts/tools.sh
 
+# Flags of `weft-cluster demo`, e.g. DEMO_FLAGS=-exit to tear down after the story.
+DEMO_FLAGS ?=
+
 .PHONY: demo
-demo: deps tools build ## Start a 2-node local cluster with Weft installed and sample apps; Ctrl-C tears it down.
-	$(BIN)/weft-cluster demo
+demo: deps tools build ## Start a 2-node local cluster, install Weft with its chart and tell the ambient story; Ctrl-C tears it down.
+	$(BIN)/weft-cluster demo $(DEMO_FLAGS)
 
 .PHONY: cluster-clean
 cluster-clean: ## Remove what killed local-cluster runs left behind (netns, processes, state).

@@ -592,12 +592,14 @@ func (c *Cluster) HTTPGet(ctx context.Context, namespace, pod, url string) (stri
 // RepoPath is a path inside the repository the cluster builds images from.
 func (c *Cluster) RepoPath(rel string) string { return filepath.Join(c.cfg.RepoDir, rel) }
 
-// WaitRedirected waits until namespace has n pods (any number but none when
-// n is 0) and every one is annotated ambient.istio.io/redirection: enabled,
-// as the CNI agent does once a pod's traffic goes through ztunnel.
+// WaitRedirected waits until namespace has n pods that belong in the mesh
+// (any number but none when n is 0) and every one is annotated
+// ambient.istio.io/redirection: enabled, as the CNI agent does once a pod's
+// traffic goes through ztunnel. Pods labelled istio.io/dataplane-mode=none
+// (waypoints, say) do not belong in the mesh and are not counted.
 func (c *Cluster) WaitRedirected(ctx context.Context, namespace string, n int) error {
 	return c.WaitFor(ctx, "pods of "+namespace+" annotated as redirected", func(ctx context.Context) (bool, error) {
-		pods, err := c.client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+		pods, err := c.client.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{LabelSelector: "istio.io/dataplane-mode!=none"})
 		if err != nil {
 			return false, nil
 		}

@@ -1,6 +1,10 @@
 // Package demo is `make demo`: it starts the local cluster, installs Weft's
-// chart (whatever parts exist), deploys sample echo apps, shows them talking
-// and how to reach the cluster, and tears everything down when stopped.
+// chart, deploys sample echo apps and tells the ambient story step by step
+// (enrollment, HBONE, the webhook, L4 policy, a waypoint with an HTTPRoute
+// and an L7 policy, the audit log and metrics), shows how to reach the
+// cluster, and tears everything down when stopped. Every step checks its
+// outcome: Tell, the story without the cluster's start and stop, is what
+// the whole-system test runs.
 package demo
 
 import (
@@ -40,6 +44,9 @@ type Config struct {
 	AppNamespace string
 	// Out receives the progress lines. Default os.Stdout.
 	Out io.Writer
+	// Exit tears the cluster down once the story is told instead of waiting
+	// for ctx to end.
+	Exit bool
 }
 
 // Validate reports a configuration that cannot work.
@@ -124,22 +131,17 @@ func (d *Demo) Run(ctx context.Context) (err error) {
 	d.say("ready in %s; API server %s", c.StartDuration().Round(100*time.Millisecond), c.Server())
 	d.showNodes(ctx, c)
 
-	if err := d.installChart(ctx, c); err != nil {
-		return err
-	}
-	if err := d.deployApps(ctx, c); err != nil {
-		if ctx.Err() != nil {
+	start := time.Now()
+	if err := d.Tell(ctx, c); err != nil {
+		if ctx.Err() != nil || d.cfg.Exit {
 			return err
 		}
-		d.say("the sample apps did not come up (the cluster stays up to look into it): %v", err)
-		d.showPods(ctx, c, d.cfg.AppNamespace)
-	} else if d.installed {
-		if err := d.meshStory(ctx, c); err != nil {
-			if ctx.Err() != nil {
-				return err
-			}
-			d.say("the mesh part of the demo stopped (the cluster stays up to look into it): %v", err)
-		}
+		d.say("the demo stopped at that step (the cluster stays up to look into it): %v", err)
+	} else {
+		d.step("the story is told in %s", time.Since(start).Round(time.Second))
+	}
+	if d.cfg.Exit {
+		return nil
 	}
 
 	kubectl := c.BinPath("kubectl")
@@ -204,6 +206,23 @@ func (d *Demo) showNodes(ctx context.Context, c *cluster.Cluster) {
 	tw.Flush()
 }
 
+// Tell tells the story on a running cluster: it installs the chart,
+// deploys the sample apps and, with Weft installed, walks through the mesh.
+// It returns at the first step whose outcome is not the expected one.
+func (d *Demo) Tell(ctx context.Context, c *cluster.Cluster) error {
+	if err := d.installChart(ctx, c); err != nil {
+		return err
+	}
+	if err := d.deployApps(ctx, c); err != nil {
+		d.showPods(ctx, c, d.cfg.AppNamespace)
+		return fmt.Errorf("the sample apps: %w", err)
+	}
+	if !d.installed {
+		return nil
+	}
+	return d.meshStory(ctx, c)
+}
+
 func (d *Demo) installChart(ctx context.Context, c *cluster.Cluster) error {
 	if d.cfg.Chart == "none" {
 		d.step("installing Weft: skipped (-chart none)")
@@ -211,14 +230,12 @@ func (d *Demo) installChart(ctx context.Context, c *cluster.Cluster) error {
 	}
 	chart := filepath.Join(d.cc.RepoDir, d.cfg.Chart)
 	if _, err := os.Stat(filepath.Join(chart, "Chart.yaml")); err != nil {
-		d.step("installing Weft: %s is not there yet; skipping the chart", d.cfg.Chart)
-		return nil
+		return fmt.Errorf("no chart at %s: %w", d.cfg.Chart, err)
 	}
 	d.step("installing Weft: helm install weft %s --namespace %s", d.cfg.Chart, d.cfg.ChartNamespace)
 	out, err := c.HelmInstall(ctx, "weft", chart, d.cfg.ChartNamespace)
 	if err != nil {
-		d.say("the chart did not install (the demo goes on without it): %v", err)
-		return nil
+		return fmt.Errorf("helm install: %w\n%s", err, out)
 	}
 	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
 		if strings.HasPrefix(l, "NAME:") || strings.HasPrefix(l, "STATUS:") {
@@ -241,8 +258,7 @@ func (d *Demo) installChart(ctx context.Context, c *cluster.Cluster) error {
 	})
 	d.showPods(ctx, c, d.cfg.ChartNamespace)
 	if err != nil {
-		d.say("not every Weft pod is ready (the demo goes on): %v", err)
-		return nil
+		return err
 	}
 	d.installed = true
 	return nil
@@ -283,8 +299,7 @@ func (d *Demo) deployApps(ctx context.Context, c *cluster.Cluster) error {
 		target := fmt.Sprintf(t, svc.Spec.ClusterIP)
 		d.step("from %s/%s: echo client -n 10 %s (the echo Service's ClusterIP, through kube-proxy)", ns, from, target)
 		if err := c.WaitAnsweredBy(wctx, ns, from, target, echoes[0].Name, echoes[1].Name); err != nil {
-			d.say("%v", err)
-			continue
+			return err
 		}
 		results, err := c.Request(wctx, ns, from, target, 10)
 		if len(results) > 0 {
@@ -295,7 +310,7 @@ func (d *Demo) deployApps(ctx context.Context, c *cluster.Cluster) error {
 		}
 		d.say("%s", echo.Summary(results))
 		if err != nil {
-			d.say("requests failed: %v", err)
+			return err
 		}
 	}
 	return nil

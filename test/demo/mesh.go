@@ -3,15 +3,13 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/test/echo"
@@ -19,9 +17,11 @@ import (
 
 // meshStory tells the ambient part of the demo once Weft is installed: the
 // namespace is enrolled, traffic goes over HBONE with the peer identities
-// ztunnel saw, the webhook turns away a bad waypoint Gateway and defaults a
-// bare one, an L4 policy refuses a client, and the audit log and metrics
-// show what happened.
+// ztunnel saw, the webhook turns away a bad waypoint Gateway and a sidecar
+// label, an L4 policy refuses a client, a waypoint deployed from a bare
+// Gateway (defaulted by the webhook) routes an HTTPRoute by header and
+// weight and enforces an L7 policy, and the audit log and metrics show what
+// happened. It returns at the first outcome that is not the expected one.
 func (d *Demo) meshStory(ctx context.Context, c *cluster.Cluster) error {
 	ns := d.cfg.AppNamespace
 	d.step("kubectl label namespace %s istio.io/dataplane-mode=ambient", ns)
@@ -56,15 +56,28 @@ func (d *Demo) meshStory(ctx context.Context, c *cluster.Cluster) error {
 	results, err := c.Request(wctx, ns, client.Name, target, 10)
 	d.say("%s", echo.Summary(results))
 	if err != nil {
-		d.say("requests failed: %v", err)
+		return err
 	}
-	d.showAccess(ctx, c, "inbound", 2)
+	if n := d.showAccess(ctx, c, "inbound", 2); n == 0 {
+		return fmt.Errorf("no ztunnel logged an inbound HBONE connection to namespace %s", ns)
+	}
 
-	d.webhookStory(ctx, c)
-	d.policyStory(ctx, c, client.Name, target)
-	d.showAudit(c, 6)
-	d.showMetrics(ctx, c, client.Spec.NodeName)
-	return nil
+	if err := d.webhookStory(ctx, c); err != nil {
+		return err
+	}
+	if err := d.policyStory(ctx, c, client.Name, target); err != nil {
+		return err
+	}
+	if err := d.waypointStory(ctx, c, client.Name, target); err != nil {
+		return err
+	}
+	if n := d.showAudit(c, 8); n == 0 {
+		return fmt.Errorf("the webhook's audit log has no record of namespace %s", ns)
+	}
+	if err := d.showMetrics(ctx, c, client.Spec.NodeName); err != nil {
+		return err
+	}
+	return d.showWaypointMetrics(ctx, c)
 }
 
 // ztunnelPods returns the ztunnel pods, optionally only the one on node.
@@ -84,8 +97,10 @@ func (d *Demo) ztunnelPods(ctx context.Context, c *cluster.Cluster, node string)
 	return names
 }
 
-// showAccess prints the last n access-log lines of a direction from every ztunnel.
-func (d *Demo) showAccess(ctx context.Context, c *cluster.Cluster, direction string, n int) {
+// showAccess prints the last n access-log lines of a direction from every
+// ztunnel and returns how many it printed.
+func (d *Demo) showAccess(ctx context.Context, c *cluster.Cluster, direction string, n int) int {
+	shown := 0
 	for _, z := range d.ztunnelPods(ctx, c, "") {
 		logs, err := c.Logs(d.cfg.ChartNamespace, z, "ztunnel")
 		if err != nil {
@@ -109,8 +124,10 @@ func (d *Demo) showAccess(ctx context.Context, c *cluster.Cluster, direction str
 			d.say("%s access log: %v %v  %v (%v) -> %v (%v)  sent=%v recv=%v%s", z, rec["msg"], rec["direction"],
 				rec["src_workload"], rec["src_identity"], rec["dst_workload"], rec["dst_identity"], rec["bytes_sent"], rec["bytes_recv"],
 				errSuffix(rec["error"]))
+			shown++
 		}
 	}
+	return shown
 }
 
 func errSuffix(v any) string {
@@ -120,7 +137,9 @@ func errSuffix(v any) string {
 	return fmt.Sprintf("  error=%v", v)
 }
 
-func (d *Demo) webhookStory(ctx context.Context, c *cluster.Cluster) {
+// webhookStory shows the webhook denying a waypoint Gateway that cannot
+// work and a sidecar label, with their messages.
+func (d *Demo) webhookStory(ctx context.Context, c *cluster.Cluster) error {
 	ns := d.cfg.AppNamespace
 	bad := fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -130,42 +149,25 @@ spec:
   listeners: [{name: http, port: 80, protocol: HTTP}]
 `, ns)
 	d.step("kubectl apply: a waypoint Gateway listening on 80/HTTP (a waypoint takes HBONE on 15008)")
-	if err := c.Apply(ctx, bad); err != nil {
-		d.say("denied by the webhook: %s", firstLine(err.Error()))
-	} else {
-		d.say("accepted?! (the webhook should have denied it)")
+	if err := c.Apply(ctx, bad); err == nil {
 		c.Delete(ctx, bad)
+		return errors.New("the webhook accepted a waypoint Gateway without the HBONE listener")
+	} else {
+		d.say("denied by the webhook: %s", firstLine(err.Error()))
 	}
-	bare := fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: waypoint, namespace: %s}
-spec:
-  gatewayClassName: istio-waypoint
-`, ns)
-	d.step("kubectl apply: a bare waypoint Gateway (no listeners)")
-	if err := c.Apply(ctx, bare); err != nil {
-		d.say("refused: %s", firstLine(err.Error()))
-		return
-	}
-	gvr := schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
-	if dc, err := dynamic.NewForConfig(c.RESTConfig()); err == nil {
-		if u, err := dc.Resource(gvr).Namespace(ns).Get(ctx, "waypoint", metav1.GetOptions{}); err == nil {
-			listeners, _, _ := unstructured.NestedSlice(u.Object, "spec", "listeners")
-			d.say("defaulted by the webhook: listeners=%v istio.io/waypoint-for=%s", listeners, u.GetLabels()["istio.io/waypoint-for"])
-		}
-	}
-	d.say("(the waypoint proxy itself is not part of Weft yet; the Gateway is removed again)")
-	c.Delete(ctx, bare)
 	d.step("kubectl label namespace %s istio.io/dataplane-mode=sidecar", ns)
 	patch := []byte(`{"metadata":{"labels":{"istio.io/dataplane-mode":"sidecar"}}}`)
-	if _, err := c.Client().CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		d.say("denied by the webhook: %s", firstLine(err.Error()))
+	if _, err := c.Client().CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, patch, metav1.PatchOptions{}); err == nil {
+		return errors.New("the webhook accepted istio.io/dataplane-mode=sidecar")
 	} else {
-		d.say("accepted?! (the webhook should have denied it)")
+		d.say("denied by the webhook: %s", firstLine(err.Error()))
 	}
+	return nil
 }
 
-func (d *Demo) policyStory(ctx context.Context, c *cluster.Cluster, client, target string) {
+// policyStory shows an L4 ALLOW policy refusing a client ztunnel, then
+// lifts it.
+func (d *Demo) policyStory(ctx context.Context, c *cluster.Cluster, client, target string) error {
 	ns := d.cfg.AppNamespace
 	policy := fmt.Sprintf(`apiVersion: security.istio.io/v1
 kind: AuthorizationPolicy
@@ -178,8 +180,7 @@ spec:
 `, ns, ns)
 	d.step("kubectl apply: an AuthorizationPolicy that lets only service account frontend reach echo")
 	if err := c.Apply(ctx, policy); err != nil {
-		d.say("refused: %s", firstLine(err.Error()))
-		return
+		return fmt.Errorf("applying the policy: %w", err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -188,25 +189,34 @@ spec:
 		return err != nil, nil
 	})
 	if err != nil {
-		d.say("%v", err)
-	} else {
-		results, _ := c.Request(ctx, ns, client, target, 5)
-		d.say("from %s (service account client): %s", client, echo.Summary(results))
-		d.showAccess(ctx, c, "inbound", 1)
+		return err
 	}
+	results, _ := c.Request(ctx, ns, client, target, 5)
+	d.say("from %s (service account client): %s", client, echo.Summary(results))
+	for _, r := range results {
+		if r.Response != nil {
+			return fmt.Errorf("a request from %s passed the policy: %s", client, echo.Summary(results))
+		}
+	}
+	d.showAccess(ctx, c, "inbound", 1)
 	d.step("kubectl delete authorizationpolicy only-frontend")
-	c.Delete(ctx, policy)
-	if err := c.WaitReachable(wctx, ns, client, target); err == nil {
-		d.say("requests from %s succeed again", client)
+	if err := c.Delete(ctx, policy); err != nil {
+		return err
 	}
+	if err := c.WaitReachable(wctx, ns, client, target); err != nil {
+		return err
+	}
+	d.say("requests from %s succeed again", client)
+	return nil
 }
 
-// showAudit prints the webhook's last n audit records in one line each.
-func (d *Demo) showAudit(c *cluster.Cluster, n int) {
+// showAudit prints the webhook's last n audit records of the app namespace
+// in one line each and returns how many it printed.
+func (d *Demo) showAudit(c *cluster.Cluster, n int) int {
 	d.step("the webhook's audit log (kubectl -n %s logs -l app=weft-webhook | grep audit.k8s.io/v1), last %d records:", d.cfg.ChartNamespace, n)
 	pods, err := c.Client().CoreV1().Pods(d.cfg.ChartNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=weft-webhook"})
 	if err != nil {
-		return
+		return 0
 	}
 	type rec struct {
 		when string
@@ -251,27 +261,39 @@ func (d *Demo) showAudit(c *cluster.Cluster, n int) {
 	for _, r := range recs {
 		d.say("%s", r.line)
 	}
+	return len(recs)
 }
 
 // showMetrics prints an excerpt of a ztunnel's Istio metrics.
-func (d *Demo) showMetrics(ctx context.Context, c *cluster.Cluster, node string) {
+func (d *Demo) showMetrics(ctx context.Context, c *cluster.Cluster, node string) error {
 	z := d.ztunnelPods(ctx, c, node)
 	if len(z) == 0 {
-		return
+		return fmt.Errorf("no ztunnel on node %s", node)
 	}
 	d.step("ztunnel %s metrics (curl localhost:15020/metrics), excerpt:", z[0])
 	body, err := c.HTTPGet(ctx, d.cfg.ChartNamespace, z[0], "http://127.0.0.1:15020/metrics")
 	if err != nil {
-		d.say("%v", err)
-		return
+		return err
 	}
-	shown := 0
+	if d.excerpt(body, "istio_tcp_", 4) == 0 {
+		return fmt.Errorf("ztunnel %s has no istio_tcp_* series for namespace %s", z[0], d.cfg.AppNamespace)
+	}
+	return nil
+}
+
+// excerpt prints up to n lines of a metrics page that start with prefix
+// and name the app namespace, and returns how many there were.
+func (d *Demo) excerpt(body, prefix string, n int) int {
+	found := 0
 	for _, l := range strings.Split(body, "\n") {
-		if strings.HasPrefix(l, "istio_tcp_") && strings.Contains(l, d.cfg.AppNamespace) && shown < 4 {
-			d.say("%s", l)
-			shown++
+		if strings.HasPrefix(l, prefix) && strings.Contains(l, d.cfg.AppNamespace) {
+			if found < n {
+				d.say("%s", l)
+			}
+			found++
 		}
 	}
+	return found
 }
 
 func firstLine(s string) string {

@@ -1,7 +1,8 @@
 // Command weft-cluster runs Weft's local cluster outside tests.
 //
-//	weft-cluster demo [-nodes 2] [-port 16443] [-kubeconfig FILE] [-v]
-//	    start the cluster, install charts/weft, deploy sample apps; Ctrl-C tears down
+//	weft-cluster demo [-nodes 2] [-port 16443] [-kubeconfig FILE] [-exit] [-v]
+//	    start the cluster, install charts/weft, deploy sample apps and tell
+//	    the ambient story; Ctrl-C tears down (-exit: right after the story)
 //	weft-cluster clean
 //	    remove what killed runs left behind (namespaces, processes, files)
 //
@@ -50,6 +51,7 @@ func runDemo(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.APIPort, "port", 16443, "127.0.0.1 port of the API server")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "where to write the admin kubeconfig (default <repo>/.cache/weft-demo.kubeconfig)")
 	fs.StringVar(&cfg.Chart, "chart", "charts/weft", "Weft's chart, relative to the repository (\"none\": install no chart)")
+	fs.BoolVar(&cfg.Exit, "exit", false, "tear down once the story is told instead of waiting for Ctrl-C; exit 1 if a step failed")
 	verbose := fs.Bool("v", false, "log the harness's steps in detail")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -346,9 +346,9 @@ func (c *conn) writeConnectLocked(fields []hpack.HeaderField) (*Stream, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := c.newStream(id)
-	s.respReady = make(chan struct{})
 	c.mu.Lock()
+	s := c.newStreamLocked(id)
+	s.respReady = make(chan struct{})
 	c.streams[id] = s
 	c.mu.Unlock()
 	err = c.writeCtrlLocked()

@@ -64,8 +64,12 @@ var _ net.Conn = (*Stream)(nil)
 
 func (c *conn) newStream(id uint32) *Stream {
 	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.newStreamLocked(id)
+}
+
+func (c *conn) newStreamLocked(id uint32) *Stream {
 	sw := int64(c.peerInitWindow)
-	c.mu.Unlock()
 	return &Stream{
 		c:          c,
 		id:         id,

@@ -11,6 +11,7 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -25,6 +26,7 @@ import (
 type objects struct {
 	deployments         []*appsv1.Deployment
 	daemonSets          []*appsv1.DaemonSet
+	jobs                []*batchv1.Job
 	services            []*corev1.Service
 	serviceAccounts     []*corev1.ServiceAccount
 	secrets             []*corev1.Secret
@@ -72,6 +74,8 @@ func decode(t *testing.T, manifest string) *objects {
 			o.deployments = append(o.deployments, into(&obj, &appsv1.Deployment{}))
 		case "apps/v1 DaemonSet":
 			o.daemonSets = append(o.daemonSets, into(&obj, &appsv1.DaemonSet{}))
+		case "batch/v1 Job":
+			o.jobs = append(o.jobs, into(&obj, &batchv1.Job{}))
 		case "v1 Service":
 			o.services = append(o.services, into(&obj, &corev1.Service{}))
 		case "v1 ServiceAccount":
@@ -110,7 +114,7 @@ func into[T any](dst *any, obj *T) *T {
 	return obj
 }
 
-// workload is a Deployment or a DaemonSet.
+// workload is a Deployment, a DaemonSet or a Job.
 type workload struct {
 	kind, name, namespace string
 	// replicas is nil for a DaemonSet.
@@ -128,6 +132,10 @@ func (o *objects) workloads() []workload {
 	}
 	for _, d := range o.daemonSets {
 		ws = append(ws, workload{"DaemonSet", d.Name, d.Namespace, nil, d.Spec.Selector, &d.Spec.Template})
+	}
+	for _, j := range o.jobs {
+		// The API server gives a Job the selector of its pods' labels.
+		ws = append(ws, workload{"Job", j.Name, j.Namespace, nil, selectorOf(j.Spec.Template.Labels), &j.Spec.Template})
 	}
 	return ws
 }

@@ -2,13 +2,16 @@
 // demo's story with every step checked (the chart installed, pods enrolled,
 // HBONE between nodes, webhook decisions, L4 policy, a waypoint routing by
 // header and weight and denying a path, the audit log and metrics), then
-// upgrades the release.
+// upgrades the release and uninstalls it, which must leave no pod
+// redirected and no rule behind.
 package system
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +19,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/test/demo"
 )
@@ -136,6 +140,89 @@ func TestHelmUpgrade(t *testing.T) {
 	if rs, err := c.Request(ctx, appNS, client, target, 20); err != nil {
 		t.Errorf("20 requests after the upgrade: %v (%d results)", err, len(rs))
 	}
+}
+
+// TestHelmUninstall uninstalls the release: Weft's pods go, the apps keep
+// talking directly, and no pod is left annotated as redirected or with
+// redirection rules in its network namespace; the CNI plugin leaves every
+// node's configuration.
+func TestHelmUninstall(t *testing.T) {
+	c := story(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	out, err := c.Helm(ctx, "uninstall", "weft", "--namespace", meshNS, "--wait", "--timeout", "4m")
+	if err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	err = c.WaitFor(ctx, "Weft's pods gone", func(ctx context.Context) (bool, error) {
+		pods, err := c.Client().CoreV1().Pods(meshNS).List(ctx, metav1.ListOptions{})
+		return err == nil && len(pods.Items) == 0, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := c.Client().CoreV1().Pods(appNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods.Items {
+		if v, ok := p.Annotations["ambient.istio.io/redirection"]; ok {
+			t.Errorf("pod %s still annotated ambient.istio.io/redirection=%s", p.Name, v)
+		}
+		path, err := c.PodNetns(ctx, appNS, p.Name)
+		if err != nil {
+			t.Errorf("pod %s: %v", p.Name, err)
+			continue
+		}
+		if left := redirectionLeft(t, path); left != "" {
+			t.Errorf("pod %s: redirection left in its network namespace:\n%s", p.Name, left)
+		}
+	}
+	for _, n := range c.Nodes() {
+		entries, _ := os.ReadDir(n.CNIConfDir())
+		for _, e := range entries {
+			b, _ := os.ReadFile(n.CNIConfDir() + "/" + e.Name())
+			if strings.Contains(string(b), "weft-cni") {
+				t.Errorf("node %s: %s still chains weft-cni:\n%s", n.Name, e.Name(), b)
+			}
+		}
+		if _, err := os.Stat(n.CNIBinDir() + "/weft-cni"); err == nil {
+			t.Errorf("node %s: the weft-cni plugin binary is still installed", n.Name)
+		}
+	}
+	// The apps talk directly again, without the mesh.
+	target := echoTarget(ctx, t, c)
+	client := clientPod(ctx, t, c)
+	if err := c.WaitReachable(ctx, appNS, client, target); err != nil {
+		t.Errorf("after the uninstall: %v", err)
+	}
+}
+
+// redirectionLeft lists what of Istio's in-pod redirection is in a network
+// namespace: its nftables tables and the policy rule to table 100.
+func redirectionLeft(t *testing.T, path string) string {
+	t.Helper()
+	ns, err := netns.Open(path)
+	if err != nil {
+		t.Fatalf("opening %s: %v", path, err)
+	}
+	defer ns.Close()
+	var out []string
+	for _, argv := range [][]string{{"nft", "list", "tables"}, {"ip", "rule", "show"}, {"ip", "-6", "rule", "show"}} {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		var b strings.Builder
+		cmd.Stdout, cmd.Stderr = &b, &b
+		if err := ns.Do(cmd.Run); err != nil {
+			t.Fatalf("%s in %s: %v\n%s", strings.Join(argv, " "), path, err, b.String())
+		}
+		sc := bufio.NewScanner(strings.NewReader(b.String()))
+		for sc.Scan() {
+			if l := sc.Text(); strings.Contains(l, "istio") || strings.Contains(l, "lookup 100") {
+				out = append(out, fmt.Sprintf("%s: %s", argv[0], l))
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 func podUIDs(ctx context.Context, t *testing.T, c *cluster.Cluster, ns string) map[string]string {

@@ -2,6 +2,9 @@
 // every node: it installs the weft-cni plugin, enrolls ambient pods in the
 // mesh (in-pod redirection, the ZDS hand-off of their netns to ztunnel) and
 // un-enrolls them. See package cni/agent.
+//
+//	weft-cni-agent [flags]            the node agent
+//	weft-cni-agent cleanup [flags]    finish an uninstall (the chart's post-delete hook)
 package main
 
 import (
@@ -13,6 +16,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -25,6 +29,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "cleanup" {
+		if err := cleanup(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "weft-cni-agent cleanup:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	cfg, logFormat, logLevel, err := parseFlags(os.Args[1:])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "weft-cni-agent:", err)
@@ -41,21 +52,56 @@ func main() {
 	}
 }
 
-func run(cfg agent.Config, log *slog.Logger) error {
+// client is the API client of the kubeconfig, or the in-cluster one.
+func client(kubeconfig string) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	if kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
 	} else {
 		rc, err = rest.InClusterConfig()
 	}
 	if err != nil {
-		return fmt.Errorf("API client configuration: %w", err)
+		return nil, fmt.Errorf("API client configuration: %w", err)
 	}
 	rc.UserAgent = "weft-cni-agent"
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return fmt.Errorf("API client: %w", err)
+		return nil, fmt.Errorf("API client: %w", err)
+	}
+	return kube, nil
+}
+
+// cleanup runs agent.Cleanup: once the agents are gone, the redirection
+// annotation comes off every pod.
+func cleanup(args []string) error {
+	fs := flag.NewFlagSet("weft-cni-agent cleanup", flag.ContinueOnError)
+	var cfg agent.CleanupConfig
+	fs.StringVar(&cfg.AgentNamespace, "agent-namespace", os.Getenv("POD_NAMESPACE"), "the agents' namespace (env POD_NAMESPACE)")
+	fs.StringVar(&cfg.AgentSelector, "agent-selector", "app=weft-cni-agent", "label selector of the agents' pods")
+	timeout := fs.Duration("timeout", 2*time.Minute, "how long to wait for the agents to finish")
+	kubeconfig := fs.String("kubeconfig", "", "kubeconfig (default: in-cluster)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	kube, err := client(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	_, err = agent.Cleanup(ctx, kube, cfg, log)
+	return err
+}
+
+func run(cfg agent.Config, log *slog.Logger) error {
+	kube, err := client(cfg.Kubeconfig)
+	if err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

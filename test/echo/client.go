@@ -9,9 +9,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -29,8 +31,18 @@ type ClientConfig struct {
 	// h2c://host[:port]/path (HTTP/2 with prior knowledge), grpc://host:port
 	// or tcp://host:port. Required.
 	Target string
-	// Count is the number of requests. Default 1.
+	// Count is the number of requests, sent one after the other. Default 1;
+	// ignored when Every is set.
 	Count int
+	// Every and For pace the requests instead: one starts every Every for
+	// For (For/Every requests, at least one), whether or not the earlier
+	// ones have finished, so a stall shows as failed or slow requests rather
+	// than as a lower rate. Both or neither must be set.
+	Every, For time.Duration
+	// KeepAlive carries every HTTP request (http and h2c targets) over one
+	// kept-alive connection instead of a new connection per request; a
+	// connection that breaks is replaced, which shows in Result.Conn.
+	KeepAlive bool
 	// Timeout bounds each request. Default 5s.
 	Timeout time.Duration
 	// Headers are sent with each HTTP request (as metadata for gRPC).
@@ -44,6 +56,9 @@ func (c *ClientConfig) Validate() error {
 	if c.Count < 0 {
 		return fmt.Errorf("echo client: count %d < 0", c.Count)
 	}
+	if c.Every < 0 || c.For < 0 || (c.Every == 0) != (c.For == 0) {
+		return fmt.Errorf("echo client: every %s and for %s: set both (positive) or neither", c.Every, c.For)
+	}
 	u, err := url.Parse(c.Target)
 	if err != nil {
 		return fmt.Errorf("echo client: target %q: %w", c.Target, err)
@@ -52,6 +67,9 @@ func (c *ClientConfig) Validate() error {
 	case "http", "h2c", "grpc", "tcp":
 	default:
 		return fmt.Errorf("echo client: target %q: scheme must be http, h2c, grpc or tcp", c.Target)
+	}
+	if c.KeepAlive && u.Scheme != "http" && u.Scheme != "h2c" {
+		return fmt.Errorf("echo client: keep-alive needs an http or h2c target, not %q", c.Target)
 	}
 	if u.Host == "" || (u.Port() == "" && (u.Scheme == "grpc" || u.Scheme == "tcp")) {
 		return fmt.Errorf("echo client: target %q needs host:port (the port is optional for http and h2c: 80)", c.Target)
@@ -70,6 +88,11 @@ type Result struct {
 	Status int `json:"status,omitempty"`
 	// Duration is how long the request took.
 	Duration time.Duration `json:"duration"`
+	// Start is when the request started.
+	Start time.Time `json:"start,omitzero"`
+	// Conn is the client's address of the connection that carried the
+	// request (HTTP and TCP; empty when none was made).
+	Conn string `json:"conn,omitempty"`
 }
 
 // StatusError is an HTTP answer other than 200.
@@ -80,11 +103,13 @@ type StatusError struct {
 
 func (e *StatusError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.Code, e.Body) }
 
-// Client sends echo requests. Each request uses a new connection, so load
-// balancing per connection (kube-proxy, a mesh) shows in who answers.
+// Client sends echo requests. Each request uses a new connection unless
+// KeepAlive is set, so load balancing per connection (kube-proxy, a mesh)
+// shows in who answers.
 type Client struct {
 	cfg    ClientConfig
 	target *url.URL
+	shared *http.Transport // with KeepAlive: the transport every request uses
 }
 
 // NewClient checks cfg, applies the defaults and returns a client.
@@ -102,56 +127,130 @@ func NewClient(cfg ClientConfig) (*Client, error) {
 		return nil, err
 	}
 	u, _ := url.Parse(cfg.Target)
-	return &Client{cfg: cfg, target: u}, nil
+	c := &Client{cfg: cfg, target: u}
+	if cfg.KeepAlive {
+		c.shared = c.transport()
+		// One connection: paced requests queue on it rather than open more.
+		c.shared.MaxConnsPerHost = 1
+	}
+	return c, nil
 }
 
-// Send sends Count requests one after the other and returns their results.
-// It stops early only when ctx ends.
+// Send sends the requests (Count in a row, or paced by Every and For) and
+// returns their results in the order they started. It stops early only
+// when ctx ends.
 func (c *Client) Send(ctx context.Context) []Result {
+	if c.shared != nil {
+		defer c.shared.CloseIdleConnections()
+	}
+	if c.cfg.Every > 0 {
+		return c.paced(ctx)
+	}
 	results := make([]Result, 0, c.cfg.Count)
 	for i := 0; i < c.cfg.Count && ctx.Err() == nil; i++ {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-		start := time.Now()
-		resp, err := c.one(rctx)
-		cancel()
-		r := Result{Response: resp, Duration: time.Since(start)}
-		if err != nil {
-			r.Error = err.Error()
-			var se *StatusError
-			if errors.As(err, &se) {
-				r.Status = se.Code
-			}
-		} else if c.target.Scheme == "http" || c.target.Scheme == "h2c" {
-			r.Status = http.StatusOK
-		}
-		results = append(results, r)
+		results = append(results, c.send(ctx))
 	}
 	return results
 }
 
-func (c *Client) one(ctx context.Context) (*Response, error) {
+// paced starts a request every Every for For.
+func (c *Client) paced(ctx context.Context) []Result {
+	n := max(int(c.cfg.For/c.cfg.Every), 1)
+	results := make([]Result, n)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	started := 0
+	for i := 0; i < n; i++ {
+		if wait := time.Until(t0.Add(time.Duration(i) * c.cfg.Every)); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		started++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = c.send(ctx)
+		}()
+	}
+	wg.Wait()
+	return results[:started]
+}
+
+// send makes one request.
+func (c *Client) send(ctx context.Context) Result {
+	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	resp, conn, err := c.one(rctx)
+	r := Result{Response: resp, Duration: time.Since(start), Start: start, Conn: conn}
+	if err != nil {
+		r.Error = err.Error()
+		var se *StatusError
+		if errors.As(err, &se) {
+			r.Status = se.Code
+		}
+	} else if c.target.Scheme == "http" || c.target.Scheme == "h2c" {
+		r.Status = http.StatusOK
+	}
+	return r
+}
+
+func (c *Client) one(ctx context.Context) (*Response, string, error) {
 	switch c.target.Scheme {
 	case "http", "h2c":
 		return c.http(ctx)
 	case "grpc":
-		return c.grpc(ctx)
+		resp, err := c.grpc(ctx)
+		return resp, "", err
 	default:
 		return c.tcp(ctx)
 	}
 }
 
-func (c *Client) http(ctx context.Context) (*Response, error) {
+// transport speaks the target's HTTP version, with keep-alives only when
+// KeepAlive is set.
+func (c *Client) transport() *http.Transport {
 	var protos http.Protocols
-	u := *c.target
-	if u.Scheme == "h2c" {
+	if c.target.Scheme == "h2c" {
 		protos.SetUnencryptedHTTP2(true)
-		u.Scheme = "http"
 	} else {
 		protos.SetHTTP1(true)
 	}
-	tr := &http.Transport{DialContext: c.cfg.Dial, Protocols: &protos, DisableKeepAlives: true}
-	defer tr.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	return &http.Transport{DialContext: c.cfg.Dial, Protocols: &protos, DisableKeepAlives: !c.cfg.KeepAlive}
+}
+
+func (c *Client) http(ctx context.Context) (*Response, string, error) {
+	u := *c.target
+	u.Scheme = "http"
+	tr := c.shared
+	if tr == nil {
+		tr = c.transport()
+		defer tr.CloseIdleConnections()
+	}
+	var mu sync.Mutex
+	var conn string
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			mu.Lock()
+			conn = info.Conn.LocalAddr().String()
+			mu.Unlock()
+		},
+	})
+	resp, err := c.roundTrip(ctx, tr, u.String())
+	mu.Lock()
+	defer mu.Unlock()
+	return resp, conn, err
+}
+
+func (c *Client) roundTrip(ctx context.Context, tr *http.Transport, target string) (*Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -206,24 +305,25 @@ func (c *Client) grpc(ctx context.Context) (*Response, error) {
 	return decodeStruct(out)
 }
 
-func (c *Client) tcp(ctx context.Context) (*Response, error) {
+func (c *Client) tcp(ctx context.Context) (*Response, string, error) {
 	conn, err := c.cfg.Dial(ctx, "tcp", c.target.Host)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	defer conn.Close()
+	local := conn.LocalAddr().String()
 	if d, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(d)
 	}
 	line, err := bufio.NewReader(conn).ReadBytes('\n')
 	if err != nil {
-		return nil, fmt.Errorf("reading response: %w", err)
+		return nil, local, fmt.Errorf("reading response: %w", err)
 	}
 	var r Response
 	if err := json.Unmarshal(line, &r); err != nil {
-		return nil, fmt.Errorf("decoding response: %w", err)
+		return nil, local, fmt.Errorf("decoding response: %w", err)
 	}
-	return &r, nil
+	return &r, local, nil
 }
 
 // Answered counts the successful results per answering pod.
@@ -232,6 +332,18 @@ func Answered(results []Result) map[string]int {
 	for _, r := range results {
 		if r.Response != nil {
 			m[r.Response.Pod]++
+		}
+	}
+	return m
+}
+
+// Connections counts the successful results per connection (Result.Conn):
+// with KeepAlive, one key means one connection carried every request.
+func Connections(results []Result) map[string]int {
+	m := map[string]int{}
+	for _, r := range results {
+		if r.Response != nil && r.Conn != "" {
+			m[r.Conn]++
 		}
 	}
 	return m

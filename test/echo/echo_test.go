@@ -194,3 +194,48 @@ func TestSteeringHeaders(t *testing.T) {
 		}
 	}
 }
+
+func TestPacedAndKeepAlive(t *testing.T) {
+	s := startServer(t)
+	target := "http://" + s.Addrs("http")[0].String() + "/"
+	for _, tc := range []struct {
+		name      string
+		keepAlive bool
+		conns     int
+	}{
+		{"new connection each", false, 10},
+		{"one kept-alive connection", true, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := NewClient(ClientConfig{Target: target, Every: 10 * time.Millisecond, For: 100 * time.Millisecond, KeepAlive: tc.keepAlive})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rs := c.Send(context.Background())
+			if len(rs) != 10 {
+				t.Fatalf("%d results, want 10: %s", len(rs), Summary(rs))
+			}
+			for i, r := range rs {
+				if r.Response == nil || r.Conn == "" || r.Start.IsZero() {
+					t.Errorf("result %d: %+v", i, r)
+				}
+				if i > 0 && r.Start.Before(rs[i-1].Start) {
+					t.Errorf("result %d started before result %d", i, i-1)
+				}
+			}
+			if got := len(Connections(rs)); got != tc.conns {
+				t.Errorf("%d connections carried the requests, want %d: %v", got, tc.conns, Connections(rs))
+			}
+		})
+	}
+	for _, cfg := range []ClientConfig{
+		{Target: target, Every: time.Millisecond},
+		{Target: target, For: time.Second},
+		{Target: target, Every: -time.Millisecond, For: time.Second},
+		{Target: "tcp://" + s.Addrs("tcp")[0].String(), KeepAlive: true},
+	} {
+		if _, err := NewClient(cfg); err == nil {
+			t.Errorf("NewClient(%+v) succeeded", cfg)
+		}
+	}
+}

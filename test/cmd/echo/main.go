@@ -2,10 +2,14 @@
 // a client that sends requests and prints who answered.
 //
 //	echo [-http 8080] [-grpc 7070] [-tcp 9090]
-//	echo client [-n 10] [-timeout 5s] [-H 'Name: value'] [-json] TARGET
+//	echo client [-n 10 | -every 20ms -for 30s] [-keepalive] [-timeout 5s] [-H 'Name: value'] [-json] TARGET
 //
 // TARGET is http://host:port/path, h2c://host:port/path, grpc://host:port or
-// tcp://host:port. The server's identity comes from POD_NAME, POD_NAMESPACE,
+// tcp://host:port. -n sends requests one after the other; -every with -for
+// starts one every interval for the duration, whether or not the earlier
+// ones have finished (a steady load for restart tests). Each request opens
+// a new connection unless -keepalive (HTTP only) carries them all over one;
+// with -keepalive the summary counts successes per connection. The server's identity comes from POD_NAME, POD_NAMESPACE,
 // SERVICE_ACCOUNT, NODE_NAME and POD_IP.
 package main
 
@@ -99,6 +103,9 @@ func client(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("echo client", flag.ContinueOnError)
 	cfg := echo.ClientConfig{Headers: http.Header{}}
 	fs.IntVar(&cfg.Count, "n", 1, "number of requests")
+	fs.DurationVar(&cfg.Every, "every", 0, "start a request at this interval (with -for) instead of -n in a row")
+	fs.DurationVar(&cfg.For, "for", 0, "how long -every keeps starting requests")
+	fs.BoolVar(&cfg.KeepAlive, "keepalive", false, "carry the HTTP requests over one kept-alive connection")
 	fs.DurationVar(&cfg.Timeout, "timeout", 5*time.Second, "timeout per request")
 	fs.Var(headerFlag(cfg.Headers), "H", "request header 'Name: value' (repeatable)")
 	asJSON := fs.Bool("json", false, "print one JSON result per line instead of text")
@@ -134,6 +141,9 @@ func client(ctx context.Context, args []string) error {
 	}
 	if !*asJSON {
 		fmt.Println(echo.Summary(results))
+		if cfg.KeepAlive {
+			fmt.Printf("successes per connection: %v\n", echo.Connections(results))
+		}
 	}
 	if failed > 0 {
 		return fmt.Errorf("%d of %d requests failed", failed, len(results))

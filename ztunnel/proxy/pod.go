@@ -83,11 +83,12 @@ type Pod struct {
 	dialer *hbone.Dialer
 	server *hbone.Server
 
-	conns sync.WaitGroup // connection goroutines
+	conns sync.WaitGroup // connection goroutines; added to under mu until draining
 
-	mu    sync.Mutex
-	open  map[net.Conn]struct{} // guarded by mu: accepted plain connections, closed at drain
-	ready chan struct{}
+	mu       sync.Mutex
+	open     map[net.Conn]struct{} // guarded by mu: accepted plain connections, closed at drain
+	draining bool                  // guarded by mu: no connection is taken on any more
+	ready    chan struct{}
 }
 
 // NewPod builds a pod proxy; it starts nothing.
@@ -215,6 +216,11 @@ func (p *Pod) Run(ctx context.Context) error {
 	lns[0].Close()
 	lns[1].Close()
 	stopServe() // the HBONE server drains by itself
+	// A connection accepted just before the listeners closed is turned
+	// away rather than added to conns while it is waited for.
+	p.mu.Lock()
+	p.draining = true
+	p.mu.Unlock()
 	done := make(chan struct{})
 	go func() { p.conns.Wait(); close(done) }()
 	select {
@@ -243,22 +249,32 @@ func (p *Pod) acceptLoop(ln net.Listener, serve func(net.Conn)) {
 			}
 			return
 		}
-		p.track(c, true)
-		p.conns.Add(1)
+		if !p.take(c) {
+			c.Close()
+			return
+		}
 		go func() {
 			defer p.conns.Done()
-			defer p.track(c, false)
+			defer p.forget(c)
 			serve(c)
 		}()
 	}
 }
 
-func (p *Pod) track(c net.Conn, add bool) {
+// take counts an accepted connection in, unless the pod is draining.
+func (p *Pod) take(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if add {
-		p.open[c] = struct{}{}
-	} else {
-		delete(p.open, c)
+	if p.draining {
+		return false
 	}
+	p.open[c] = struct{}{}
+	p.conns.Add(1)
+	return true
+}
+
+func (p *Pod) forget(c net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.open, c)
 }

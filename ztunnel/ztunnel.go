@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -68,6 +69,11 @@ type Config struct {
 	// DrainTimeout lets connections finish on shutdown
 	// (CONNECTION_TERMINATION_DEADLINE); default 5 s.
 	DrainTimeout time.Duration
+	// HandoffTimeout is how long a stopping ztunnel keeps serving while it
+	// waits for its successor to listen in every pod (HANDOFF_TIMEOUT, a
+	// Weft setting); default 5 s. HandoffTimeout plus DrainTimeout must fit
+	// in the pod's terminationGracePeriodSeconds.
+	HandoffTimeout time.Duration
 }
 
 // SetDefaults fills the documented defaults.
@@ -95,6 +101,9 @@ func (c *Config) SetDefaults() {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = 5 * time.Second
 	}
+	if c.HandoffTimeout == 0 {
+		c.HandoffTimeout = 5 * time.Second
+	}
 }
 
 // Validate reports what is missing or malformed.
@@ -108,8 +117,20 @@ func (c *Config) Validate() error {
 	if c.CertTTL < time.Minute {
 		return fmt.Errorf("SECRET_TTL %s is too short", c.CertTTL)
 	}
+	if c.DrainTimeout < 0 || c.HandoffTimeout < 0 {
+		return fmt.Errorf("CONNECTION_TERMINATION_DEADLINE %s and HANDOFF_TIMEOUT %s must not be negative", c.DrainTimeout, c.HandoffTimeout)
+	}
 	return nil
 }
+
+// certWait bounds how long a pod's proxy waits for the pod's first
+// certificate before it opens its listeners. It stays below the node
+// agent's ZDS request timeout (5 s): the Add is acknowledged after it.
+const certWait = 3 * time.Second
+
+// capturePorts are the ports a pod's proxy listens on; a successor holds a
+// pod once it listens on all of them.
+var capturePorts = []uint16{proxy.OutboundPort, proxy.InboundPort, proxy.HBONEPort}
 
 // Ztunnel is the node proxy.
 type Ztunnel struct {
@@ -122,6 +143,9 @@ type Ztunnel struct {
 	pods     *inpod.Manager
 	admin    *admin.Servers
 	registry *prometheus.Registry
+	draining atomic.Bool // set once Run's context ended: readiness turns false
+
+	migrateWarned atomic.Bool // MigrateOnClose's failure was logged
 }
 
 // New builds ztunnel from cfg; it starts nothing.
@@ -183,6 +207,18 @@ func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
 			if err != nil {
 				return nil, nil, err
 			}
+			// Listeners opened before the certificate would take their
+			// share of the pod's connections (during a rollout, from the
+			// old ztunnel) and fail them. Past certWait, serve anyway: a
+			// refused Add would take the pod out of the mesh.
+			select {
+			case <-creds.Ready():
+			case <-time.After(certWait):
+				log.Warn("serving a pod before its certificate arrived", "pod", info.String(), "identity", id.String(), "waited", certWait.String())
+			}
+			if err := inpod.MigrateOnClose(ns); err != nil && !z.migrateWarned.Swap(true) {
+				log.Warn("connections queued on a closing listener will be reset during rollouts", "error", err.Error())
+			}
 			p, err := proxy.NewPod(proxy.PodConfig{
 				Namespace: info.Namespace, Name: info.Name, ServiceAccount: info.ServiceAccount, Node: cfg.NodeName,
 				TrustDomain: td, Store: z.store,
@@ -210,19 +246,70 @@ func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
 	return z, nil
 }
 
-// Run serves until ctx ends, then drains the pods' connections and stops.
+// Run serves until ctx ends, then hands the pods over and stops: readiness
+// turns false, every pod stays served until a successor listens in it too
+// (or HandoffTimeout passes), then each pod's listeners close and its
+// connections drain for DrainTimeout.
+//
+// Pods are taken from the node agent only once the control plane's first
+// push is in: a proxy without workloads and policies would send traffic
+// out unencrypted (unknown destinations pass through) and let in
+// connections a policy denies.
 func (z *Ztunnel) Run(ctx context.Context) error {
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return z.xds.Run(ctx) })
-	g.Go(func() error { return z.pods.Run(ctx) })
-	g.Go(func() error { return z.admin.Run(ctx) })
+	partsCtx, stopParts := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopParts()
+	g, gctx := errgroup.WithContext(partsCtx)
+	g.Go(func() error { return z.xds.Run(gctx) })
+	g.Go(func() error {
+		select {
+		case <-z.xds.Synced():
+		case <-gctx.Done():
+			return nil
+		}
+		return z.pods.Run(gctx)
+	})
+	g.Go(func() error { return z.admin.Run(gctx) })
+	g.Go(func() error {
+		select {
+		case <-gctx.Done(): // a part failed
+			return nil
+		case <-ctx.Done():
+		}
+		z.draining.Store(true)
+		z.handoff(gctx)
+		stopParts()
+		return nil
+	})
 	err := g.Wait()
 	z.ids.Close()
 	z.ca.Close()
 	return err
 }
 
+// handoff waits until a successor listens in every pod, for up to
+// HandoffTimeout.
+func (z *Ztunnel) handoff(ctx context.Context) {
+	start := time.Now()
+	n := len(z.pods.Pods())
+	ctx, cancel := context.WithTimeout(ctx, z.cfg.HandoffTimeout)
+	defer cancel()
+	left := z.pods.WaitTakenOver(ctx, capturePorts)
+	waited := time.Since(start).Milliseconds()
+	if len(left) == 0 {
+		z.log.Info("pods handed over", "pods", n, "waited_ms", waited)
+		return
+	}
+	names := make([]string, len(left))
+	for i, p := range left {
+		names[i] = p.String()
+	}
+	z.log.Warn("stopping without a successor in some pods; their connections are refused until one starts", "pods", names, "waited_ms", waited)
+}
+
 func (z *Ztunnel) ready() error {
+	if z.draining.Load() {
+		return errors.New("shutting down")
+	}
 	select {
 	case <-z.xds.Synced():
 	default:

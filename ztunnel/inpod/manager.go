@@ -3,7 +3,9 @@
 // for the pod inside it, following the snapshot protocol (Add or Keep per
 // known pod, SnapshotSent, then Add and Del) and acknowledging every
 // request. Proxies outlive a lost connection: after a reconnect the new
-// snapshot says which to keep.
+// snapshot says which to keep. When ztunnel is replaced, WaitTakenOver
+// tells when the next one listens in every pod, so the old one can close
+// its listeners without a moment when a pod has none.
 package inpod
 
 import (
@@ -72,6 +74,7 @@ type Stats struct {
 
 type pod struct {
 	info    PodInfo
+	ns      *netns.NS // the manager's own handle, closed (under mu) when the pod is forgotten
 	nsID    uint64
 	cancel  context.CancelFunc
 	stopped chan struct{}
@@ -299,6 +302,16 @@ func (m *Manager) add(info PodInfo, nsf *os.File) error {
 		m.count(func(s *Stats) { s.Failed++ })
 		return fmt.Errorf("pod %s: proxy did not start: %w", info, err)
 	}
+	// A handle of the manager's own, for WaitTakenOver: the proxy's is
+	// closed by its goroutine whenever the proxy ends.
+	own, err := netns.Open(fmt.Sprintf("/proc/self/fd/%d", nsf.Fd()))
+	if err != nil {
+		cancel()
+		<-p.stopped
+		m.count(func(s *Stats) { s.Failed++ })
+		return fmt.Errorf("pod %s: %w", info, err)
+	}
+	p.ns = own
 	m.mu.Lock()
 	m.pods[info.UID] = p
 	m.stats.Started++
@@ -315,7 +328,58 @@ func (m *Manager) stopLocked(uid string) {
 	}
 	delete(m.pods, uid)
 	p.cancel()
+	p.ns.Close()
 	m.cfg.Logger.Info("pod proxy stopping", "pod", p.info.String(), "uid", uid)
+}
+
+// WaitTakenOver waits until, in every pod's network namespace, another
+// socket listens next to this ztunnel's on each of ports (the next ztunnel,
+// bound with SO_REUSEPORT), or until ctx ends. It returns the pods not
+// taken over. A pod that arrives or leaves meanwhile is counted as it
+// stands at each check.
+func (m *Manager) WaitTakenOver(ctx context.Context, ports []uint16) []PodInfo {
+	done := map[string]bool{} // uids seen taken over
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var left []PodInfo
+		m.mu.Lock()
+		for uid, p := range m.pods {
+			if done[uid] {
+				continue
+			}
+			if takenOver(p.ns, ports) {
+				done[uid] = true
+				continue
+			}
+			left = append(left, p.info)
+		}
+		m.mu.Unlock()
+		if len(left) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			sort.Slice(left, func(i, j int) bool { return left[i].String() < left[j].String() })
+			return left
+		case <-tick.C:
+		}
+	}
+}
+
+// takenOver reports whether at least two sockets listen on each port in ns:
+// ours and a successor's.
+func takenOver(ns *netns.NS, ports []uint16) bool {
+	n, err := Listeners(ns)
+	if err != nil {
+		return false
+	}
+	for _, port := range ports {
+		if n[port] < 2 {
+			return false
+		}
+	}
+	return true
 }
 
 func (m *Manager) count(f func(*Stats)) {

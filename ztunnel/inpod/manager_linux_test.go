@@ -267,3 +267,100 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestWaitTakenOver: a pod counts as taken over once a second socket (the
+// next ztunnel's) listens on its ports next to this ztunnel's.
+func TestWaitTakenOver(t *testing.T) {
+	rootOnly(t)
+	a := podNS(t, "handoff")
+	f := newFixture(t)
+	c := f.accept()
+	defer c.Close()
+	if err := c.Request(add("uid-a", "pod-a"), nsFile(t, a), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ports := []uint16{15001}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if left := f.m.WaitTakenOver(ctx, ports); len(left) != 1 || left[0].Name != "pod-a" {
+		t.Fatalf("WaitTakenOver with no successor = %v, want pod-a left", left)
+	}
+	successor, err := Sockets{NS: a}.Listen(context.Background(), netip.MustParseAddrPort("0.0.0.0:15001"))
+	if err != nil {
+		t.Fatalf("a second listener with SO_REUSEPORT: %v", err)
+	}
+	defer successor.Close()
+	if n, err := Listeners(a); err != nil || n[15001] != 2 {
+		t.Fatalf("Listeners = %v, %v; want 2 on 15001", n, err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if left := f.m.WaitTakenOver(ctx, ports); len(left) != 0 {
+		t.Fatalf("WaitTakenOver with a successor = %v, want none left", left)
+	}
+}
+
+// TestMigrateOnClose: connections waiting in the accept queue of a closing
+// listener move to the other listener of its SO_REUSEPORT group instead of
+// being reset, once MigrateOnClose is on; without it some are reset, which
+// is what an old ztunnel closing its listeners would do to a rollout.
+func TestMigrateOnClose(t *testing.T) {
+	rootOnly(t)
+	for _, tc := range []struct {
+		name    string
+		migrate bool
+	}{{"off", false}, {"on", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := podNS(t, "migrate-"+tc.name)
+			if tc.migrate {
+				if err := MigrateOnClose(ns); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := Sockets{NS: ns}
+			addr := netip.MustParseAddrPort("127.0.0.1:15001")
+			old, err := s.Listen(context.Background(), addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			next, err := s.Listen(context.Background(), addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer next.Close()
+			// Connections hash over both listeners; old never accepts, so
+			// its share waits in its queue.
+			const n = 40
+			var clients []net.Conn
+			defer func() {
+				for _, c := range clients {
+					c.Close()
+				}
+			}()
+			for range n {
+				c, err := s.Dial(context.Background(), addr, netip.AddrPort{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				clients = append(clients, c)
+			}
+			old.Close()
+			accepted := 0
+			next.(*net.TCPListener).SetDeadline(time.Now().Add(time.Second))
+			for {
+				c, err := next.Accept()
+				if err != nil {
+					break
+				}
+				accepted++
+				c.Close()
+			}
+			switch {
+			case tc.migrate && accepted != n:
+				t.Errorf("the remaining listener accepted %d of %d connections; the closed one's were not migrated", accepted, n)
+			case !tc.migrate && accepted == n:
+				t.Errorf("all %d connections reached the remaining listener without migration; the test shows nothing", n)
+			}
+		})
+	}
+}

@@ -1,11 +1,15 @@
 package inpod
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -120,3 +124,80 @@ func getsockopt(fd, level, name int, val unsafe.Pointer, size *uint32) error {
 
 // ip6tSOOriginalDst is IP6T_SO_ORIGINAL_DST from linux/netfilter_ipv6/ip6_tables.h.
 const ip6tSOOriginalDst = 80
+
+// migrateReqSysctl is net.ipv4.tcp_migrate_req (Linux 5.14), per network
+// namespace.
+const migrateReqSysctl = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+// MigrateOnClose turns on net.ipv4.tcp_migrate_req in ns: when a listener
+// of a SO_REUSEPORT group closes, the connections in its accept queue and
+// the handshakes in progress move to another listener of the group instead
+// of being reset. When an old ztunnel closes its listeners after a new one
+// has bound its own, no connection that reached the old one is lost. It
+// needs /proc/sys writable and CAP_NET_ADMIN; without it a connection that
+// arrives in the instant the old listener closes is reset.
+func MigrateOnClose(ns *netns.NS) error {
+	return ns.Do(func() error {
+		// /proc/sys/net resolves to the namespace of the thread that opens it.
+		b, err := os.ReadFile(migrateReqSysctl)
+		if err == nil && strings.TrimSpace(string(b)) == "1" {
+			return nil
+		}
+		if err := os.WriteFile(migrateReqSysctl, []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("setting net.ipv4.tcp_migrate_req: %w", err)
+		}
+		return nil
+	})
+}
+
+// Listeners counts the TCP sockets listening in ns by local port (IPv4 and
+// IPv6, any process), from the namespace's /proc/net/tcp and tcp6 as the
+// thread that entered it sees them.
+func Listeners(ns *netns.NS) (map[uint16]int, error) {
+	counts := map[uint16]int{}
+	err := ns.Do(func() error {
+		for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
+			if err := countListeners(f, counts); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return counts, err
+}
+
+// tcpListen is TCP_LISTEN in the st column of /proc/net/tcp.
+const tcpListen = "0A"
+
+func countListeners(path string, counts map[uint16]int) error {
+	f, err := os.Open(path)
+	if os.IsNotExist(err) && strings.HasSuffix(path, "6") {
+		return nil // no IPv6 in this kernel
+	}
+	if err != nil {
+		return fmt.Errorf("counting listeners: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Scan() // the header
+	for sc.Scan() {
+		// sl local_address rem_address st ...; local_address is HEXIP:HEXPORT.
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 4 || fields[3] != tcpListen {
+			continue
+		}
+		_, hexPort, ok := strings.Cut(fields[1], ":")
+		if !ok {
+			continue
+		}
+		port, err := strconv.ParseUint(hexPort, 16, 16)
+		if err != nil {
+			continue
+		}
+		counts[uint16(port)]++
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("counting listeners in %s: %w", path, err)
+	}
+	return nil
+}

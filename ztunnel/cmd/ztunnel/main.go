@@ -60,7 +60,9 @@ func configFromEnv() (ztunnel.Config, error) {
 		MetricsAddr:      os.Getenv("METRICS_ADDR"),
 		ReadyAddr:        os.Getenv("READINESS_ADDR"),
 	}
-	for env, dst := range map[string]*time.Duration{"SECRET_TTL": &cfg.CertTTL, "CONNECTION_TERMINATION_DEADLINE": &cfg.DrainTimeout} {
+	for env, dst := range map[string]*time.Duration{
+		"SECRET_TTL": &cfg.CertTTL, "CONNECTION_TERMINATION_DEADLINE": &cfg.DrainTimeout, "HANDOFF_TIMEOUT": &cfg.HandoffTimeout,
+	} {
 		if v := os.Getenv(env); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil {

@@ -207,7 +207,7 @@ func waypointLatency(b *testing.B, p *podPair, wp *childProc) {
 	var base, mesh []time.Duration
 	var cpu, el time.Duration
 	// Alternate so that drift in the machine's load hits both sides alike.
-	for range rounds {
+	for round := range rounds {
 		p.bindWaypoint(b, false)
 		p.openLoop(b, url, rate, time.Second, conns) // warm-up
 		n0 := waypointRequests(b, wp)
@@ -218,9 +218,11 @@ func waypointLatency(b *testing.B, p *podPair, wp *childProc) {
 		p.bindWaypoint(b, true)
 		p.openLoop(b, url, rate, time.Second, conns)
 		n0 = waypointRequests(b, wp)
+		stop := profilePhase(b, wp, "latency", round)
 		cpu0, t0 := procCPU(b, wp.pid()), time.Now()
 		lat := p.openLoop(b, url, rate, d, conns)
 		cpu += procCPU(b, wp.pid()) - cpu0
+		stop()
 		el += time.Since(t0)
 		if n := waypointRequests(b, wp) - n0; n < len(lat) {
 			b.Fatalf("only %d of %d requests went through the waypoint", n, len(lat))
@@ -260,10 +262,12 @@ func waypointRPS(b *testing.B, p *podPair, wp *childProc, nginxBin string) {
 	closedLoop(b, viaNginx, nil, conns, time.Second) // warm-up
 	closedLoop(b, viaWaypoint, nil, conns, time.Second)
 	var ngRPS, ngCores, wpRPS, wpCores, ngPerCore, wpPerCore []float64
-	for range rounds {
+	for round := range rounds {
 		r, c := closedLoop(b, viaNginx, ngPIDs, conns, d)
 		ngRPS, ngCores, ngPerCore = append(ngRPS, r), append(ngCores, c), append(ngPerCore, r/c)
+		stop := profilePhase(b, wp, "rps", round)
 		r, c = closedLoop(b, viaWaypoint, []int{wp.pid()}, conns, d)
+		stop()
 		wpRPS, wpCores, wpPerCore = append(wpRPS, r), append(wpCores, c), append(wpPerCore, r/c)
 	}
 	fmt.Printf("bench: nginx_rps %.0f\n", median(ngRPS))
@@ -550,23 +554,24 @@ func runWaypoint() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- px.Serve(ctx, ln) }()
-	if path := os.Getenv("WEFT_BENCH_WAYPOINT_CPUPROFILE"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			cancel()
-			return err
-		}
-		pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
-	}
 	fmt.Println("ready")
+	var prof *os.File
+	defer func() {
+		if prof != nil {
+			pprof.StopCPUProfile()
+			prof.Close()
+		}
+	}()
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
-		switch sc.Text() {
+		cmd, arg, _ := strings.Cut(sc.Text(), " ")
+		switch cmd {
 		case "mem":
 			fmt.Println(memInUse())
 		case "requests":
 			fmt.Println(requestsTotal(reg))
+		case "profile":
+			fmt.Println(profile(&prof, arg))
 		}
 	}
 	cancel()
@@ -578,6 +583,46 @@ func runWaypoint() error {
 		return err
 	case <-time.After(5 * time.Second): // connections still draining
 		return nil
+	}
+}
+
+// profile starts a CPU profile into the file arg names, or stops the one
+// running when arg is "stop"; it returns the child's answer line.
+func profile(f **os.File, arg string) string {
+	if *f != nil {
+		pprof.StopCPUProfile()
+		(*f).Close()
+		*f = nil
+	}
+	if arg == "stop" {
+		return "ok"
+	}
+	var err error
+	if *f, err = os.Create(arg); err == nil {
+		err = pprof.StartCPUProfile(*f)
+	}
+	if err != nil {
+		return "error: " + err.Error()
+	}
+	return "ok"
+}
+
+// profilePhase starts a CPU profile of the waypoint child for one phase of
+// the benchmark when WEFT_BENCH_WAYPOINT_CPUPROFILE names a file prefix
+// (each round's profile goes to <prefix>-<phase>-<round>.prof; `go tool
+// pprof` merges several); the returned function stops it.
+func profilePhase(b *testing.B, wp *childProc, phase string, round int) func() {
+	prefix := os.Getenv("WEFT_BENCH_WAYPOINT_CPUPROFILE")
+	if prefix == "" {
+		return func() {}
+	}
+	if line := wp.line(b, fmt.Sprintf("profile %s-%s-%d.prof", prefix, phase, round)); line != "ok" {
+		b.Fatalf("waypoint child: profile: %s", line)
+	}
+	return func() {
+		if line := wp.line(b, "profile stop"); line != "ok" {
+			b.Fatalf("waypoint child: profile stop: %s", line)
+		}
 	}
 }
 

@@ -45,7 +45,7 @@ const svcHost = "echo.demo.svc.cluster.local"
 var vip = netip.MustParseAddrPort("10.96.0.10:80")
 
 type mesh struct {
-	t      *testing.T
+	t      testing.TB
 	ca     *spiffe.CA
 	store  *config.Store
 	client *hbone.Dialer
@@ -56,7 +56,7 @@ type mesh struct {
 	p      *Proxy
 }
 
-func mustAny(t *testing.T, m proto.Message) *anypb.Any {
+func mustAny(t testing.TB, m proto.Message) *anypb.Any {
 	a, err := anypb.New(m)
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +65,7 @@ func mustAny(t *testing.T, m proto.Message) *anypb.Any {
 }
 
 // newMesh starts a waypoint on loopback; opts adjust its Config.
-func newMesh(t *testing.T, opts ...func(*Config)) *mesh {
+func newMesh(t testing.TB, opts ...func(*Config)) *mesh {
 	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func newMesh(t *testing.T, opts ...func(*Config)) *mesh {
 }
 
 // backend is a plain HTTP server on loopback answering with its name.
-func backend(t *testing.T, name string, h http.HandlerFunc) netip.AddrPort {
+func backend(t testing.TB, name string, h http.HandlerFunc) netip.AddrPort {
 	if h == nil {
 		h = func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("x-backend", name)
@@ -123,7 +123,7 @@ func backend(t *testing.T, name string, h http.HandlerFunc) netip.AddrPort {
 
 // serveHTTP serves h over HTTP/1.1 and h2c on loopback; tweak adjusts the
 // server before it starts.
-func serveHTTP(t *testing.T, h http.Handler, tweak func(*http.Server)) netip.AddrPort {
+func serveHTTP(t testing.TB, h http.Handler, tweak func(*http.Server)) netip.AddrPort {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +140,7 @@ func serveHTTP(t *testing.T, h http.Handler, tweak func(*http.Server)) netip.Add
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
-func hcm(t *testing.T, filters ...*hcmv3.HttpFilter) *anypb.Any {
+func hcm(t testing.TB, filters ...*hcmv3.HttpFilter) *anypb.Any {
 	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}})
 	return mustAny(t, &hcmv3.HttpConnectionManager{
 		StatPrefix:     "x",
@@ -263,7 +263,7 @@ func (m *mesh) do(req *http.Request) *http.Response {
 // downstream is one HTTP/1.1 connection through the waypoint, for
 // requests in sequence.
 type downstream struct {
-	t  *testing.T
+	t  testing.TB
 	c  net.Conn
 	br *bufio.Reader
 }

@@ -1,0 +1,101 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+)
+
+// BenchmarkHTTP1 is test/bench's waypoint_rps_vs_nginx load in one
+// process: 16 HTTP/1.1 keep-alive connections, each a CONNECT stream on one
+// HBONE connection, sending GETs back to back to a plain HTTP/1.1 upstream
+// answering 1 KiB. cpu-us/op is the whole process's CPU (client, waypoint
+// and upstream) per request; compare runs of it, and profile with
+// -cpuprofile for the waypoint's share.
+func BenchmarkHTTP1(b *testing.B) {
+	const conns = 16
+	m := newMesh(b)
+	payload := bytes.Repeat([]byte("w"), 1024)
+	up := backend(b, "up", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write(payload)
+	})
+	m.apply([]*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster("up")}}, map[string][]netip.AddrPort{"up": {up}})
+	cs := make([]net.Conn, conns)
+	for i := range cs {
+		c, err := m.dial(vip)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		cs[i] = c
+	}
+	req := []byte("GET / HTTP/1.1\r\nHost: " + svcHost + "\r\n\r\n")
+	exchange := func(c net.Conn, br *bufio.Reader) error {
+		if _, err := c.Write(req); err != nil {
+			return err
+		}
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			return err
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err == nil && (resp.StatusCode != 200 || n != 1024) {
+			err = fmt.Errorf("response %d with %d bytes", resp.StatusCode, n)
+		}
+		return err
+	}
+	brs := make([]*bufio.Reader, conns)
+	for i, c := range cs { // warm up every connection
+		brs[i] = bufio.NewReader(c)
+		if err := exchange(c, brs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	var wg sync.WaitGroup
+	errs := make(chan error, conns)
+	for i := range conns {
+		n := b.N / conns
+		if i < b.N%conns {
+			n++
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range n {
+				if err := exchange(cs[i], brs[i]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/op")
+	close(errs)
+	if err := <-errs; err != nil {
+		b.Fatal(err)
+	}
+}
+
+// cpuTime is the process's user and system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}

@@ -358,7 +358,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		h.Add("Trailer", k)
 	}
 	w.WriteHeader(resp.StatusCode)
-	if err := copyFlush(w, resp.Body); err != nil {
+	if err := copyBody(w, resp.Body, resp.ContentLength); err != nil {
 		// Ending the response normally would pass a truncated body off as
 		// complete.
 		info.aborted = true
@@ -380,19 +380,31 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 }
 
-// copyFlush copies an upstream body to the client as it comes. It returns
-// the upstream's error when the body ends other than at its end; a client
-// that went away is not an error here.
-func copyFlush(w http.ResponseWriter, r io.Reader) error {
-	buf := make([]byte, 32<<10)
+// copyBuffers holds the buffers copyBody relays bodies through.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyBody copies an upstream body to the client as it comes: whatever was
+// read is flushed at once, unless the body's declared length says it is
+// complete, in which case the server's end of response sends it (with the
+// head, when it is small) in one write. It returns the upstream's error when
+// the body ends other than at its end; a client that went away is not an
+// error here.
+func copyBody(w http.ResponseWriter, r io.Reader, length int64) error {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
 	f, _ := w.(http.Flusher)
+	remain := length // -1: unknown
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				return nil
 			}
-			if f != nil {
+			if remain > 0 {
+				remain = max(remain-int64(n), 0)
+			}
+			if f != nil && remain != 0 && err == nil {
 				f.Flush()
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -157,10 +158,11 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) {
 	}
 	tp := traceparent(r.Header.Get("traceparent"))
 	r.Header.Set("traceparent", tp)
+	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 	s.route(cw, r, h2, info)
 	info.status = cw.status
 	info.rspBytes = cw.n
-	s.p.record(s, r, info, time.Since(start), tp)
+	s.p.record(s, r, info, time.Since(start), tp, grpc)
 	if info.aborted {
 		// net/http's one way to end a response in error once its head is
 		// out: the HTTP/1.1 server closes the connection without the last
@@ -227,22 +229,15 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 	wc := rt.Pick(uint32(mrand.Uint64N(uint64(max(rt.TotalWeight, 1)))))
 	info.cluster = wc.Name
-	out := r.Clone(ctx)
+	// The handler owns r: its header is edited in place (net/http reads
+	// nothing of it once the handler runs), everything else is copied.
+	out := r.WithContext(ctx)
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep
-	out.Header = r.Header.Clone()
 	stripHop(out.Header)
 	rt.Request.Apply(out.Header)
 	wc.Request.Apply(out.Header)
-	path, q, _ := strings.Cut(r.URL.RequestURI(), "?")
-	np := rt.RewritePath(path)
-	if q != "" {
-		np += "?" + q
-	}
-	out.URL.Opaque = ""
-	if u, err := r.URL.Parse(np); err == nil {
-		out.URL = u
-	}
+	out.URL = upstreamURL(r.URL, rt)
 	out.URL.Scheme, out.URL.Host = "http", r.Host
 	if rt.HostRewrite != "" {
 		out.Host = rt.HostRewrite
@@ -294,7 +289,11 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		if rt.Retry != nil && rt.Retry.PerTryTimeout > 0 {
 			tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
 		}
-		resp, err = s.p.roundTrip(tctx, snap, wc.Name, out.WithContext(tctx), h2, s.target, info)
+		try := out
+		if tctx != ctx {
+			try = out.WithContext(tctx)
+		}
+		resp, err = s.p.roundTrip(tctx, snap, wc.Name, try, h2, s.target, info)
 		if retrySlot != nil {
 			retrySlot()
 			retrySlot = nil
@@ -378,6 +377,26 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	for k, vs := range resp.Trailer {
 		w.Header()[http.TrailerPrefix+k] = vs
 	}
+}
+
+// upstreamURL is the request's URL with the route's path rewrite applied;
+// the caller sets its scheme and host.
+func upstreamURL(in *url.URL, rt *route.Route) *url.URL {
+	path, q, _ := strings.Cut(in.RequestURI(), "?")
+	np := rt.RewritePath(path)
+	if np == path && in.Opaque == "" && in.Scheme == "" && in.Host == "" && in.User == nil && !in.ForceQuery && in.Fragment == "" {
+		u := *in // an origin-form target, unchanged: what parsing it again would give
+		return &u
+	}
+	if q != "" {
+		np += "?" + q
+	}
+	if u, err := in.Parse(np); err == nil {
+		return u
+	}
+	u := *in
+	u.Opaque = ""
+	return &u
 }
 
 // copyBuffers holds the buffers copyBody relays bodies through.

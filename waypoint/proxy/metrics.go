@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"context"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -38,47 +40,106 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Duration, tp string) {
-	srcNS, srcSA := "unknown", ""
+// series is one label set's four metrics, bound once so that recording a
+// request costs no label hashing.
+type series struct {
+	requests                     prometheus.Counter
+	duration, reqBytes, rspBytes prometheus.Observer
+}
+
+// seriesKey is what varies between the requests of one session.
+type seriesKey struct {
+	dstWL, dstNS, dstPrin string
+	grpc                  bool
+	code                  int
+	flags                 string
+}
+
+// maxSessionSeries bounds a session's series cache; past it the cache
+// starts over.
+const maxSessionSeries = 64
+
+// sessionLabels are the label values every request of a session shares.
+type sessionLabels struct {
+	srcWL, srcNS, srcPrin, srcApp, srcVersion, srcCluster string
+	host, svcName, svcNS                                  string
+}
+
+func (s *session) sessionLabels() sessionLabels {
+	var l sessionLabels
+	srcSA := ""
+	l.srcNS = "unknown"
 	if parts := strings.Split(s.peer, "/"); len(parts) >= 7 && parts[3] == "ns" {
-		srcNS, srcSA = parts[4], parts[6]
+		l.srcNS, srcSA = parts[4], parts[6]
 	}
 	if v := s.baggage["k8s.namespace.name"]; v != "" {
-		srcNS = v
+		l.srcNS = v
 	}
-	srcWL := firstNonEmpty(s.baggage["k8s.deployment.name"], s.baggage["k8s.statefulset.name"], s.baggage["k8s.daemonset.name"], s.baggage["k8s.pod.name"], srcSA, "unknown")
-	host := "unknown"
+	l.srcWL = firstNonEmpty(s.baggage["k8s.deployment.name"], s.baggage["k8s.statefulset.name"], s.baggage["k8s.daemonset.name"], s.baggage["k8s.pod.name"], srcSA, "unknown")
+	l.srcPrin = firstNonEmpty(s.peer, "unknown")
+	l.srcApp = firstNonEmpty(s.baggage["service.name"], l.srcWL)
+	l.srcVersion = firstNonEmpty(s.baggage["service.version"], "unknown")
+	l.srcCluster = firstNonEmpty(s.baggage["k8s.cluster.name"], "unknown")
+	l.host = "unknown"
 	if s.chain.HTTP != nil && s.chain.HTTP.RouteName != "" {
-		host, _, _ = strings.Cut(s.chain.HTTP.RouteName, ":")
+		l.host, _, _ = strings.Cut(s.chain.HTTP.RouteName, ":")
 	}
-	svcName, svcNS, _ := strings.Cut(host, ".")
+	svcName, svcNS, _ := strings.Cut(l.host, ".")
 	svcNS, _, _ = strings.Cut(svcNS, ".")
-	dstWL, dstNS, dstPrin := "unknown", "unknown", "unknown"
-	if e := info.ep; e != nil {
-		dstWL = firstNonEmpty(e.WorkloadName, e.Workload, "unknown")
-		dstNS = firstNonEmpty(e.Namespace, "unknown")
-		dstPrin = firstNonEmpty(e.Identity, "unknown")
+	l.svcName, l.svcNS = firstNonEmpty(svcName, "unknown"), firstNonEmpty(svcNS, "unknown")
+	return l
+}
+
+// series returns the metrics of k's label set, bound on first use.
+func (s *session) series(k seriesKey) *series {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sr := s.cache[k]; sr != nil {
+		return sr
 	}
+	if s.cache == nil || len(s.cache) >= maxSessionSeries {
+		s.cache = make(map[seriesKey]*series)
+	}
+	l := &s.labels
 	proto := "http"
-	grpc := ""
-	if strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+	if k.grpc {
 		proto = "grpc"
 	}
-	flags := firstNonEmpty(info.flags, "-")
-	v := []string{"waypoint", srcWL, srcNS, firstNonEmpty(s.peer, "unknown"), firstNonEmpty(s.baggage["service.name"], srcWL),
-		firstNonEmpty(s.baggage["service.version"], "unknown"), firstNonEmpty(s.baggage["k8s.cluster.name"], "unknown"),
-		dstWL, dstNS, dstPrin, dstWL, "unknown", host, firstNonEmpty(svcName, "unknown"), firstNonEmpty(svcNS, "unknown"),
-		"unknown", proto, strconv.Itoa(info.status), grpc, flags, "mutual_tls"}
+	v := []string{"waypoint", l.srcWL, l.srcNS, l.srcPrin, l.srcApp, l.srcVersion, l.srcCluster,
+		k.dstWL, k.dstNS, k.dstPrin, k.dstWL, "unknown", l.host, l.svcName, l.svcNS,
+		"unknown", proto, strconv.Itoa(k.code), "", k.flags, "mutual_tls"}
+	m := s.p.cfg.Metrics
+	sr := &series{
+		requests: m.requests.WithLabelValues(v...),
+		duration: m.duration.WithLabelValues(v...),
+		reqBytes: m.reqBytes.WithLabelValues(v...),
+		rspBytes: m.rspBytes.WithLabelValues(v...),
+	}
+	s.cache[k] = sr
+	return sr
+}
+
+func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Duration, tp string, grpc bool) {
+	k := seriesKey{dstWL: "unknown", dstNS: "unknown", dstPrin: "unknown", grpc: grpc, code: info.status, flags: firstNonEmpty(info.flags, "-")}
+	if e := info.ep; e != nil {
+		k.dstWL = firstNonEmpty(e.WorkloadName, e.Workload, "unknown")
+		k.dstNS = firstNonEmpty(e.Namespace, "unknown")
+		k.dstPrin = firstNonEmpty(e.Identity, "unknown")
+	}
 	reqBytes := info.reqBytes.Load()
-	m := p.cfg.Metrics
-	m.requests.WithLabelValues(v...).Inc()
-	m.duration.WithLabelValues(v...).Observe(float64(d.Microseconds()) / 1000)
-	m.reqBytes.WithLabelValues(v...).Observe(float64(reqBytes))
-	m.rspBytes.WithLabelValues(v...).Observe(float64(info.rspBytes))
-	attrs := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "src_workload", srcWL, "src_namespace", srcNS,
-		"dst_addr", s.target.String(), "dst_service", host, "dst_workload", dstWL, "dst_namespace", dstNS, "dst_identity", dstPrin,
+	sr := s.series(k)
+	sr.requests.Inc()
+	sr.duration.Observe(float64(d.Microseconds()) / 1000)
+	sr.reqBytes.Observe(float64(reqBytes))
+	sr.rspBytes.Observe(float64(info.rspBytes))
+	if !p.cfg.AccessLog.Enabled(context.Background(), slog.LevelInfo) {
+		return
+	}
+	l := &s.labels
+	attrs := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "src_workload", l.srcWL, "src_namespace", l.srcNS,
+		"dst_addr", s.target.String(), "dst_service", l.host, "dst_workload", k.dstWL, "dst_namespace", k.dstNS, "dst_identity", k.dstPrin,
 		"method", r.Method, "path", r.URL.RequestURI(), "protocol", r.Proto, "status", info.status, "route", info.route,
-		"cluster", info.cluster, "upstream", upstreamString(info), "response_flags", flags,
+		"cluster", info.cluster, "upstream", upstreamString(info), "response_flags", k.flags,
 		"bytes_recv", reqBytes, "bytes_sent", info.rspBytes, "duration_ms", d.Milliseconds(), "traceparent", tp}
 	if info.audit {
 		attrs = append(attrs, "audit", true, "audit_policy", info.auditPolicy)

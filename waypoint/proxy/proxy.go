@@ -129,6 +129,10 @@ type session struct {
 	peer    string
 	remote  netip.AddrPort
 	baggage map[string]string
+	labels  sessionLabels // metric labels of the source and service
+
+	mu    sync.Mutex
+	cache map[seriesKey]*series // guarded by mu: the metrics of this session's requests
 }
 
 func (p *Proxy) serveConnect(r *hbone.Request) {
@@ -158,6 +162,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 			s.baggage[m.Key] = m.Value
 		}
 	}
+	s.labels = s.sessionLabels()
 	st, err := r.Accept(nil)
 	if err != nil {
 		return

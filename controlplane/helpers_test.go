@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,53 +21,21 @@ import (
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
-var (
-	clusterOnce sync.Once
-	cluster     *apitest.Cluster
-)
+// api is the package's API server, with the chart's CRDs for
+// AuthorizationPolicies, GatewayClasses and Gateways.
+var api = apitest.NewShared(
+	chartCRD("authorizationpolicies.security.istio.io.yaml"),
+	chartCRD("gateway.networking.k8s.io_gatewayclasses.yaml"),
+	chartCRD("gateway.networking.k8s.io_gateways.yaml"))
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if cluster != nil {
-		cluster.Stop()
-	}
-	os.Exit(code)
-}
+func chartCRD(name string) string { return filepath.Join("..", "charts", "weft", "crds", name) }
 
-// realAPI returns the shared API server with Weft's and the Gateway API's
-// CRDs installed, or skips tb.
+func TestMain(m *testing.M) { os.Exit(api.Main(m)) }
+
+// realAPI returns the shared API server, or skips tb.
 func realAPI(tb testing.TB) *apitest.Cluster {
 	tb.Helper()
-	if ok, why := apitest.Available(); !ok {
-		tb.Skip(why)
-	}
-	clusterOnce.Do(func() { cluster = startCluster(tb) })
-	if cluster == nil {
-		tb.Fatal("the shared API server failed to start in an earlier test")
-	}
-	return cluster
-}
-
-func startCluster(tb testing.TB) *apitest.Cluster {
-	c := apitest.Start(tb) // skips tb when unavailable
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if err := c.ApplyCRDFile(ctx, filepath.Join("..", "charts", "weft", "crds", "authorizationpolicies.security.istio.io.yaml")); err != nil {
-		c.Stop()
-		tb.Fatal(err)
-	}
-	gw, err := apitest.ModuleDir("sigs.k8s.io/gateway-api")
-	if err != nil {
-		c.Stop()
-		tb.Fatal(err)
-	}
-	for _, f := range []string{"gateway.networking.k8s.io_gatewayclasses.yaml", "gateway.networking.k8s.io_gateways.yaml"} {
-		if err := c.ApplyCRDFile(ctx, filepath.Join(gw, "config", "crd", "standard", f)); err != nil {
-			c.Stop()
-			tb.Fatal(err)
-		}
-	}
-	return c
+	return api.Get(tb)
 }
 
 // running is a control plane under test.

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,42 +19,17 @@ import (
 	"github.com/weftmesh/weft/controlplane/internal/apitest"
 )
 
-var (
-	clusterOnce sync.Once
-	cluster     *apitest.Cluster
-)
+// api is the package's API server, with the chart's Gateway API CRDs.
+var api = apitest.NewShared(
+	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_gatewayclasses.yaml"),
+	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_gateways.yaml"))
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if cluster != nil {
-		cluster.Stop()
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(api.Main(m)) }
 
-// realAPI returns the shared API server with the chart's Gateway API CRDs
-// installed, or skips tb.
+// realAPI returns the shared API server, or skips tb.
 func realAPI(tb testing.TB) *apitest.Cluster {
 	tb.Helper()
-	if ok, why := apitest.Available(); !ok {
-		tb.Skip(why)
-	}
-	clusterOnce.Do(func() {
-		c := apitest.Start(tb)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		for _, f := range []string{"gateway.networking.k8s.io_gatewayclasses.yaml", "gateway.networking.k8s.io_gateways.yaml"} {
-			if err := c.ApplyCRDFile(ctx, filepath.Join("..", "..", "charts", "weft", "crds", f)); err != nil {
-				c.Stop()
-				tb.Fatalf("installing the Gateway API CRDs: %v", err)
-			}
-		}
-		cluster = c
-	})
-	if cluster == nil {
-		tb.Fatal("the shared API server failed to start in an earlier test")
-	}
-	return cluster
+	return api.Get(tb)
 }
 
 func testLogger() *slog.Logger {

@@ -9,6 +9,17 @@ import (
 	"time"
 )
 
+// MeshImages returns the packages of every image Weft's chart runs (the
+// control plane deploys the waypoint), with the echo app's: the Images of
+// tests that install the whole mesh.
+func MeshImages() []string {
+	return []string{
+		"./test/cmd/echo", "./ztunnel/cmd/ztunnel", "./controlplane/cmd/weft-controlplane",
+		"./cni/cmd/weft-cni", "./cni/cmd/weft-cni-agent", "./webhook/cmd/weft-webhook",
+		"./waypoint/cmd/waypoint",
+	}
+}
+
 // Config configures a cluster. The zero value is a valid 2-node cluster.
 type Config struct {
 	// Nodes is the number of worker nodes. Default 2, at most 50.

@@ -80,6 +80,29 @@ func (d *Demo) meshStory(ctx context.Context, c *cluster.Cluster) error {
 	return d.showWaypointMetrics(ctx, c)
 }
 
+// accessRecords returns the last n access-log records of a log whose lines
+// contain every one of match.
+func accessRecords(logs string, n int, match ...string) []map[string]any {
+	var recs []map[string]any
+	for _, l := range strings.Split(logs, "\n") {
+		if !strings.Contains(l, `"log":"access"`) {
+			continue
+		}
+		ok := true
+		for _, m := range match {
+			ok = ok && strings.Contains(l, m)
+		}
+		var rec map[string]any
+		if ok && json.Unmarshal([]byte(l), &rec) == nil {
+			recs = append(recs, rec)
+		}
+	}
+	if len(recs) > n {
+		recs = recs[len(recs)-n:]
+	}
+	return recs
+}
+
 // ztunnelPods returns the ztunnel pods, optionally only the one on node.
 func (d *Demo) ztunnelPods(ctx context.Context, c *cluster.Cluster, node string) []string {
 	opts := metav1.ListOptions{LabelSelector: "app=ztunnel"}
@@ -106,21 +129,7 @@ func (d *Demo) showAccess(ctx context.Context, c *cluster.Cluster, direction str
 		if err != nil {
 			continue
 		}
-		var lines []string
-		for _, l := range strings.Split(logs, "\n") {
-			if strings.Contains(l, `"log":"access"`) && strings.Contains(l, `"direction":"`+direction+`"`) &&
-				strings.Contains(l, `"dst_namespace":"`+d.cfg.AppNamespace+`"`) {
-				lines = append(lines, l)
-			}
-		}
-		if len(lines) > n {
-			lines = lines[len(lines)-n:]
-		}
-		for _, l := range lines {
-			var rec map[string]any
-			if json.Unmarshal([]byte(l), &rec) != nil {
-				continue
-			}
+		for _, rec := range accessRecords(logs, n, `"direction":"`+direction+`"`, `"dst_namespace":"`+d.cfg.AppNamespace+`"`) {
 			d.say("%s access log: %v %v  %v (%v) -> %v (%v)  sent=%v recv=%v%s", z, rec["msg"], rec["direction"],
 				rec["src_workload"], rec["src_identity"], rec["dst_workload"], rec["dst_identity"], rec["bytes_sent"], rec["bytes_recv"],
 				errSuffix(rec["error"]))

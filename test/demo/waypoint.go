@@ -2,7 +2,6 @@ package demo
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -254,20 +253,7 @@ func (d *Demo) showWaypointAccess(ctx context.Context, c *cluster.Cluster, n int
 	if err != nil {
 		return
 	}
-	var lines []string
-	for _, l := range strings.Split(logs, "\n") {
-		if strings.Contains(l, `"log":"access"`) {
-			lines = append(lines, l)
-		}
-	}
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	for _, l := range lines {
-		var rec map[string]any
-		if json.Unmarshal([]byte(l), &rec) != nil {
-			continue
-		}
+	for _, rec := range accessRecords(logs, n) {
 		d.say("%s access log: %v %v %v → %v  route=%v upstream=%v  from %v", pod, rec["method"], rec["path"], rec["status"],
 			rec["cluster"], rec["route"], rec["upstream"], rec["src_identity"])
 	}

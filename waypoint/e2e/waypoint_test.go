@@ -24,11 +24,7 @@ import (
 	"github.com/weftmesh/weft/test/echo"
 )
 
-var shared = cluster.NewShared(cluster.Config{Images: []string{
-	"./test/cmd/echo", "./ztunnel/cmd/ztunnel", "./controlplane/cmd/weft-controlplane",
-	"./cni/cmd/weft-cni", "./cni/cmd/weft-cni-agent", "./webhook/cmd/weft-webhook",
-	"./waypoint/cmd/waypoint",
-}})
+var shared = cluster.NewShared(cluster.Config{Images: cluster.MeshImages()})
 
 func TestMain(m *testing.M) { os.Exit(shared.Main(m)) }
 

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -88,7 +89,7 @@ func install(t *testing.T, c *cluster.Cluster) (*mesh, error) {
 			return nil, err
 		}
 	}
-	if err := waitProgrammed(ctx, c); err != nil {
+	if err := waitProgrammed(ctx, c, appNS, "waypoint"); err != nil {
 		return nil, err
 	}
 	clients, err := c.WaitPods(ctx, appNS, "app=client", 1)
@@ -179,15 +180,15 @@ spec:
 
 var gatewayGVR = schema.GroupVersionResource{Group: "gateway.networking.k8s.io", Version: "v1", Resource: "gateways"}
 
-// waitProgrammed waits for the deployer to report the waypoint Programmed
-// with an address.
-func waitProgrammed(ctx context.Context, c *cluster.Cluster) error {
+// waitProgrammed waits for the deployer to report a waypoint Gateway
+// Programmed with an address.
+func waitProgrammed(ctx context.Context, c *cluster.Cluster, ns, name string) error {
 	dyn, err := dynamic.NewForConfig(c.RESTConfig())
 	if err != nil {
 		return err
 	}
-	return c.WaitFor(ctx, "Gateway "+appNS+"/waypoint Programmed", func(ctx context.Context) (bool, error) {
-		gw, err := dyn.Resource(gatewayGVR).Namespace(appNS).Get(ctx, "waypoint", metav1.GetOptions{})
+	return c.WaitFor(ctx, "Gateway "+ns+"/"+name+" Programmed", func(ctx context.Context) (bool, error) {
+		gw, err := dyn.Resource(gatewayGVR).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
 		}
@@ -340,4 +341,79 @@ func grep(s, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestGatewayLifecycle: a waypoint Gateway with a parametersRef gets its
+// objects patched as the ConfigMap says, and deleting the Gateway deletes
+// them (they are owned by it).
+func TestGatewayLifecycle(t *testing.T) {
+	m := setup(t)
+	c := m.c
+	const ns = "wp-life"
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	manifest := cluster.NamespaceManifest(ns, nil) + `---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: edge-params, namespace: ` + ns + `}
+data:
+  deployment: |
+    spec:
+      replicas: 2
+  service: |
+    metadata:
+      annotations: {example.com/team: edge}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: ` + ns + `}
+spec:
+  gatewayClassName: istio-waypoint
+  infrastructure:
+    parametersRef: {group: "", kind: ConfigMap, name: edge-params}
+  listeners:
+  - {name: mesh, port: 15008, protocol: HBONE}
+`
+	if err := c.Apply(ctx, manifest); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Delete(context.Background(), cluster.NamespaceManifest(ns, nil)) })
+	if err := waitProgrammed(ctx, c, ns, "edge"); err != nil {
+		c.Dump(t.Logf)
+		t.Fatal(err)
+	}
+	if err := c.WaitDeployment(ctx, ns, "edge"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.Client().AppsV1().Deployments(ns).Get(ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Spec.Replicas == nil || *d.Spec.Replicas != 2 || d.Status.ReadyReplicas != 2 {
+		t.Errorf("Deployment edge: replicas %v, ready %d; want 2 and 2 (the ConfigMap's patch)", d.Spec.Replicas, d.Status.ReadyReplicas)
+	}
+	svc, err := c.Client().CoreV1().Services(ns).Get(ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svc.Annotations["example.com/team"] != "edge" {
+		t.Errorf("Service edge annotations %v, want example.com/team=edge from the ConfigMap", svc.Annotations)
+	}
+
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dyn.Resource(gatewayGVR).Namespace(ns).Delete(ctx, "edge", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err = c.WaitFor(ctx, "the waypoint's objects deleted with its Gateway", func(ctx context.Context) (bool, error) {
+		_, derr := c.Client().AppsV1().Deployments(ns).Get(ctx, "edge", metav1.GetOptions{})
+		_, serr := c.Client().CoreV1().Services(ns).Get(ctx, "edge", metav1.GetOptions{})
+		_, aerr := c.Client().CoreV1().ServiceAccounts(ns).Get(ctx, "edge", metav1.GetOptions{})
+		return apierrors.IsNotFound(derr) && apierrors.IsNotFound(serr) && apierrors.IsNotFound(aerr), nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
 }

@@ -382,43 +382,6 @@ func TestServiceAndPassthrough(t *testing.T) {
 	}
 }
 
-// TestZtunnelRestart: a restarted ztunnel gets its pods back from the node
-// agent's snapshot and new connections succeed.
-func TestZtunnelRestart(t *testing.T) {
-	c := mesh(t)
-	servers, client := app(t, c, "zt-restart", true)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	remote := otherNode(servers, client)
-	target := fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
-	if err := c.WaitReachable(ctx, "zt-restart", client.Name, target); err != nil {
-		t.Fatal(err)
-	}
-	for _, node := range []string{client.Spec.NodeName, remote.Spec.NodeName} {
-		pods, err := c.Client().CoreV1().Pods(meshNS).List(ctx, metav1.ListOptions{LabelSelector: "app=ztunnel", FieldSelector: "spec.nodeName=" + node})
-		if err != nil || len(pods.Items) != 1 {
-			t.Fatalf("ztunnel on %s: %v", node, err)
-		}
-		zero := int64(0)
-		if err := c.Client().CoreV1().Pods(meshNS).Delete(ctx, pods.Items[0].Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-			t.Fatal(err)
-		}
-		if err := c.WaitPodGone(ctx, meshNS, pods.Items[0].Name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.WaitDaemonSet(ctx, meshNS, "ztunnel"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.WaitReachable(ctx, "zt-restart", client.Name, target); err != nil {
-		c.Dump(t.Logf)
-		t.Fatalf("after ztunnel restarted: %v", err)
-	}
-	if _, err := c.Request(ctx, "zt-restart", client.Name, target, 20); err != nil {
-		t.Errorf("new connections after the restart: %v", err)
-	}
-}
-
 func otherNode(servers []corev1.Pod, client corev1.Pod) corev1.Pod {
 	for _, s := range servers {
 		if s.Spec.NodeName != client.Spec.NodeName {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -39,8 +40,15 @@ const (
 	// that makes us queue more (PING or SETTINGS floods while not reading) is
 	// cut off with ENHANCE_YOUR_CALM.
 	maxQueuedControl = 4096
-	initialWindow    = 65535
-	maxWindow        = 1<<31 - 1
+	// maxPendingWrite is how much frames may wait for the flusher (see
+	// flushLocked) before writers wait for room.
+	maxPendingWrite = 256 << 10
+	// maxFlushShare is how much of others' frames a writer that found no
+	// flush in progress writes before it hands the rest to writeLoop, so that
+	// a busy connection does not hold one stream's caller indefinitely.
+	maxFlushShare = 256 << 10
+	initialWindow = 65535
+	maxWindow     = 1<<31 - 1
 )
 
 var clientPreface = []byte(http2.ClientPreface)
@@ -78,8 +86,17 @@ type ctrlFrame struct {
 
 // conn is one HBONE HTTP/2 connection, client or server side. Two goroutines
 // serve it: readLoop owns the framer's read side and never blocks on writes;
-// writeLoop sends control frames and keepalive PINGs. Stream data is written
-// by the stream's own caller under wmu.
+// writeLoop sends control frames and keepalive PINGs.
+//
+// Writes are coalesced: every frame is appended to out under wmu, and a
+// writer that finds no flush in progress becomes the flusher: it writes out
+// (releasing wmu meanwhile) until it is empty, together with whatever other
+// writers appended in the meantime, so that streams that answer at about
+// the same time share TLS records and write(2) calls (see drainLocked). The
+// other writers return once their frames are appended (as with a socket
+// buffer, a write error then surfaces on a later call), waiting only while
+// more than maxPendingWrite is pending. A flusher that wrote maxFlushShare
+// of others' frames hands the rest to writeLoop.
 type conn struct {
 	nc     net.Conn
 	server bool
@@ -93,11 +110,19 @@ type conn struct {
 	onIdle   func(*conn)                            // client: a stream left
 	onClose  func(*conn)
 
-	wmu    sync.Mutex
-	out    []byte // guarded by wmu: frames built by the framer, not yet written
-	henc   *hpack.Encoder
-	hbuf   bytes.Buffer
-	nextID uint32 // guarded by wmu and mu (written under both): next client stream ID
+	wmu      sync.Mutex
+	wroom    sync.Cond     // with wmu: out shrank, the flusher finished or writing failed
+	out      []byte        // guarded by wmu: frames not yet handed to the network
+	spare    []byte        // guarded by wmu: a written buffer for out to reuse
+	flushing bool          // guarded by wmu: a flusher is writing
+	handoff  bool          // guarded by wmu: the flusher left the rest to writeLoop
+	werr     error         // guarded by wmu: the first write error
+	queued   uint64        // guarded by wmu: bytes ever appended to out
+	written  uint64        // guarded by wmu: bytes of out ever written
+	flushNow chan struct{} // capacity 1: writeLoop is to take over flushing
+	henc     *hpack.Encoder
+	hbuf     bytes.Buffer
+	nextID   uint32 // guarded by wmu and mu (written under both): next client stream ID
 
 	ctrlMu   sync.Mutex
 	ctrl     []ctrlFrame // guarded by ctrlMu
@@ -135,6 +160,7 @@ func newConn(nc net.Conn, server bool, cfg connConfig) *conn {
 		done:           make(chan struct{}),
 		nextID:         1,
 		ctrlWake:       make(chan struct{}, 1),
+		flushNow:       make(chan struct{}, 1),
 		streams:        make(map[uint32]*Stream),
 		peerMaxFrame:   16384,
 		peerInitWindow: initialWindow,
@@ -144,6 +170,7 @@ func newConn(nc net.Conn, server bool, cfg connConfig) *conn {
 		recvWindow:     int64(cfg.connWindow),
 		lastIdle:       time.Now(),
 	}
+	c.wroom.L = &c.wmu
 	c.fr = http2.NewFramer(frameSink{c}, nc)
 	c.fr.SetMaxReadFrameSize(maxReadFrame)
 	c.fr.MaxHeaderListSize = cfg.maxHeaderList
@@ -156,15 +183,27 @@ func newConn(nc net.Conn, server bool, cfg connConfig) *conn {
 type frameSink struct{ c *conn }
 
 func (s frameSink) Write(p []byte) (int, error) {
-	s.c.out = append(s.c.out, p...)
+	s.c.appendLocked(p)
 	return len(p), nil
+}
+
+// appendLocked adds frames to out; the caller holds wmu.
+func (c *conn) appendLocked(p []byte) {
+	if c.out == nil {
+		c.out, c.spare = c.spare, nil
+		if c.out == nil {
+			c.out = getBuf(max(len(p), bufSlack+mediumBuf))[:0]
+		}
+	}
+	c.out = append(c.out, p...)
+	c.queued += uint64(len(p))
 }
 
 // start sends our preface and settings and starts the two loops.
 func (c *conn) start() error {
 	c.wmu.Lock()
 	if !c.server {
-		c.out = append(c.out, clientPreface...)
+		c.appendLocked(clientPreface)
 	}
 	settings := []http2.Setting{
 		{ID: http2.SettingInitialWindowSize, Val: c.cfg.streamWindow},
@@ -194,42 +233,142 @@ func (c *conn) start() error {
 	return nil
 }
 
-// flushLocked writes c.out to the network; the caller holds wmu.
+// flushLocked sees to it that out gets written: it writes it itself when
+// no flush is in progress (or one was left to writeLoop, which may be the
+// caller), else it returns at once, after waiting while more than
+// maxPendingWrite is pending. It returns the connection's write error, if
+// any. The caller holds wmu, which is released while writing.
 func (c *conn) flushLocked() error {
-	if len(c.out) == 0 {
+	for c.flushing && !c.handoff && c.werr == nil && len(c.out) >= maxPendingWrite {
+		c.wroom.Wait()
+	}
+	if c.werr != nil {
+		return c.werr
+	}
+	if c.flushing && !c.handoff {
 		return nil
 	}
-	_, err := c.nc.Write(c.out)
-	if cap(c.out) > largeBuf {
-		c.out = nil // do not pin a big buffer on an idle connection
-	} else {
-		c.out = c.out[:0]
-	}
-	return err
+	return c.drainLocked(nil, maxFlushShare)
 }
 
-// writeData writes ready-made DATA frames of s, after any queued control
-// frames. It refuses when s already ended its send side, so that a Close
-// racing with a Write never puts DATA after END_STREAM.
+// flushWaitLocked writes out and returns once everything appended so far is
+// written (or writing failed), whoever writes it.
+func (c *conn) flushWaitLocked() error {
+	mark := c.queued
+	// A flush handed to writeLoop is taken over: writeLoop may have
+	// stopped already.
+	for c.flushing && !c.handoff && c.werr == nil && c.written < mark {
+		c.wroom.Wait()
+	}
+	if c.werr != nil || c.written >= mark {
+		return c.werr
+	}
+	return c.drainLocked(nil, -1)
+}
+
+// drainLocked is the flusher: it writes first, when not nil (a stream's
+// DATA frames, not copied to out; out is empty), then out until it is
+// empty. With first, when other streams are open, it yields once before
+// writing: the goroutines that are ready to write then append their frames
+// and share this write, which under load merges several answers into one
+// TLS record and one write(2); when nothing else is runnable the yield
+// costs a trip through the scheduler. Once it has written share bytes of
+// out (no limit when negative) the flusher leaves the rest to writeLoop.
+// The caller holds wmu, and no flush is in progress unless this is
+// writeLoop taking over.
+func (c *conn) drainLocked(first []byte, share int) error {
+	c.flushing, c.handoff = true, false
+	if first != nil && c.openStreams() > 1 {
+		c.wmu.Unlock()
+		runtime.Gosched()
+		c.wmu.Lock()
+		if len(c.out) > 0 {
+			// first goes before what was appended meanwhile
+			n := len(c.out)
+			c.out = append(c.out, first...)
+			copy(c.out[len(first):], c.out[:n])
+			copy(c.out, first)
+			c.queued += uint64(len(first))
+			first = nil
+		}
+	}
+	if first != nil {
+		c.wmu.Unlock()
+		_, err := c.nc.Write(first)
+		c.wmu.Lock()
+		if err != nil && c.werr == nil {
+			c.werr = err
+		}
+	}
+	for c.werr == nil && len(c.out) > 0 {
+		if share == 0 {
+			c.handoff = true
+			notify(c.flushNow)
+			return nil
+		}
+		buf := c.out
+		c.out = nil
+		c.wmu.Unlock()
+		_, err := c.nc.Write(buf)
+		c.wmu.Lock()
+		c.written += uint64(len(buf))
+		if share > 0 {
+			share = max(share-len(buf), 0)
+		}
+		if c.spare == nil {
+			c.spare = buf[:0]
+		} else {
+			putBuf(buf)
+		}
+		if err != nil && c.werr == nil {
+			c.werr = err
+		}
+		c.wroom.Broadcast()
+	}
+	c.flushing = false
+	if cap(c.spare) > bufSlack+mediumBuf {
+		putBuf(c.spare) // do not pin a big buffer on an idle connection
+		c.spare = nil
+	}
+	c.wroom.Broadcast()
+	return c.werr
+}
+
+// openStreams is how many streams are open on the connection.
+func (c *conn) openStreams() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.streams)
+}
+
+// writeData sends ready-made DATA frames of s, after any queued control
+// frames; when nothing else is pending it writes them without copying. It
+// refuses when s already ended its send side, so that a Close racing with a
+// Write never puts DATA after END_STREAM.
 func (c *conn) writeData(s *Stream, frames []byte) error {
 	c.wmu.Lock()
-	defer c.wmu.Unlock()
 	if err := c.errOrNil(); err != nil {
+		c.wmu.Unlock()
 		return err
 	}
-	if err := c.writeCtrlLocked(); err != nil {
-		c.fail(err)
-		return err
-	}
-	if s.endWritten { // checked after the queue, which may hold s's END_STREAM
+	err := c.appendCtrlLocked()
+	switch {
+	case err != nil:
+	case s.endWritten: // checked after the queue, which may hold s's END_STREAM
+		c.wmu.Unlock()
 		return net.ErrClosed
+	case !c.flushing && len(c.out) == 0 && c.werr == nil:
+		err = c.drainLocked(frames, maxFlushShare)
+	default:
+		c.appendLocked(frames)
+		err = c.flushLocked()
 	}
-	if _, err := c.nc.Write(frames); err != nil {
+	c.wmu.Unlock()
+	if err != nil {
 		err = fmt.Errorf("writing to %s: %w", c.nc.RemoteAddr(), err)
 		c.fail(err)
-		return err
 	}
-	return nil
+	return err
 }
 
 // writeHeaders encodes and writes one HEADERS block (with CONTINUATIONs when
@@ -285,13 +424,19 @@ func (c *conn) queue(f ctrlFrame) {
 
 // writeCtrlLocked writes every queued control frame; the caller holds wmu.
 func (c *conn) writeCtrlLocked() error {
+	if err := c.appendCtrlLocked(); err != nil {
+		return err
+	}
+	return c.flushLocked()
+}
+
+// appendCtrlLocked appends every queued control frame to out; the caller
+// holds wmu.
+func (c *conn) appendCtrlLocked() error {
 	c.ctrlMu.Lock()
 	q := c.ctrl
 	c.ctrl = nil
 	c.ctrlMu.Unlock()
-	if len(q) == 0 {
-		return nil
-	}
 	for _, f := range q {
 		var err error
 		switch f.kind {
@@ -314,7 +459,7 @@ func (c *conn) writeCtrlLocked() error {
 			return err
 		}
 	}
-	return c.flushLocked()
+	return nil
 }
 
 // writeLoop sends queued control frames and keepalive PINGs.
@@ -333,6 +478,17 @@ func (c *conn) writeLoop() {
 		case <-c.ctrlWake:
 			c.wmu.Lock()
 			err := c.writeCtrlLocked()
+			c.wmu.Unlock()
+			if err != nil {
+				c.fail(fmt.Errorf("writing to %s: %w", c.nc.RemoteAddr(), err))
+				return
+			}
+		case <-c.flushNow:
+			c.wmu.Lock()
+			var err error
+			if c.handoff {
+				err = c.drainLocked(nil, -1)
+			}
 			c.wmu.Unlock()
 			if err != nil {
 				c.fail(fmt.Errorf("writing to %s: %w", c.nc.RemoteAddr(), err))
@@ -824,10 +980,17 @@ func (c *conn) shutdown(err error, code *http2.ErrCode) {
 			debug = err.Error()
 		}
 		if c.fr.WriteGoAway(last, *code, []byte(debug)) == nil {
-			_ = c.flushLocked()
+			_ = c.flushWaitLocked()
 		}
 		c.wmu.Unlock()
 	}
+	// Writers waiting for room, or for a flush writeLoop will not make now.
+	c.wmu.Lock()
+	if c.werr == nil {
+		c.werr = err
+	}
+	c.wroom.Broadcast()
+	c.wmu.Unlock()
 	c.nc.Close()
 	for _, s := range streams {
 		s.abort(err)
@@ -854,7 +1017,7 @@ func (c *conn) goAway() {
 	c.wmu.Lock()
 	err := c.fr.WriteGoAway(last, http2.ErrCodeNo, nil)
 	if err == nil {
-		err = c.flushLocked()
+		err = c.flushWaitLocked()
 	}
 	c.wmu.Unlock()
 	if err != nil || empty {

@@ -351,7 +351,7 @@ func (c *conn) writeConnectLocked(fields []hpack.HeaderField) (*Stream, error) {
 	s.respReady = make(chan struct{})
 	c.streams[id] = s
 	c.mu.Unlock()
-	err = c.writeCtrlLocked()
+	err = c.appendCtrlLocked()
 	if err == nil {
 		err = c.writeHeadersLocked(id, fields, false)
 	}

@@ -18,6 +18,11 @@
 //   - One goroutine reads each connection and never blocks on a write;
 //     control frames it must send (SETTINGS and PING acks, WINDOW_UPDATE,
 //     RST_STREAM) go through a bounded queue served by a second goroutine.
+//   - Writes are coalesced: frames of all streams go to one pending buffer
+//     and one writer at a time writes it, with what the others added
+//     meanwhile; a stream's DATA write yields once first when other streams
+//     are open, so that answers ready at about the same time share a TLS
+//     record and a write(2).
 //
 // Server answers CONNECTs (400 for protocol violations, the handler's
 // status otherwise) and hands each accepted tunnel to its caller as a

@@ -76,7 +76,7 @@ func (s *Stream) respond(status int, h http.Header, end bool) error {
 	c.wmu.Lock()
 	err := c.errOrNil()
 	if err == nil {
-		err = c.writeCtrlLocked()
+		err = c.appendCtrlLocked()
 	}
 	if err == nil {
 		err = c.writeHeadersLocked(s.id, fields, end)

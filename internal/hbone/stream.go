@@ -743,7 +743,7 @@ func (s *Stream) writeEnd() error {
 	if !s.markEndWritten() {
 		return nil
 	}
-	err := c.writeCtrlLocked()
+	err := c.appendCtrlLocked()
 	if err == nil {
 		err = c.fr.WriteData(s.id, true, nil)
 	}

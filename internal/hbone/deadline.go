@@ -6,10 +6,13 @@ import (
 )
 
 // deadline is a settable point in time whose passing closes a channel, the
-// way a socket deadline wakes blocked reads and writes.
+// way a socket deadline wakes blocked reads and writes. Its timer is made
+// once and reset, so that moving the deadline (net/http-style servers do it
+// several times per request) allocates nothing.
 type deadline struct {
 	mu    sync.Mutex
-	timer *time.Timer   // guarded by mu
+	at    time.Time     // guarded by mu: the deadline in force; zero for none
+	timer *time.Timer   // guarded by mu: runs fire; made on first use
 	ch    chan struct{} // guarded by mu; closed once the deadline passed
 }
 
@@ -19,10 +22,10 @@ func newDeadline() deadline { return deadline{ch: make(chan struct{})} }
 func (d *deadline) set(t time.Time) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.timer != nil && !d.timer.Stop() {
-		<-d.ch // the timer fired: wait for it to have closed ch
+	d.at = t
+	if d.timer != nil {
+		d.timer.Stop()
 	}
-	d.timer = nil
 	if isClosed(d.ch) {
 		d.ch = make(chan struct{})
 	}
@@ -34,8 +37,27 @@ func (d *deadline) set(t time.Time) {
 		close(d.ch)
 		return
 	}
-	ch := d.ch
-	d.timer = time.AfterFunc(dur, func() { close(ch) })
+	if d.timer == nil {
+		d.timer = time.AfterFunc(dur, d.fire)
+	} else {
+		d.timer.Reset(dur)
+	}
+}
+
+// fire closes the channel once the deadline in force has passed; a firing
+// that a set came too late to stop finds a later deadline, or none, and
+// leaves the channel open.
+func (d *deadline) fire() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.at.IsZero() || isClosed(d.ch) {
+		return
+	}
+	if dur := time.Until(d.at); dur > 0 {
+		d.timer.Reset(dur)
+		return
+	}
+	close(d.ch)
 }
 
 // wait returns a channel closed when the deadline passes.
@@ -49,9 +71,9 @@ func (d *deadline) wait() <-chan struct{} {
 func (d *deadline) stop() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.at = time.Time{}
 	if d.timer != nil {
 		d.timer.Stop()
-		d.timer = nil
 	}
 }
 

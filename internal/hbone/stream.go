@@ -57,8 +57,12 @@ type Stream struct {
 	err        error           // guarded by mu: reset or connection failure
 	closed     bool            // guarded by mu: Close was called
 	forgotten  bool            // guarded by mu: removed from the connection
+	watchers   []*watcher      // guarded by mu: see AfterPeerEnd
 	endWritten bool            // guarded by c.wmu: END_STREAM went out
 }
+
+// watcher is a function AfterPeerEnd runs.
+type watcher struct{ f func() }
 
 var _ net.Conn = (*Stream)(nil)
 
@@ -317,7 +321,10 @@ func (s *Stream) endRecv() {
 	if forget {
 		s.forgotten = true
 	}
+	ws := s.watchers
+	s.watchers = nil
 	s.mu.Unlock()
+	runWatchers(ws)
 	notify(s.readable)
 	if forget {
 		s.c.forget(s)
@@ -334,10 +341,13 @@ func (s *Stream) abort(err error) {
 	dropped := s.releaseLocked()
 	forget := !s.forgotten
 	s.forgotten = true
+	ws := s.watchers
+	s.watchers = nil
 	s.mu.Unlock()
 	if first {
 		close(s.dead)
 	}
+	runWatchers(ws)
 	s.wake()
 	if dropped > 0 {
 		s.c.consumed(dropped)
@@ -778,10 +788,13 @@ func (s *Stream) Close() error {
 	if forget {
 		s.forgotten = true
 	}
+	ws := s.watchers
+	s.watchers = nil
 	s.mu.Unlock()
 	if first {
 		close(s.dead)
 	}
+	runWatchers(ws)
 	s.rdl.stop()
 	s.wdl.stop()
 	switch {
@@ -798,6 +811,42 @@ func (s *Stream) Close() error {
 		s.c.forget(s)
 	}
 	return nil
+}
+
+// AfterPeerEnd arranges for f to run, in its own goroutine, once the peer
+// has ended its side of the stream (END_STREAM arrived, whether or not the
+// data before it was read) or the stream has ended (reset, connection
+// failure, Close); at once when that already happened. For a server
+// answering requests on the stream, it says the client is gone. The stop
+// function it returns unregisters f and reports whether it did so before f
+// was started, as context.AfterFunc's does.
+func (s *Stream) AfterPeerEnd(f func()) (stop func() bool) {
+	w := &watcher{f: f}
+	s.mu.Lock()
+	if s.recvDone || s.err != nil || s.closed {
+		s.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	s.watchers = append(s.watchers, w)
+	s.mu.Unlock()
+	return func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for i, o := range s.watchers {
+			if o == w {
+				s.watchers = append(s.watchers[:i], s.watchers[i+1:]...)
+				return true
+			}
+		}
+		return false
+	}
+}
+
+func runWatchers(ws []*watcher) {
+	for _, w := range ws {
+		go w.f()
+	}
 }
 
 // LocalAddr returns the local address of the carrying connection.

@@ -8,6 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -65,7 +68,7 @@ func BenchmarkHTTP1(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	cpu0, w0 := cpuTime(), writeCalls()
 	var wg sync.WaitGroup
 	errs := make(chan error, conns)
 	for i := range conns {
@@ -87,10 +90,27 @@ func BenchmarkHTTP1(b *testing.B) {
 	wg.Wait()
 	b.StopTimer()
 	b.ReportMetric(float64(cpuTime()-cpu0)/float64(time.Microsecond)/float64(b.N), "cpu-us/op")
+	b.ReportMetric(float64(writeCalls()-w0)/float64(b.N), "writes/op")
 	close(errs)
 	if err := <-errs; err != nil {
 		b.Fatal(err)
 	}
+}
+
+// writeCalls is how many write(2)-like calls the process made so far
+// (syscw in /proc/self/io), 0 where that is not available.
+func writeCalls() int64 {
+	raw, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.Lines(string(raw)) {
+		if v, ok := strings.CutPrefix(line, "syscw: "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 // cpuTime is the process's user and system CPU time so far.

@@ -174,13 +174,13 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	}
 	br := bufio.NewReaderSize(st, 4096)
 	st.SetReadDeadline(time.Now().Add(30 * time.Second))
-	head, _ := br.Peek(len(http2.ClientPreface))
+	kind := sniff(br)
 	st.SetReadDeadline(time.Time{})
 	conn := &peekConn{Conn: st, r: br}
-	switch {
-	case bytes.Equal(head, []byte(http2.ClientPreface)):
+	switch kind {
+	case sniffedH2:
 		s.serveH2(conn)
-	case looksHTTP1(head):
+	case sniffedH1:
 		s.serveH1(conn)
 	default:
 		fb := ch.HTTP.FallbackCluster
@@ -204,22 +204,45 @@ func fallbackCluster(ch *config.Chain, target netip.AddrPort) string {
 	return "outbound|" + port + "||" + host
 }
 
-func looksHTTP1(b []byte) bool {
-	i := bytes.IndexByte(b, ' ')
-	if i <= 0 {
-		// a short first read that is all token characters still may be HTTP
-		return len(b) > 0 && len(b) < len(http2.ClientPreface) && isToken(b)
-	}
-	return isToken(b[:i])
-}
+type sniffed int
 
-func isToken(b []byte) bool {
-	for _, c := range b {
-		if c < 'A' || c > 'Z' {
-			return false
+const (
+	sniffedTCP sniffed = iota
+	sniffedH1
+	sniffedH2
+)
+
+// sniff tells HTTP/2 with prior knowledge (its preface), HTTP/1.x (an
+// upper-case method and a space) and anything else apart from the first
+// bytes of the stream, reading only as many as it takes: a short HTTP/1.0
+// request does not wait for the preface's 24 bytes. Bytes that stop before
+// a decision (read deadline, end of stream) count as HTTP/1.x when they are
+// all method characters.
+func sniff(br *bufio.Reader) sniffed {
+	preface := []byte(http2.ClientPreface)
+	want := 1
+	for {
+		b, err := br.Peek(want)
+		if bytes.Equal(b, preface) {
+			return sniffedH2
 		}
+		if !bytes.HasPrefix(preface, b) || err != nil {
+			// Not the preface (or no more bytes): a method and a space?
+			i := bytes.IndexFunc(b, func(c rune) bool { return c < 'A' || c > 'Z' })
+			switch {
+			case i < 0 && len(b) > 0 && (err != nil || len(b) >= len(preface)):
+				if err != nil {
+					return sniffedH1 // all method characters, then nothing
+				}
+				return sniffedTCP // no space in as many bytes as the preface
+			case i > 0 && b[i] == ' ':
+				return sniffedH1
+			case i >= 0 || len(b) == 0:
+				return sniffedTCP
+			}
+		}
+		want = min(len(preface), max(br.Buffered(), len(b)+1))
 	}
-	return len(b) > 0
 }
 
 type peekConn struct {

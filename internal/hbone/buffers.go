@@ -15,37 +15,55 @@ const (
 	bufSlack = 8 * frameHeaderLen
 )
 
-var pools = [...]struct {
-	size int
-	pool sync.Pool
-}{
-	{size: bufSlack + smallBuf},
-	{size: bufSlack + mediumBuf},
-	{size: recvChunk},
-	{size: bufSlack + largeBuf},
-}
+// The pools hold pointers to arrays, which an interface holds without an
+// allocation (a *[]byte would need one per Put).
+var smallPool, mediumPool, chunkPool, largePool sync.Pool
+
+const (
+	smallSize  = bufSlack + smallBuf
+	mediumSize = bufSlack + mediumBuf
+	largeSize  = bufSlack + largeBuf
+)
 
 // getBuf returns a pooled buffer with len == cap >= n (n at most the largest class).
 func getBuf(n int) []byte {
-	for i := range pools {
-		p := &pools[i]
-		if n <= p.size {
-			if b, ok := p.pool.Get().(*[]byte); ok {
-				return *b
-			}
-			return make([]byte, p.size)
+	switch {
+	case n <= smallSize:
+		if b, ok := smallPool.Get().(*[smallSize]byte); ok {
+			return b[:]
 		}
+		return new([smallSize]byte)[:]
+	case n <= mediumSize:
+		if b, ok := mediumPool.Get().(*[mediumSize]byte); ok {
+			return b[:]
+		}
+		return new([mediumSize]byte)[:]
+	case n <= recvChunk:
+		if b, ok := chunkPool.Get().(*[recvChunk]byte); ok {
+			return b[:]
+		}
+		return new([recvChunk]byte)[:]
+	case n <= largeSize:
+		if b, ok := largePool.Get().(*[largeSize]byte); ok {
+			return b[:]
+		}
+		return new([largeSize]byte)[:]
 	}
 	return make([]byte, n)
 }
 
-// putBuf returns a buffer obtained from getBuf.
+// putBuf returns a buffer obtained from getBuf; others are left to the
+// collector.
 func putBuf(b []byte) {
 	b = b[:cap(b)]
-	for i := range pools {
-		if p := &pools[i]; len(b) == p.size {
-			p.pool.Put(&b)
-			return
-		}
+	switch len(b) {
+	case smallSize:
+		smallPool.Put((*[smallSize]byte)(b))
+	case mediumSize:
+		mediumPool.Put((*[mediumSize]byte)(b))
+	case recvChunk:
+		chunkPool.Put((*[recvChunk]byte)(b))
+	case largeSize:
+		largePool.Put((*[largeSize]byte)(b))
 	}
 }

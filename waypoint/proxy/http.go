@@ -34,24 +34,6 @@ const (
 	maxMirrors           = 64
 )
 
-func (s *session) serveH1(c net.Conn) {
-	ln := &oneConnListener{c: c, done: make(chan struct{})}
-	srv := &http.Server{
-		Handler:           http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handle(w, r, false) }),
-		MaxHeaderBytes:    maxHeaderBytes,
-		ReadHeaderTimeout: 30 * time.Second,
-		IdleTimeout:       idle(s.chain.HTTP.IdleTimeout),
-		ConnState: func(_ net.Conn, st http.ConnState) {
-			if st == http.StateClosed || st == http.StateHijacked {
-				ln.Close()
-			}
-		},
-		ErrorLog: nil,
-	}
-	srv.Serve(ln)
-	<-ln.done
-}
-
 func idle(d time.Duration) time.Duration {
 	if d == 0 {
 		return 5 * time.Minute
@@ -67,31 +49,15 @@ func (s *session) serveH2(c net.Conn) {
 	//lint:ignore SA1019 see above
 	h2.ServeConn(c, &http2.ServeConnOpts{
 		BaseConfig: &http.Server{MaxHeaderBytes: maxHeaderBytes},
-		Handler:    http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.handle(w, r, true) }),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if s.handle(w, r, true) {
+				// x/net/http2's server resets the stream for this value
+				// and logs nothing.
+				panic(http.ErrAbortHandler)
+			}
+		}),
 	})
 }
-
-type oneConnListener struct {
-	mu   sync.Mutex
-	c    net.Conn
-	done chan struct{}
-	once sync.Once
-}
-
-func (l *oneConnListener) Accept() (net.Conn, error) {
-	l.mu.Lock()
-	c := l.c
-	l.c = nil
-	l.mu.Unlock()
-	if c != nil {
-		return c, nil
-	}
-	<-l.done
-	return nil, net.ErrClosed
-}
-
-func (l *oneConnListener) Close() error   { l.once.Do(func() { close(l.done) }); return nil }
-func (l *oneConnListener) Addr() net.Addr { return &net.TCPAddr{} }
 
 // reqInfo is what the access log and metrics record about a request.
 type reqInfo struct {
@@ -149,7 +115,10 @@ func (w *countingWriter) Flush() {
 	}
 }
 
-func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) {
+// handle serves one request; it reports whether the response broke off
+// after its head was sent, which the caller's server must end in error:
+// an HTTP/1.1 connection closed without the rest, an HTTP/2 stream reset.
+func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (aborted bool) {
 	start := time.Now()
 	info := &reqInfo{}
 	cw := &countingWriter{ResponseWriter: w}
@@ -163,13 +132,7 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) {
 	info.status = cw.status
 	info.rspBytes = cw.n
 	s.p.record(s, r, info, time.Since(start), tp, grpc)
-	if info.aborted {
-		// net/http's one way to end a response in error once its head is
-		// out: the HTTP/1.1 server closes the connection without the last
-		// chunk, the HTTP/2 server resets the stream. Both recover this
-		// value themselves and log nothing.
-		panic(http.ErrAbortHandler)
-	}
+	return info.aborted
 }
 
 func fail(w http.ResponseWriter, code int, body string) {
@@ -229,8 +192,8 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 	wc := rt.Pick(uint32(mrand.Uint64N(uint64(max(rt.TotalWeight, 1)))))
 	info.cluster = wc.Name
-	// The handler owns r: its header is edited in place (net/http reads
-	// nothing of it once the handler runs), everything else is copied.
+	// The handler owns r: its header is edited in place (neither server
+	// reads it once the handler runs), everything else is copied.
 	out := r.WithContext(ctx)
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep

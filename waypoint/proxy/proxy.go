@@ -172,7 +172,8 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 		s.serveTCP(st, nil, ch.TCPCluster)
 		return
 	}
-	br := bufio.NewReaderSize(st, 4096)
+	hl := &headLimiter{r: st}
+	br := bufio.NewReaderSize(hl, 4096)
 	st.SetReadDeadline(time.Now().Add(30 * time.Second))
 	kind := sniff(br)
 	st.SetReadDeadline(time.Time{})
@@ -181,7 +182,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	case sniffedH2:
 		s.serveH2(conn)
 	case sniffedH1:
-		s.serveH1(conn)
+		s.serveH1(st, br, hl)
 	default:
 		fb := ch.HTTP.FallbackCluster
 		if fb == "" {
@@ -252,10 +253,8 @@ type peekConn struct {
 
 func (c *peekConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// CloseWrite ends the stream's sending side. net/http half-closes a
-// connection it gives up on (431, 400, Connection: close) and lingers
-// before closing, so that the client reads the answer before the reset
-// that closing with unread bytes sends.
+// CloseWrite ends the stream's sending side (a TCP relay passes the
+// upstream's half-close on).
 func (c *peekConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()

@@ -3,12 +3,20 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -177,7 +185,7 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 		return nil, again, err
 	}
 	n0 := c.nread
-	if err := req.Write(c.bw); err != nil {
+	if err := writeRequest(c.bw, req); err != nil {
 		return fail(err, replayable(req))
 	}
 	if err := c.bw.Flush(); err != nil {
@@ -198,6 +206,144 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 	}
 	resp.Body = body
 	return resp, false, nil
+}
+
+// writeRequest writes req for an upstream as net/http's Request.Write
+// does (the same framing: Content-Length, or chunked with trailers when the
+// length is unknown; the Host of req.Host or the URL), in one pass without
+// its allocations, and without a User-Agent of its own: the client's, if
+// any, goes through. It closes the body, as Request.Write does.
+func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
+	body := req.Body
+	if body == http.NoBody {
+		body = nil
+	}
+	if body != nil {
+		defer func() {
+			if cerr := body.Close(); err == nil {
+				err = cerr
+			}
+		}()
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	if !httpguts.ValidHostHeader(host) {
+		host = "" // as net/http: an invalid Host is not sent
+	}
+	ruri := req.URL.RequestURI()
+	if req.Method == "CONNECT" && req.URL.Path == "" {
+		ruri = host
+		if req.URL.Opaque != "" {
+			ruri = req.URL.Opaque
+		}
+	}
+	if strings.ContainsFunc(ruri, func(r rune) bool { return r < ' ' || r == 0x7f }) {
+		return errors.New("can't write a control character in the request target")
+	}
+	method := req.Method
+	if method == "" {
+		method = "GET"
+	}
+	length := req.ContentLength
+	switch {
+	case body == nil:
+		length = 0
+	case length == 0:
+		length = -1 // a body of unknown length
+	}
+	chunked := length < 0 && method != "CONNECT"
+	bw.WriteString(method)
+	bw.WriteByte(' ')
+	bw.WriteString(ruri)
+	bw.WriteString(" HTTP/1.1\r\nHost: ")
+	bw.WriteString(host)
+	bw.WriteString("\r\n")
+	switch {
+	case chunked:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+		if len(req.Trailer) > 0 {
+			names := make([]string, 0, len(req.Trailer))
+			for k := range req.Trailer {
+				names = append(names, http.CanonicalHeaderKey(k))
+			}
+			slices.Sort(names)
+			bw.WriteString("Trailer: " + strings.Join(names, ",") + "\r\n")
+		}
+	case length > 0, length == 0 && (method == "POST" || method == "PUT" || method == "PATCH"):
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), length, 10))
+		bw.WriteString("\r\n")
+	}
+	for k, vs := range req.Header {
+		if reqSkip[k] || !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range vs {
+			writeField(bw, k, v)
+		}
+	}
+	if _, err := bw.WriteString("\r\n"); err != nil {
+		return err
+	}
+	switch {
+	case body == nil:
+		return nil
+	case chunked:
+		return writeChunked(bw, body, req.Trailer)
+	}
+	n, err := io.Copy(bw, io.LimitReader(body, length))
+	if err == nil && n < length {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return fmt.Errorf("sending the request body: %w", err)
+	}
+	// Reading on to the end lets the body reader see it.
+	var one [1]byte
+	if m, _ := body.Read(one[:]); m > 0 {
+		return fmt.Errorf("request body longer than its Content-Length %d", length)
+	}
+	return nil
+}
+
+// reqSkip are the header fields writeRequest writes itself, or not at all.
+var reqSkip = map[string]bool{"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Trailer": true, "Connection": true}
+
+// writeField writes one header field as net/http does: line breaks in the
+// value made spaces, a value with other control characters dropped.
+func writeField(bw *bufio.Writer, k, v string) {
+	if strings.ContainsAny(v, "\r\n") {
+		v = strings.NewReplacer("\r\n", " ", "\r", " ", "\n", " ").Replace(v)
+	}
+	v = strings.TrimSpace(v)
+	if !httpguts.ValidHeaderFieldValue(v) {
+		return
+	}
+	bw.WriteString(k)
+	bw.WriteString(": ")
+	bw.WriteString(v)
+	bw.WriteString("\r\n")
+}
+
+// writeChunked sends body in chunks as it is read, then the last chunk and
+// trailer (whose values are set once body is read to its end).
+func writeChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) error {
+	cw := httputil.NewChunkedWriter(bw)
+	if _, err := io.Copy(cw, body); err != nil {
+		return fmt.Errorf("sending the request body: %w", err)
+	}
+	if err := cw.Close(); err != nil {
+		return err
+	}
+	for k, vs := range trailer {
+		for _, v := range vs {
+			writeField(bw, http.CanonicalHeaderKey(k), v)
+		}
+	}
+	_, err := bw.WriteString("\r\n")
+	return err
 }
 
 // h1body is an HTTP/1.1 response body; reading it to the end returns the

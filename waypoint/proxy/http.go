@@ -125,8 +125,8 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes}
 	}
-	tp := traceparent(r.Header.Get("traceparent"))
-	r.Header.Set("traceparent", tp)
+	tp := traceparent(r.Header.Get("Traceparent"))
+	r.Header["Traceparent"] = []string{tp}
 	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 	s.route(cw, r, h2, info)
 	info.status = cw.status
@@ -528,22 +528,31 @@ func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request,
 	}()
 }
 
-// traceparent keeps the trace id of a valid incoming traceparent with a new
-// span id, or starts a new trace.
+// traceparent keeps the trace id and flags of a valid incoming W3C
+// traceparent (version 00: 00-<32 hex trace id>-<16 hex span id>-<2 hex
+// flags>) with a new span id, or starts a new trace.
 func traceparent(in string) string {
-	var b [24]byte
-	rand.Read(b[:])
-	span := hex.EncodeToString(b[16:])
-	parts := strings.Split(in, "-")
-	if len(parts) == 4 && len(parts[0]) == 2 && len(parts[1]) == 32 && len(parts[2]) == 16 && len(parts[3]) == 2 && isHex(parts[1]) && isHex(parts[3]) && parts[1] != strings.Repeat("0", 32) {
-		return "00-" + parts[1] + "-" + span + "-" + parts[3]
+	var r [24]byte
+	rand.Read(r[:])
+	var b [55]byte
+	copy(b[:], "00-")
+	b[35], b[52] = '-', '-'
+	hex.Encode(b[36:52], r[16:])
+	if len(in) == len(b) && in[2] == '-' && in[35] == '-' && in[52] == '-' &&
+		!strings.Contains(in[:2], "-") && !strings.Contains(in[36:52], "-") &&
+		isHex(in[3:35]) && isHex(in[53:]) && in[3:35] != "00000000000000000000000000000000" {
+		copy(b[3:35], in[3:35])
+		copy(b[53:], in[53:])
+	} else {
+		hex.Encode(b[3:35], r[:16])
+		copy(b[53:], "01")
 	}
-	return "00-" + hex.EncodeToString(b[:16]) + "-" + span + "-01"
+	return string(b[:])
 }
 
 func isHex(s string) bool {
-	for _, c := range s {
-		if !strings.ContainsRune("0123456789abcdef", c) {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
 		}
 	}

@@ -1,0 +1,130 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestWriteRequest: an upstream reads what writeRequest writes as what
+// net/http's Request.Write would have sent, but for its User-Agent.
+func TestWriteRequest(t *testing.T) {
+	mk := func(method, target, body string, length int64, hdr http.Header, trailer http.Header) func() *http.Request {
+		return func() *http.Request {
+			u, _ := url.Parse(target)
+			r := &http.Request{Method: method, URL: u, Host: u.Host, Header: hdr.Clone(), ContentLength: length, Trailer: trailer.Clone()}
+			switch {
+			case body == "" && length == 0:
+				r.Body = http.NoBody
+			case length < 0:
+				r.Body = io.NopCloser(io.MultiReader(strings.NewReader(body[:len(body)/2]), strings.NewReader(body[len(body)/2:])))
+			default:
+				r.Body = io.NopCloser(strings.NewReader(body))
+			}
+			return r
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		req  func() *http.Request
+	}{
+		{"get", mk("GET", "http://svc.ns/a/b?c=d", "", 0, http.Header{"Accept": {"*/*"}, "X-Two": {"1", "2"}}, nil)},
+		{"post", mk("POST", "http://svc.ns/up", "hello", 5, http.Header{"Content-Type": {"text/plain"}}, nil)},
+		{"post empty", mk("POST", "http://svc.ns/up", "", 0, nil, nil)},
+		{"delete", mk("DELETE", "http://svc.ns/x", "", 0, nil, nil)},
+		{"chunked", mk("PUT", "http://svc.ns/c", "abcdefgh", -1, nil, http.Header{"X-Sum": nil})},
+		{"escaped path", mk("GET", "http://svc.ns/a%2Fb/%20c", "", 0, nil, nil)},
+		{"user agent", mk("GET", "http://svc.ns/", "", 0, http.Header{"User-Agent": {"curl/8"}}, nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ours, theirs bytes.Buffer
+			bw := bufio.NewWriter(&ours)
+			r := tc.req()
+			if r.Trailer != nil {
+				r.Body = trailerSetter{r.Body, r.Trailer}
+			}
+			if err := writeRequest(bw, r); err != nil {
+				t.Fatal(err)
+			}
+			bw.Flush()
+			r = tc.req()
+			if r.Trailer != nil {
+				r.Body = trailerSetter{r.Body, r.Trailer}
+			}
+			if r.Header.Get("User-Agent") == "" {
+				r.Header = r.Header.Clone()
+				if r.Header == nil {
+					r.Header = http.Header{}
+				}
+				r.Header.Set("User-Agent", "") // none, as writeRequest
+			}
+			if err := r.Write(&theirs); err != nil {
+				t.Fatal(err)
+			}
+			a, b := parse(t, ours.Bytes()), parse(t, theirs.Bytes())
+			if diff := cmp.Diff(b, a); diff != "" {
+				t.Errorf("as read upstream, writeRequest (+) differs from Request.Write (-):\n%s\n%q\n%q", diff, ours.String(), theirs.String())
+			}
+		})
+	}
+}
+
+// trailerSetter sets the trailer values once the body is read, as a
+// request body reader does.
+type trailerSetter struct {
+	io.ReadCloser
+	trailer http.Header
+}
+
+func (b trailerSetter) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.trailer.Set("X-Sum", "8")
+	}
+	return n, err
+}
+
+type readBack struct {
+	Method, RequestURI, Host string
+	Header, Trailer          http.Header
+	ContentLength            int64
+	TransferEncoding         []string
+	Body                     string
+}
+
+func parse(t *testing.T, raw []byte) readBack {
+	t.Helper()
+	r, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(raw)))
+	if err != nil {
+		t.Fatalf("%q: %v", raw, err)
+	}
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		t.Fatalf("%q: %v", raw, err)
+	}
+	return readBack{r.Method, r.RequestURI, r.Host, r.Header, r.Trailer, r.ContentLength, r.TransferEncoding, string(b)}
+}
+
+// TestTraceparent: a valid traceparent keeps its trace id and flags with
+// a new span id; anything else starts a trace.
+func TestTraceparent(t *testing.T) {
+	const in = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	out := traceparent(in)
+	if len(out) != 55 || out[:36] != in[:36] || out[52:] != in[52:] || out[36:52] == in[36:52] || !isHex(out[36:52]) {
+		t.Errorf("traceparent(%q) = %q", in, out)
+	}
+	for _, bad := range []string{"", "garbage", "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+		"00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01", "0--0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01",
+		"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0x"} {
+		out := traceparent(bad)
+		if len(out) != 55 || out[:3] != "00-" || out[52:] != "-01" || !isHex(out[3:35]) || !isHex(out[36:52]) || strings.Contains(bad, out[3:35]) {
+			t.Errorf("traceparent(%q) = %q, want a new trace", bad, out)
+		}
+	}
+}

@@ -1,0 +1,253 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/spiffe"
+)
+
+func TestLoadConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string // error, "" for none
+	}{
+		{name: "xds", env: map[string]string{"SERVICE_ACCOUNT": "waypoint"}},
+		{name: "xds without a service account", want: "SERVICE_ACCOUNT is required"},
+		{name: "bootstrap", args: []string{"-bootstrap", "b.yaml", "-cert", "c.pem", "-key", "k.pem"}},
+		{name: "bootstrap without a key", args: []string{"-bootstrap", "b.yaml", "-cert", "c.pem"}, want: "-bootstrap needs -cert and -key"},
+		{name: "cert without bootstrap", args: []string{"-cert", "c.pem", "-key", "k.pem"}, env: map[string]string{"SERVICE_ACCOUNT": "w"}, want: "go with -bootstrap"},
+		{name: "bad trust domain", env: map[string]string{"SERVICE_ACCOUNT": "w", "TRUST_DOMAIN": "Not A Domain"}, want: "TRUST_DOMAIN"},
+		{name: "bad access log", env: map[string]string{"SERVICE_ACCOUNT": "w", "ACCESS_LOG": "maybe"}, want: `ACCESS_LOG="maybe"`},
+		{name: "stray argument", args: []string{"extra"}, want: "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, k := range []string{"SERVICE_ACCOUNT", "TRUST_DOMAIN", "ACCESS_LOG"} {
+				t.Setenv(k, tc.env[k])
+			}
+			cfg, err := loadConfig(tc.args)
+			if err == nil {
+				err = cfg.Validate()
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("unexpected error %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+	t.Setenv("SERVICE_ACCOUNT", "w")
+	t.Setenv("ACCESS_LOG", "off")
+	cfg, err := loadConfig(nil)
+	if err != nil || cfg.AccessLog || cfg.HBONEAddr != ":15008" || cfg.MetricsAddr != ":15020" || cfg.ReadinessAddr != ":15021" || cfg.DebugAddr != "" {
+		t.Errorf("defaults: %+v %v", cfg, err)
+	}
+}
+
+// pki is a mesh CA with PEM files for an identity's SVID.
+type pki struct {
+	t   *testing.T
+	ca  *spiffe.CA
+	dir string
+}
+
+func newPKI(t *testing.T) *pki {
+	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &pki{t: t, ca: ca, dir: t.TempDir()}
+	p.write("roots.pem", ca.RootsPEM())
+	return p
+}
+
+func (p *pki) write(name string, data []byte) string {
+	path := filepath.Join(p.dir, name)
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		p.t.Fatal(err)
+	}
+	return path
+}
+
+// svid issues an SVID for ns/sa and writes it; it returns the files.
+func (p *pki) svid(ns, sa string) (id spiffe.Identity, svid *spiffe.SVID, certFile, keyFile string) {
+	id, _ = spiffe.NewIdentity(spiffe.DefaultTrustDomain, ns, sa)
+	svid, err := p.ca.IssueSVID(id, time.Hour)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	var chain []byte
+	for _, c := range svid.Chain {
+		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	der, err := x509.MarshalPKCS8PrivateKey(svid.Key)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return id, svid, p.write(sa+".pem", chain), p.write(sa+"-key.pem", pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}))
+}
+
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+const bootstrapYAML = `listeners:
+- name: waypoint
+  filter_chains:
+  - name: echo.demo.svc.cluster.local:80
+    filter_chain_match:
+      prefix_ranges: [{address_prefix: 10.96.0.10, prefix_len: 32}]
+      destination_port: 80
+    filters:
+    - name: envoy.filters.network.http_connection_manager
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+        stat_prefix: echo
+        rds: {route_config_name: echo.demo.svc.cluster.local:80}
+        http_filters:
+        - name: envoy.filters.http.router
+          typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+routes:
+- name: echo.demo.svc.cluster.local:80
+  virtual_hosts: [{name: echo, domains: ["*"], routes: [{match: {prefix: /}, route: {cluster: echo}}]}]
+clusters:
+- {name: echo, type: EDS, eds_cluster_config: {}}
+endpoints:
+- cluster_name: echo
+  endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}, health_status: HEALTHY}]}]
+`
+
+// TestBootstrapMode: the binary's run on a bootstrap file and PEM files
+// answers CONNECTs for the file's VIP, routes them to its endpoint, is
+// ready at once and counts the request.
+func TestBootstrapMode(t *testing.T) {
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.URL.Path) })}
+	bl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bl)
+	t.Cleanup(func() { backend.Close() })
+
+	p := newPKI(t)
+	wpID, _, cert, key := p.svid("demo", "waypoint")
+	cfg := Config{
+		Bootstrap: p.write("bootstrap.yaml", fmt.Appendf(nil, bootstrapYAML, bl.Addr().(*net.TCPAddr).Port)),
+		CertFile:  cert, KeyFile: key, RootsFile: filepath.Join(p.dir, "roots.pem"),
+		HBONEAddr: freeAddr(t), MetricsAddr: freeAddr(t), ReadinessAddr: freeAddr(t),
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
+
+	_, client, _, _ := p.svid("client", "sleep")
+	d, err := hbone.NewDialer(hbone.DialerConfig{TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
+		return spiffe.ClientConfig(spiffe.StaticCertificate(client), p.ca.Roots(), peers), nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	st, err := d.Dial(ctx, hbone.Target{Source: client.ID.ID(), Peers: []spiffeid.ID{wpID.ID()},
+		Addr: netip.MustParseAddrPort(cfg.HBONEAddr), Authority: "10.96.0.10:80"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	io.WriteString(st, "GET /x HTTP/1.1\r\nHost: echo\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(st), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "hello /x" {
+		t.Fatalf("through the waypoint: %d %q", resp.StatusCode, b)
+	}
+	m := waitHTTP(t, "http://"+cfg.MetricsAddr+"/metrics")
+	if !strings.Contains(m, `istio_requests_total{`) || !strings.Contains(m, `response_code="200"`) {
+		t.Errorf("the request is not in the metrics:\n%s", m)
+	}
+}
+
+// TestBootstrapModeErrors: a bad file or SVID stops run with an error
+// naming it.
+func TestBootstrapModeErrors(t *testing.T) {
+	p := newPKI(t)
+	_, _, cert, key := p.svid("demo", "waypoint")
+	_, _, otherCert, _ := p.svid("demo", "other")
+	good := p.write("good.yaml", []byte(`listeners: [{name: waypoint}]`))
+	for _, tc := range []struct {
+		name, bootstrap, cert, key, want string
+	}{
+		{"missing file", filepath.Join(p.dir, "nope.yaml"), cert, key, "reading the bootstrap file"},
+		{"bad file", p.write("bad.yaml", []byte("listeners: [{name: waypoint, colour: blue}]")), cert, key, "bad.yaml: listeners[0]"},
+		{"unsupported field", p.write("unsup.yaml", []byte("listeners: [{name: waypoint}]\nclusters: [{name: c, type: STATIC}]")), cert, key, `cluster "c".type STATIC is not supported`},
+		{"key of another certificate", good, otherCert, key, "private key does not match public key"},
+		{"not a certificate", good, p.write("junk.pem", []byte("junk")), key, "junk.pem"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := Config{Bootstrap: tc.bootstrap, CertFile: tc.cert, KeyFile: tc.key, RootsFile: filepath.Join(p.dir, "roots.pem"),
+				HBONEAddr: freeAddr(t), MetricsAddr: freeAddr(t), ReadinessAddr: freeAddr(t)}
+			err := run(context.Background(), cfg, slog.New(slog.DiscardHandler))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// waitHTTP gets url until it answers 200 and returns the body.
+func waitHTTP(t *testing.T, url string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := http.Get(url)
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return string(b)
+			}
+			err = fmt.Errorf("%d %s", resp.StatusCode, b)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", url, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

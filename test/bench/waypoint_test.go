@@ -4,6 +4,9 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -14,7 +17,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,9 +32,9 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/vishvananda/netlink"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -44,17 +46,17 @@ import (
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/waypoint/config"
-	"github.com/weftmesh/weft/waypoint/proxy"
 )
 
 // The waypoint benchmark adds a third network namespace to
 // BenchmarkZtunnel's two pods: the waypoint's, with podW on its loopback,
-// joined to each pod by a veth pair. The waypoint (waypoint/proxy on a
-// static Envoy configuration) runs there in a process of its own, this test
-// binary re-executed; ztunnel's child process holds both pods' proxies as in
-// BenchmarkZtunnel. nginx, for the throughput baseline, runs in the
-// waypoint's namespace too, so both proxies reach the same backend (the
-// server app in pod B) over the same link.
+// joined to each pod by a veth pair. The waypoint runs there: the product's
+// binary, built for the run, on a static Envoy configuration (waypoint
+// -bootstrap) with its default settings but the access log off; ztunnel's
+// child process holds both pods' proxies as in BenchmarkZtunnel. nginx, for
+// the throughput baseline, runs in the waypoint's namespace too, so both
+// proxies reach the same backend (the server app in pod B) over the same
+// link.
 const (
 	podW = "10.250.0.3"
 	// serverHost's VIP is what the client app in pod A connects to; the
@@ -72,16 +74,17 @@ const (
 	backendHost = "backend." + benchNS + ".svc.cluster.local"
 	backendVIP  = "10.96.0.11"
 	nginxPort   = 8081
-	// waypointChildEnv makes the re-executed test binary run the waypoint.
-	waypointChildEnv = "WEFT_BENCH_WAYPOINT_CHILD"
+	// The waypoint's own ports, on its namespace's loopback.
+	waypointMetrics = "127.0.0.1:15020"
+	waypointReady   = "127.0.0.1:15021"
+	waypointDebug   = "127.0.0.1:15000"
 )
 
 // BenchmarkWaypoint prints:
 //
 //	waypoint_added_p99_ms   1 KiB HTTP request/response at 1000 req/s from pod A to the server's
 //	                        Service VIP: p99 through ztunnel + waypoint minus p99 through ztunnel alone
-//	waypoint_rss_mb         the waypoint process's RSS (VmRSS) at the end of that load; the
-//	                        process is this test binary, whose code pages count in it too
+//	waypoint_rss_mb         the waypoint process's RSS (VmRSS) at the end of that load
 //	                        (waypoint_idle_rss_mb is the same before any load, waypoint_rss_anon_mb
 //	                        the anonymous part: heap, stacks)
 //	waypoint_rps_vs_nginx   requests/s per busy core of the waypoint (HBONE in, HTTP/1.1 keep-alive
@@ -89,16 +92,17 @@ const (
 //	                        (keep-alive upstream) to the same backend, under the same closed-loop load
 //
 // and the raw figures behind them. Every figure is measured against its
-// baseline in the same run.
+// baseline in the same run. With WEFT_BENCH_WAYPOINT_CPUPROFILE=<prefix>
+// the waypoint serves pprof and each measured round's CPU profile is saved
+// to <prefix>-<latency|rps>-<round>.prof (`go tool pprof` merges several).
 func BenchmarkWaypoint(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
 		b.Skip(why)
 	}
+	bin := buildWaypoint(b)
 	p := newPodPair(b)
 	p.addWaypoint(b)
-	wp := startChild(b, "waypoint", "TestWaypointChild", p.w, waypointChildEnv+"=1", caEnv+"="+p.caDir)
-	// Before any load: mostly the test binary's code and package
-	// initialisation, which a waypoint binary has less of.
+	wp := startWaypoint(b, p, bin)
 	fmt.Printf("bench: waypoint_idle_rss_mb %.1f\n", float64(procRSS(b, wp.pid()))/(1<<20))
 	// Latency first: the RSS figure is the waypoint's after the 1000 req/s
 	// load, not after the throughput runs.
@@ -116,18 +120,6 @@ func BenchmarkWaypoint(b *testing.B) {
 			waypointRPS(b, p, wp, bin)
 		}
 	})
-}
-
-// TestWaypointChild is the child process of BenchmarkWaypoint, not a test.
-func TestWaypointChild(t *testing.T) {
-	if os.Getenv(waypointChildEnv) == "" {
-		t.Skip("runs only as BenchmarkWaypoint's child process")
-	}
-	if err := runWaypoint(); err != nil {
-		fmt.Println("error:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
 }
 
 // addWaypoint makes the waypoint's namespace: podW on its loopback, a veth
@@ -190,16 +182,7 @@ func (p *podPair) bindWaypoint(b *testing.B, on bool) {
 	}
 }
 
-// waypointRequests is how many requests the waypoint has answered.
-func waypointRequests(b *testing.B, wp *childProc) int {
-	n, err := strconv.Atoi(wp.line(b, "requests"))
-	if err != nil {
-		b.Fatalf("waypoint child: requests: %v", err)
-	}
-	return n
-}
-
-func waypointLatency(b *testing.B, p *podPair, wp *childProc) {
+func waypointLatency(b *testing.B, p *podPair, wp *waypointProc) {
 	const rate, conns, rounds = 1000, 8, 2
 	const d = 5 * time.Second
 	url := "http://" + serverVIP + "/"
@@ -210,21 +193,21 @@ func waypointLatency(b *testing.B, p *podPair, wp *childProc) {
 	for round := range rounds {
 		p.bindWaypoint(b, false)
 		p.openLoop(b, url, rate, time.Second, conns) // warm-up
-		n0 := waypointRequests(b, wp)
+		n0 := wp.requests(b)
 		base = append(base, p.openLoop(b, url, rate, d, conns)...)
-		if n := waypointRequests(b, wp) - n0; n != 0 {
+		if n := wp.requests(b) - n0; n != 0 {
 			b.Fatalf("%d requests went through the waypoint with the binding removed", n)
 		}
 		p.bindWaypoint(b, true)
 		p.openLoop(b, url, rate, time.Second, conns)
-		n0 = waypointRequests(b, wp)
-		stop := profilePhase(b, wp, "latency", round)
+		n0 = wp.requests(b)
+		stop := wp.profile(b, "latency", round, d)
 		cpu0, t0 := procCPU(b, wp.pid()), time.Now()
 		lat := p.openLoop(b, url, rate, d, conns)
 		cpu += procCPU(b, wp.pid()) - cpu0
 		stop()
 		el += time.Since(t0)
-		if n := waypointRequests(b, wp) - n0; n < len(lat) {
+		if n := wp.requests(b) - n0; n < len(lat) {
 			b.Fatalf("only %d of %d requests went through the waypoint", n, len(lat))
 		}
 		mesh = append(mesh, lat...)
@@ -243,7 +226,7 @@ func waypointLatency(b *testing.B, p *podPair, wp *childProc) {
 	fmt.Printf("bench: waypoint_cpu_per_1000rps %.3f\n", cpu.Seconds()/el.Seconds()/(rate/1000.0))
 }
 
-func waypointRPS(b *testing.B, p *podPair, wp *childProc, nginxBin string) {
+func waypointRPS(b *testing.B, p *podPair, wp *waypointProc, nginxBin string) {
 	const conns, rounds = 16, 3
 	const d = 3 * time.Second
 	p.setRedirect(b, false) // the load generator in pod A talks to both proxies itself
@@ -265,7 +248,7 @@ func waypointRPS(b *testing.B, p *podPair, wp *childProc, nginxBin string) {
 	for round := range rounds {
 		r, c := closedLoop(b, viaNginx, ngPIDs, conns, d)
 		ngRPS, ngCores, ngPerCore = append(ngRPS, r), append(ngCores, c), append(ngPerCore, r/c)
-		stop := profilePhase(b, wp, "rps", round)
+		stop := wp.profile(b, "rps", round, d)
 		r, c = closedLoop(b, viaWaypoint, []int{wp.pid()}, conns, d)
 		stop()
 		wpRPS, wpCores, wpPerCore = append(wpRPS, r), append(wpCores, c), append(wpPerCore, r/c)
@@ -520,131 +503,179 @@ func startNginx(b *testing.B, p *podPair, bin string) *exec.Cmd {
 	return cmd
 }
 
-// runWaypoint runs the waypoint in this process, which is in the
-// waypoint's namespace, until stdin closes. It answers "mem" with heap +
-// stack in use after a collection and "requests" with the requests it has
-// answered (istio_requests_total).
-func runWaypoint() error {
-	ca, err := loadCA(os.Getenv(caEnv))
+// buildWaypoint builds the waypoint binary as the images do.
+func buildWaypoint(b *testing.B) string {
+	cfg := cluster.Config{Images: []string{}}
+	if err := cfg.SetDefaults(); err != nil {
+		b.Fatal(err)
+	}
+	out := filepath.Join(b.TempDir(), "waypoint")
+	cmd := exec.Command(cfg.Go, "build", "-trimpath", "-o", out, "./waypoint/cmd/waypoint")
+	cmd.Dir = cfg.RepoDir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("building the waypoint: %v\n%s", err, msg)
+	}
+	return out
+}
+
+// waypointProc is the waypoint binary running in the waypoint's namespace.
+type waypointProc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	// admin reaches its metrics, readiness and debug ports, dialing inside
+	// its namespace.
+	admin         *http.Client
+	profilePrefix string // WEFT_BENCH_WAYPOINT_CPUPROFILE
+}
+
+// startWaypoint writes the waypoint's SVID and bootstrap file and runs it
+// in the waypoint's namespace until the benchmark ends; it returns once
+// the waypoint is ready.
+func startWaypoint(b *testing.B, p *podPair, bin string) *waypointProc {
+	dir := b.TempDir()
+	ca, err := loadCA(p.caDir)
 	if err != nil {
-		return err
+		b.Fatal(err)
 	}
 	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, "waypoint")
 	svid, err := ca.IssueSVID(id, time.Hour)
 	if err != nil {
-		return err
+		b.Fatal(err)
 	}
-	store := config.NewStore()
-	if err := applyWaypointConfig(store); err != nil {
-		return err
+	var chain []byte
+	for _, c := range svid.Chain {
+		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
 	}
-	reg := prometheus.NewRegistry()
-	quiet := slog.New(slog.DiscardHandler)
-	px, err := proxy.New(proxy.Config{
-		Identity: id.ID(), Certificate: spiffe.StaticCertificate(svid), Roots: ca.Roots(), Store: store,
-		Metrics: proxy.NewMetrics(reg), Logger: quiet, AccessLog: quiet,
+	key, err := x509.MarshalPKCS8PrivateKey(svid.Key)
+	if err != nil {
+		b.Fatal(err)
+	}
+	boot, err := waypointBootstrap()
+	if err != nil {
+		b.Fatal(err)
+	}
+	files := map[string][]byte{"cert.pem": chain, "key.pem": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: key}),
+		"roots.pem": ca.RootsPEM(), "bootstrap.json": boot}
+	for name, data := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wp := &waypointProc{exited: make(chan struct{}), profilePrefix: os.Getenv("WEFT_BENCH_WAYPOINT_CPUPROFILE")}
+	wp.admin = &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := p.w.Do(func() error {
+			var err error
+			c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}}}
+	wp.cmd = exec.Command(bin, "-bootstrap", filepath.Join(dir, "bootstrap.json"), "-cert", filepath.Join(dir, "cert.pem"),
+		"-key", filepath.Join(dir, "key.pem"), "-roots", filepath.Join(dir, "roots.pem"))
+	wp.cmd.Env = append(os.Environ(), "HBONE_ADDR=:15008", "METRICS_ADDR="+waypointMetrics, "READINESS_ADDR="+waypointReady, "ACCESS_LOG=off")
+	if wp.profilePrefix != "" {
+		wp.cmd.Env = append(wp.cmd.Env, "DEBUG_ADDR="+waypointDebug)
+	}
+	wp.cmd.Stdout, wp.cmd.Stderr = os.Stderr, os.Stderr
+	if err := p.w.Do(wp.cmd.Start); err != nil { // forks from the thread in the namespace
+		b.Fatalf("starting the waypoint: %v", err)
+	}
+	go func() { wp.cmd.Wait(); close(wp.exited) }()
+	b.Cleanup(func() {
+		wp.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-wp.exited:
+		case <-time.After(10 * time.Second):
+			wp.cmd.Process.Kill()
+			<-wp.exited
+		}
 	})
-	if err != nil {
-		return err
-	}
-	ln, err := net.Listen("tcp", ":15008")
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- px.Serve(ctx, ln) }()
-	fmt.Println("ready")
-	var prof *os.File
-	defer func() {
-		if prof != nil {
-			pprof.StopCPUProfile()
-			prof.Close()
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		select {
+		case <-wp.exited:
+			b.Fatalf("the waypoint exited: %v", wp.cmd.ProcessState)
+		default:
 		}
-	}()
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
-		cmd, arg, _ := strings.Cut(sc.Text(), " ")
-		switch cmd {
-		case "mem":
-			fmt.Println(memInUse())
-		case "requests":
-			fmt.Println(requestsTotal(reg))
-		case "profile":
-			fmt.Println(profile(&prof, arg))
-		}
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if errors.Is(err, context.Canceled) || errors.Is(err, net.ErrClosed) {
-			return nil
-		}
-		return err
-	case <-time.After(5 * time.Second): // connections still draining
-		return nil
-	}
-}
-
-// profile starts a CPU profile into the file arg names, or stops the one
-// running when arg is "stop"; it returns the child's answer line.
-func profile(f **os.File, arg string) string {
-	if *f != nil {
-		pprof.StopCPUProfile()
-		(*f).Close()
-		*f = nil
-	}
-	if arg == "stop" {
-		return "ok"
-	}
-	var err error
-	if *f, err = os.Create(arg); err == nil {
-		err = pprof.StartCPUProfile(*f)
-	}
-	if err != nil {
-		return "error: " + err.Error()
-	}
-	return "ok"
-}
-
-// profilePhase starts a CPU profile of the waypoint child for one phase of
-// the benchmark when WEFT_BENCH_WAYPOINT_CPUPROFILE names a file prefix
-// (each round's profile goes to <prefix>-<phase>-<round>.prof; `go tool
-// pprof` merges several); the returned function stops it.
-func profilePhase(b *testing.B, wp *childProc, phase string, round int) func() {
-	prefix := os.Getenv("WEFT_BENCH_WAYPOINT_CPUPROFILE")
-	if prefix == "" {
-		return func() {}
-	}
-	if line := wp.line(b, fmt.Sprintf("profile %s-%s-%d.prof", prefix, phase, round)); line != "ok" {
-		b.Fatalf("waypoint child: profile: %s", line)
-	}
-	return func() {
-		if line := wp.line(b, "profile stop"); line != "ok" {
-			b.Fatalf("waypoint child: profile stop: %s", line)
+		if _, err := wp.get("http://" + waypointReady + "/healthz/ready"); err == nil {
+			return wp
+		} else if time.Since(start) > 20*time.Second {
+			b.Fatalf("the waypoint is not ready: %v", err)
 		}
 	}
 }
 
-func requestsTotal(reg *prometheus.Registry) int {
-	mfs, _ := reg.Gather()
+func (wp *waypointProc) pid() int { return wp.cmd.Process.Pid }
+
+// get fetches one of the waypoint's admin URLs.
+func (wp *waypointProc) get(url string) ([]byte, error) {
+	resp, err := wp.admin.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("%s: %s %s", url, resp.Status, body)
+	}
+	return body, err
+}
+
+// requests is how many requests the waypoint has answered
+// (istio_requests_total over all series).
+func (wp *waypointProc) requests(b *testing.B) int {
+	body, err := wp.get("http://" + waypointMetrics + "/metrics")
+	if err != nil {
+		b.Fatal(err)
+	}
 	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == "istio_requests_total" {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
+	for line := range strings.Lines(string(body)) {
+		if strings.HasPrefix(line, "istio_requests_total{") {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				b.Fatalf("metrics line %q: %v", line, err)
 			}
+			sum += v
 		}
 	}
 	return int(sum)
 }
 
-// applyWaypointConfig gives the waypoint the Envoy resources the control
-// plane would send for two Services bound to it: the server's (its VIP
-// routed to pod B over HBONE, as in the mesh) and the throughput
-// benchmark's backend (routed to the same app over plain TCP, as nginx
-// reaches it).
-func applyWaypointConfig(store *config.Store) error {
+// profile takes a CPU profile of the waypoint for the next d, when
+// WEFT_BENCH_WAYPOINT_CPUPROFILE names a file prefix; the returned
+// function waits for it and saves it to <prefix>-<phase>-<round>.prof.
+func (wp *waypointProc) profile(b *testing.B, phase string, round int, d time.Duration) func() {
+	if wp.profilePrefix == "" {
+		return func() {}
+	}
+	type result struct {
+		data []byte
+		err  error
+	}
+	got := make(chan result, 1)
+	go func() {
+		data, err := wp.get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", waypointDebug, int(d.Seconds())))
+		got <- result{data, err}
+	}()
+	return func() {
+		r := <-got
+		if r.err == nil {
+			r.err = os.WriteFile(fmt.Sprintf("%s-%s-%d.prof", wp.profilePrefix, phase, round), r.data, 0o644)
+		}
+		if r.err != nil {
+			b.Fatalf("waypoint CPU profile: %v", r.err)
+		}
+	}
+}
+
+// waypointBootstrap is the waypoint's bootstrap file (JSON): the Envoy
+// resources the control plane would send for two Services bound to it: the
+// server's (its VIP routed to pod B over HBONE, as in the mesh) and the
+// throughput benchmark's backend (routed to the same app over plain TCP, as
+// nginx reaches it). It is checked the way the waypoint will read it.
+func waypointBootstrap() ([]byte, error) {
 	var errs []error
 	toAny := func(m proto.Message) *anypb.Any {
 		a, err := anypb.New(m)
@@ -653,7 +684,7 @@ func applyWaypointConfig(store *config.Store) error {
 	}
 	router := &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: toAny(&routerv3.Router{})}}
 	l := &listenerv3.Listener{Name: "waypoint"}
-	routes, clusters, endpoints := map[string]*anypb.Any{}, map[string]*anypb.Any{}, map[string]*anypb.Any{}
+	var routes, clusters, endpoints []proto.Message
 	for _, s := range []struct {
 		host, vip string
 		hbone     bool
@@ -671,7 +702,7 @@ func applyWaypointConfig(store *config.Store) error {
 				HttpFilters:    []*hcmv3.HttpFilter{router},
 			})}}},
 		})
-		routes[name] = toAny(&routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{{
+		routes = append(routes, &routev3.RouteConfiguration{Name: name, VirtualHosts: []*routev3.VirtualHost{{
 			Name: name, Domains: []string{"*"},
 			Routes: []*routev3.Route{{
 				Name:   "default",
@@ -679,7 +710,7 @@ func applyWaypointConfig(store *config.Store) error {
 				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}},
 			}},
 		}}})
-		clusters[cluster] = toAny(&clusterv3.Cluster{Name: cluster, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		clusters = append(clusters, &clusterv3.Cluster{Name: cluster, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(10 * time.Second)}) // Istio's default
 		md := map[string]any{"tunnel": "", "workload": "server", "namespace": benchNS, "workload_name": "server"}
 		if s.hbone {
@@ -688,7 +719,7 @@ func applyWaypointConfig(store *config.Store) error {
 		}
 		meta, err := structpb.NewStruct(md)
 		errs = append(errs, err)
-		endpoints[cluster] = toAny(&endpointv3.ClusterLoadAssignment{ClusterName: cluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+		endpoints = append(endpoints, &endpointv3.ClusterLoadAssignment{ClusterName: cluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 			LbEndpoints: []*endpointv3.LbEndpoint{{
 				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
 					SocketAddress: &corev3.SocketAddress{Address: podB, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 8080}}}}}},
@@ -697,14 +728,29 @@ func applyWaypointConfig(store *config.Store) error {
 			}},
 		}}})
 	}
-	listeners := map[string]*anypb.Any{"waypoint": toAny(l)}
 	if err := errors.Join(errs...); err != nil {
-		return err
+		return nil, err
 	}
-	return errors.Join(
-		store.ApplyClusters(clusters, nil),
-		store.ApplyEndpoints(endpoints, nil),
-		store.ApplyRoutes(routes, nil),
-		store.ApplyListeners(listeners, nil),
-	)
+	file := map[string][]json.RawMessage{}
+	for list, ms := range map[string][]proto.Message{"listeners": {l}, "routes": routes, "clusters": clusters, "endpoints": endpoints} {
+		for _, m := range ms {
+			js, err := protojson.Marshal(m)
+			if err != nil {
+				return nil, err
+			}
+			file[list] = append(file[list], js)
+		}
+	}
+	data, err := json.MarshalIndent(file, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	boot, err := config.ParseBootstrap(data)
+	if err == nil {
+		err = boot.Apply(config.NewStore())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the waypoint's bootstrap file: %w", err)
+	}
+	return data, nil
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -108,6 +109,10 @@ type h1Server struct {
 
 	out  []byte  // the current response's bytes not yet written
 	outp *[]byte // out's pooled buffer, when it has one
+
+	mu     sync.Mutex
+	cancel context.CancelFunc // guarded by mu: the running request's
+	left   bool               // guarded by mu: the client ended its side
 }
 
 // outBuffers holds response buffers between responses, so that an idle
@@ -116,20 +121,32 @@ var outBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return
 
 func (s *session) serveH1(st *hbone.Stream, br *bufio.Reader, hl *headLimiter) {
 	c := &h1Server{s: s, st: st, hl: hl, br: br}
+	// One watcher for the stream's life cancels whichever request runs
+	// when the client leaves.
+	defer st.AfterPeerEnd(c.clientLeft)()
 	idleTimeout := idle(s.chain.HTTP.IdleTimeout)
 	for first := true; ; first = false {
+		deadline := false
 		if !first && br.Buffered() == 0 {
 			// Between requests only the idle timeout applies.
 			st.SetReadDeadline(time.Now().Add(idleTimeout))
+			deadline = true
 			if _, err := br.Peek(1); err != nil {
 				return
 			}
 		}
-		st.SetReadDeadline(time.Now().Add(headerTimeout))
+		// A head that is in the buffer already cannot stall; moving the
+		// deadline costs a timer operation, so it is left alone then.
+		if !headBuffered(br) {
+			st.SetReadDeadline(time.Now().Add(headerTimeout))
+			deadline = true
+		}
 		hl.limit, hl.remain, hl.err = true, maxHeaderBytes+4<<10, nil
 		req, err := http.ReadRequest(br)
 		hl.limit = false
-		st.SetReadDeadline(time.Time{})
+		if deadline {
+			st.SetReadDeadline(time.Time{})
+		}
 		if err == nil {
 			err = checkRequest(req)
 		}
@@ -140,6 +157,23 @@ func (s *session) serveH1(st *hbone.Stream, br *bufio.Reader, hl *headLimiter) {
 		if !c.serve(req) {
 			return
 		}
+	}
+}
+
+// headBuffered reports whether the buffer holds a whole request head.
+func headBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, []byte("\r\n\r\n"))
+}
+
+// clientLeft cancels the request in progress, if any: its client ended its
+// side of the stream.
+func (c *h1Server) clientLeft() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.left = true
+	if c.cancel != nil {
+		c.cancel()
 	}
 }
 
@@ -214,9 +248,16 @@ func (c *h1Server) linger() {
 // serve runs one request; it reports whether the connection goes on.
 func (c *h1Server) serve(req *http.Request) bool {
 	ctx, cancel := context.WithCancel(context.Background())
-	stop := c.st.AfterPeerEnd(cancel) // the client left
+	c.mu.Lock()
+	if c.left {
+		cancel()
+	}
+	c.cancel = cancel
+	c.mu.Unlock()
 	defer func() {
-		stop()
+		c.mu.Lock()
+		c.cancel = nil
+		c.mu.Unlock()
 		cancel()
 	}()
 	req = req.WithContext(ctx)

@@ -252,6 +252,7 @@ func waypointRPS(b *testing.B, p *podPair, wp *waypointProc, nginxBin string) {
 		r, c = closedLoop(b, viaWaypoint, []int{wp.pid()}, conns, d)
 		stop()
 		wpRPS, wpCores, wpPerCore = append(wpRPS, r), append(wpCores, c), append(wpPerCore, r/c)
+		b.Logf("round %d: nginx %.0f/s per core, waypoint %.0f/s per core (%.0f/s on %.3f cores)", round, ngPerCore[round], wpPerCore[round], r, c)
 	}
 	fmt.Printf("bench: nginx_rps %.0f\n", median(ngRPS))
 	fmt.Printf("bench: nginx_cpu_cores %.3f\n", median(ngCores))

@@ -29,16 +29,18 @@ import (
 // h1conn is one upstream HTTP/1.1 connection. Its owner is the request
 // using it, or the host's idle list.
 type h1conn struct {
-	nc     net.Conn
-	h      *host // nil: not pooled, closed after its request
-	br     *bufio.Reader
-	bw     *bufio.Writer
-	nread  int64 // bytes read from nc, to tell "nothing came back"
-	idleAt time.Time
+	nc       net.Conn
+	tunneled bool  // nc is an HBONE stream
+	h        *host // nil: not pooled, closed after its request
+	br       *bufio.Reader
+	bw       *bufio.Writer
+	nread    int64 // bytes read from nc, to tell "nothing came back"
+	idleAt   time.Time
 }
 
 func newH1Conn(nc net.Conn, h *host) *h1conn {
 	c := &h1conn{nc: nc, h: h}
+	_, c.tunneled = nc.(*hbone.Stream)
 	c.br = bufio.NewReaderSize(c, 4096)
 	c.bw = bufio.NewWriterSize(nc, 4096)
 	return c
@@ -133,9 +135,9 @@ func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster st
 	if !take(&b.requests, pl.cluster.MaxRequests) {
 		return nil, errOverloaded
 	}
-	fresh := false
+	w := want{h2: h2, retryable: idempotent(req) && replayable(req)}
 	for attempt := 0; ; attempt++ {
-		l, err := p.checkout(ctx, pl, h2, fresh)
+		l, err := p.checkout(ctx, pl, w)
 		if err != nil {
 			b.requests.Add(-1)
 			return nil, err
@@ -163,7 +165,7 @@ func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster st
 		// A pooled connection the peer had already given up on: once more
 		// on a new one.
 		if l.reused && again && attempt == 0 && ctx.Err() == nil && rewind(req) {
-			fresh = true
+			w.fresh = true
 			continue
 		}
 		b.requests.Add(-1)

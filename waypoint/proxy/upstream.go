@@ -259,11 +259,23 @@ type lease struct {
 	reused bool
 }
 
+// want says what connection a request attempt needs.
+type want struct {
+	h2    bool // an HTTP/2 stream, not an HTTP/1.1 connection
+	fresh bool // a new connection, not a pooled one
+	// retryable: the attempt is repeated on a new connection when a pooled
+	// one turns out dead (an idempotent request with a replayable body),
+	// so a pooled TCP connection is taken without first asking the kernel
+	// whether its peer closed it (a syscall per request otherwise).
+	retryable bool
+}
+
 // checkout returns a connection to an endpoint of pl: a pooled one unless
-// fresh, else a new one within MaxConnections, else it waits (as one of at
-// most MaxPending requests) for one to be freed. A failed dial marks the
+// w.fresh, else a new one within MaxConnections, else it waits (as one of
+// at most MaxPending requests) for one to be freed. A failed dial marks the
 // endpoint and moves to another, three endpoints at most.
-func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (lease, error) {
+func (p *Proxy) checkout(ctx context.Context, pl *pool, w want) (lease, error) {
+	useH2, fresh := w.h2, w.fresh
 	b := &pl.u.b
 	var tried map[netip.AddrPort]bool
 	var last error = errNoHealthy
@@ -279,7 +291,7 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (leas
 			return lease{}, last
 		}
 		if !fresh {
-			if l, ok := h.reuse(useH2); ok {
+			if l, ok := h.reuse(useH2, !w.retryable); ok {
 				return l, nil
 			}
 		}
@@ -295,7 +307,7 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (leas
 			// otherwise go unnoticed. (A fresh attempt must not take one:
 			// the lease would be dropped with its slot.)
 			if !fresh {
-				if l, ok := h.reuse(useH2); ok {
+				if l, ok := h.reuse(useH2, !w.retryable); ok {
 					return l, nil
 				}
 			}
@@ -329,9 +341,10 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, useH2, fresh bool) (leas
 	return lease{}, last
 }
 
-// reuse takes a pooled connection of h: an idle, live HTTP/1.1 one, or a
-// stream reserved on a shared HTTP/2 one.
-func (h *host) reuse(useH2 bool) (lease, bool) {
+// reuse takes a pooled connection of h: an idle HTTP/1.1 one (checked
+// live first when probe is set or it is an HBONE stream, where the check
+// is free), or a stream reserved on a shared HTTP/2 one.
+func (h *host) reuse(useH2, probe bool) (lease, bool) {
 	if useH2 {
 		if c := h.reserveH2(); c != nil {
 			return lease{h: h, h2: c, reused: true}, true
@@ -360,7 +373,7 @@ func (h *host) reuse(useH2 bool) (lease, bool) {
 		h.idle[n-1] = nil
 		h.idle = h.idle[:n-1]
 		h.mu.Unlock()
-		if alive(c.nc) {
+		if !probe && !c.tunneled || alive(c.nc) {
 			return lease{h: h, h1: c, reused: true}, true
 		}
 		c.discard()

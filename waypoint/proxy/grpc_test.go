@@ -100,6 +100,22 @@ func TestGRPC(t *testing.T) {
 		t.Errorf("trailer x-why = %q, want [because]", got)
 	}
 
+	// Each status is counted under its code: OK, NOT_FOUND in a
+	// trailers-only response, PERMISSION_DENIED in trailers after DATA.
+	// (The waypoint records a request once its response has gone out,
+	// which can be just after the client has it.)
+	for code, want := range map[string]float64{"0": 1, "5": 1, "7": 1} {
+		got := 0.0
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if got = m.counted(t, "grpc_response_status", code); got == want {
+				break
+			}
+		}
+		if got != want {
+			t.Errorf("istio_requests_total{grpc_response_status=%q} = %v, want %v", code, got, want)
+		}
+	}
+
 	// A server stream delivers each message as it is sent.
 	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: "echo"})
 	if err != nil {

@@ -67,6 +67,7 @@ type reqInfo struct {
 	ep             *config.Endpoint
 	audit          bool
 	auditPolicy    string
+	grpcStatus     string
 	// reqBytes is added to by whoever reads the request body: the handler,
 	// or an HTTP/2 upstream's body writer that may outlive the response.
 	reqBytes atomic.Int64
@@ -131,6 +132,9 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	s.route(cw, r, h2, info)
 	info.status = cw.status
 	info.rspBytes = cw.n
+	if grpc {
+		info.grpcStatus = grpcStatus(cw.Header())
+	}
 	s.p.record(s, r, info, time.Since(start), tp, grpc)
 	return info.aborted
 }

@@ -51,6 +51,7 @@ type series struct {
 type seriesKey struct {
 	dstWL, dstNS, dstPrin string
 	grpc                  bool
+	grpcStatus            string // the gRPC status code, "" when none came
 	code                  int
 	flags                 string
 }
@@ -107,7 +108,7 @@ func (s *session) series(k seriesKey) *series {
 	}
 	v := []string{"waypoint", l.srcWL, l.srcNS, l.srcPrin, l.srcApp, l.srcVersion, l.srcCluster,
 		k.dstWL, k.dstNS, k.dstPrin, k.dstWL, "unknown", l.host, l.svcName, l.svcNS,
-		"unknown", proto, strconv.Itoa(k.code), "", k.flags, "mutual_tls"}
+		"unknown", proto, strconv.Itoa(k.code), k.grpcStatus, k.flags, "mutual_tls"}
 	m := s.p.cfg.Metrics
 	sr := &series{
 		requests: m.requests.WithLabelValues(v...),
@@ -121,6 +122,9 @@ func (s *session) series(k seriesKey) *series {
 
 func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Duration, tp string, grpc bool) {
 	k := seriesKey{dstWL: "unknown", dstNS: "unknown", dstPrin: "unknown", grpc: grpc, code: info.status, flags: firstNonEmpty(info.flags, "-")}
+	if grpc {
+		k.grpcStatus = info.grpcStatus
+	}
 	if e := info.ep; e != nil {
 		k.dstWL = firstNonEmpty(e.WorkloadName, e.Workload, "unknown")
 		k.dstNS = firstNonEmpty(e.Namespace, "unknown")
@@ -161,4 +165,19 @@ func firstNonEmpty(vs ...string) string {
 		}
 	}
 	return ""
+}
+
+// grpcStatus is the grpc-status a response carried, in its head (a
+// trailers-only response) or its trailers: a code of gRPC's, 0 to 16, or
+// "" for none or anything else (an upstream does not get to mint label
+// values).
+func grpcStatus(h http.Header) string {
+	v := h.Get("Grpc-Status")
+	if v == "" {
+		v = h.Get(http.TrailerPrefix + "Grpc-Status")
+	}
+	if n, err := strconv.Atoi(v); err != nil || n < 0 || n > 16 || strconv.Itoa(n) != v {
+		return ""
+	}
+	return v
 }

@@ -147,12 +147,13 @@ func fail(w http.ResponseWriter, code int, body string) {
 
 func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *reqInfo) {
 	snap := s.p.cfg.Store.Snapshot()
+	hc := s.httpConfig(snap)
 	rq := route.FromHTTP(r)
 	rr := &rbac.Request{HTTP: &rq, Principal: s.peer, RemoteIP: s.remote.Addr(), DstPort: uint32(s.target.Port())}
 	if s.remote.IsValid() {
 		rr.DirectIP = s.remote.Addr()
 	}
-	for _, f := range s.chain.HTTP.RBAC {
+	for _, f := range hc.RBAC {
 		res := f.Evaluate(rr)
 		if f.Action == rbac.Log {
 			if res.Policy != "" {
@@ -166,7 +167,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 			return
 		}
 	}
-	table := snap.RouteTable(s.chain.HTTP)
+	table := snap.RouteTable(hc)
 	rt := table.Match(&rq)
 	if rt == nil {
 		info.flags = "NR"
@@ -187,7 +188,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	ctx := r.Context()
 	timeout := rt.Timeout
 	if timeout == 0 {
-		timeout = s.chain.HTTP.RequestTimeout
+		timeout = hc.RequestTimeout
 	}
 	if timeout > 0 {
 		var cancel context.CancelFunc

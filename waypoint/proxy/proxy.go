@@ -133,6 +133,25 @@ type session struct {
 
 	mu    sync.Mutex
 	cache map[seriesKey]*series // guarded by mu: the metrics of this session's requests
+	seen  *config.Snapshot      // guarded by mu: the snapshot http comes from
+	http  *config.HTTP          // guarded by mu: the target's HTTP configuration in seen
+}
+
+// httpConfig returns the HTTP configuration of the session's target in
+// snap, so that a listener update (an AuthorizationPolicy added, a timeout
+// changed) applies from the next request of an open connection on, not
+// only to new connections. A target whose HTTP chain is gone keeps the one
+// it had until its connection ends, as Envoy drains a removed chain.
+func (s *session) httpConfig(snap *config.Snapshot) *config.HTTP {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if snap != s.seen {
+		s.seen = snap
+		if ch := snap.Chain(s.target); ch != nil && ch.HTTP != nil {
+			s.http = ch.HTTP
+		}
+	}
+	return s.http
 }
 
 func (p *Proxy) serveConnect(r *hbone.Request) {
@@ -148,7 +167,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 		r.Reject(http.StatusNotFound)
 		return
 	}
-	s := &session{p: p, chain: ch, target: target, peer: r.Peer.String(), baggage: map[string]string{}}
+	s := &session{p: p, chain: ch, target: target, peer: r.Peer.String(), baggage: map[string]string{}, seen: snap, http: ch.HTTP}
 	if ta, ok := r.RemoteAddr.(*net.TCPAddr); ok {
 		s.remote = ta.AddrPort()
 	}

@@ -524,3 +524,32 @@ func TestTCPFallback(t *testing.T) {
 		t.Fatalf("echo: %q %v", buf, err)
 	}
 }
+
+// TestPolicyUpdateOpenConnection: an AuthorizationPolicy's RBAC filter
+// added or removed while a client holds a keep-alive connection applies to
+// that connection's next request, not only to new connections.
+func TestPolicyUpdateOpenConnection(t *testing.T) {
+	m := newMesh(t)
+	ok := backend(t, "ok", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok "+r.URL.Path) })
+	routes := []*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster("ok")}}
+	backends := map[string][]netip.AddrPort{"ok": {ok}}
+	deny := &hcmv3.HttpFilter{Name: "envoy.filters.http.rbac", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &rbacfilter.RBAC{Rules: &rbacv3.RBAC{
+		Action: rbacv3.RBAC_DENY, Policies: map[string]*rbacv3.Policy{"deny-admin": {
+			Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "/admin"}}}}}}},
+			Principals:  []*rbacv3.Principal{{Identifier: &rbacv3.Principal_Any{Any: true}}},
+		}}}})}}
+	m.apply(routes, backends)
+	c := m.h1(vip)
+	expect := func(when, path string, code int) {
+		t.Helper()
+		if r := c.do(get(path)); r.StatusCode != code {
+			t.Errorf("%s: %s answered %d %q, want %d", when, path, r.StatusCode, body(r), code)
+		}
+	}
+	expect("before the policy", "/admin", 200)
+	m.apply(routes, backends, deny)
+	expect("with the policy", "/admin", 403)
+	expect("with the policy", "/other", 200)
+	m.apply(routes, backends)
+	expect("after the policy", "/admin", 200)
+}

@@ -175,9 +175,14 @@ func (p *Proxy) pool(snap *config.Snapshot, name string) *pool {
 	return pl
 }
 
-func (pl *pool) usable(h *host, skip map[netip.AddrPort]bool) bool {
+// usable reports whether h may be picked: healthy, not in skip and, unless
+// anyway, not marked failed in the last 5 s.
+func (pl *pool) usable(h *host, skip map[netip.AddrPort]bool, anyway bool) bool {
 	if !h.ep.Healthy || skip[h.ep.Addr] {
 		return false
+	}
+	if anyway {
+		return true
 	}
 	pl.mu.Lock()
 	t, bad := pl.failed[h.ep.Addr]
@@ -186,6 +191,9 @@ func (pl *pool) usable(h *host, skip map[netip.AddrPort]bool) bool {
 }
 
 // pick chooses an endpoint by the cluster's policy; nil when none is usable.
+// Endpoints whose connect failed lately are passed over while others are
+// left; when none is, they are tried again (Envoy's panic mode), so that a
+// cluster whose only endpoint restarted answers as soon as it is back.
 func (pl *pool) pick(skip map[netip.AddrPort]bool) *host {
 	n := len(pl.hosts)
 	if n == 0 {
@@ -196,15 +204,18 @@ func (pl *pool) pick(skip map[netip.AddrPort]bool) *host {
 		// power of two choices
 		for _, i := range [2]int{rand.IntN(n), rand.IntN(n)} {
 			h := pl.hosts[i]
-			if pl.usable(h, skip) && (best == nil || h.active.Load() < best.active.Load()) {
+			if pl.usable(h, skip, false) && (best == nil || h.active.Load() < best.active.Load()) {
 				best = h
 			}
 		}
 	}
-	if best == nil {
+	for _, anyway := range [2]bool{false, true} {
+		if best != nil {
+			break
+		}
 		start := int(pl.rr.Add(1))
 		for k := range n {
-			if h := pl.hosts[(start+k)%n]; pl.usable(h, skip) {
+			if h := pl.hosts[(start+k)%n]; pl.usable(h, skip, anyway) {
 				best = h
 				break
 			}

@@ -315,3 +315,45 @@ func TestFreshCheckout(t *testing.T) {
 		t.Errorf("%d connections counted after the only one closed", conns)
 	}
 }
+
+// TestFailedEndpoint: an endpoint whose connect fails is passed over while
+// another is left, and a cluster whose only endpoint was down answers as
+// soon as that endpoint is back, not after the failure mark runs out.
+func TestFailedEndpoint(t *testing.T) {
+	m := newMesh(t)
+	var live atomic.Int32
+	up := backend(t, "up", func(w http.ResponseWriter, r *http.Request) { live.Add(1); io.WriteString(w, "up") })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().(*net.TCPAddr).AddrPort()
+	ln.Close() // nothing listens there now: connects are refused
+	m.applyClusters([]*routev3.Route{
+		{Match: prefix("/two"), Action: toCluster("two")},
+		{Match: prefix("/one"), Action: toCluster("one")},
+	}, map[string]clusterSpec{
+		"two": {eps: []endpointSpec{{addr: up}, {addr: down}}},
+		"one": {eps: []endpointSpec{{addr: down}}},
+	})
+	c := m.h1(vip)
+	for i := range 20 {
+		if r := c.do(get("/two")); r.StatusCode != 200 {
+			t.Fatalf("request %d with one endpoint down: %d %q", i, r.StatusCode, body(r))
+		}
+	}
+	if r := c.do(get("/one")); r.StatusCode != 503 {
+		t.Fatalf("the only endpoint down: %d %q, want 503", r.StatusCode, body(r))
+	}
+	// The endpoint comes back at once; its failure mark is younger than 5 s.
+	ln, err = net.Listen("tcp", down.String())
+	if err != nil {
+		t.Skipf("the port was taken meanwhile: %v", err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "back") })}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	if r := c.do(get("/one")); r.StatusCode != 200 || body(r) != "back" {
+		t.Errorf("the only endpoint back: %d, want 200 \"back\"", r.StatusCode)
+	}
+}

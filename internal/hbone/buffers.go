@@ -29,27 +29,23 @@ const (
 func getBuf(n int) []byte {
 	switch {
 	case n <= smallSize:
-		if b, ok := smallPool.Get().(*[smallSize]byte); ok {
-			return b[:]
-		}
-		return new([smallSize]byte)[:]
+		return pooled[[smallSize]byte](&smallPool)[:]
 	case n <= mediumSize:
-		if b, ok := mediumPool.Get().(*[mediumSize]byte); ok {
-			return b[:]
-		}
-		return new([mediumSize]byte)[:]
+		return pooled[[mediumSize]byte](&mediumPool)[:]
 	case n <= recvChunk:
-		if b, ok := chunkPool.Get().(*[recvChunk]byte); ok {
-			return b[:]
-		}
-		return new([recvChunk]byte)[:]
+		return pooled[[recvChunk]byte](&chunkPool)[:]
 	case n <= largeSize:
-		if b, ok := largePool.Get().(*[largeSize]byte); ok {
-			return b[:]
-		}
-		return new([largeSize]byte)[:]
+		return pooled[[largeSize]byte](&largePool)[:]
 	}
 	return make([]byte, n)
+}
+
+// pooled takes an array from p, or a new one when p has none.
+func pooled[A any](p *sync.Pool) *A {
+	if b, ok := p.Get().(*A); ok {
+		return b
+	}
+	return new(A)
 }
 
 // putBuf returns a buffer obtained from getBuf; others are left to the

@@ -89,6 +89,22 @@ func (l countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// streamServer starts a server that accepts every stream and hands it
+// out on streams, its handler kept (and so the stream) until the test
+// closes the stream.
+func streamServer(t testing.TB, p *pki, id spiffe.Identity) (*testServer, <-chan *Stream) {
+	streams := make(chan *Stream, 1)
+	ts := startServer(t, p, id, HandlerFunc(func(r *Request) {
+		st, err := r.Accept(nil)
+		if err != nil {
+			return
+		}
+		streams <- st
+		<-r.Context().Done()
+	}))
+	return ts, streams
+}
+
 func startServer(t testing.TB, p *pki, id spiffe.Identity, h Handler, tweak ...func(*ServerConfig)) *testServer {
 	t.Helper()
 	cfg := ServerConfig{
@@ -477,15 +493,7 @@ func TestHandlerStatus(t *testing.T) {
 func TestNetConn(t *testing.T) {
 	p := newPKI(t, "cluster.local")
 	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
-	streams := make(chan *Stream, 1)
-	ts := startServer(t, p, srvID, HandlerFunc(func(r *Request) {
-		st, err := r.Accept(nil)
-		if err != nil {
-			return
-		}
-		streams <- st
-		<-r.Context().Done() // keep the handler (and the stream) until the test closes it
-	}))
+	ts, streams := streamServer(t, p, srvID)
 	d := newDialer(t, p)
 	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
 		cs, err := d.Dial(context.Background(), ts.target(cliID, "127.0.0.1:80"))

@@ -12,15 +12,7 @@ import (
 func TestAfterPeerEnd(t *testing.T) {
 	p := newPKI(t, "cluster.local")
 	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
-	streams := make(chan *Stream, 1)
-	ts := startServer(t, p, srvID, HandlerFunc(func(r *Request) {
-		st, err := r.Accept(nil)
-		if err != nil {
-			return
-		}
-		streams <- st
-		<-r.Context().Done()
-	}))
+	ts, streams := streamServer(t, p, srvID)
 	d := newDialer(t, p)
 	open := func() (client, server *Stream) {
 		t.Helper()

@@ -29,18 +29,16 @@ import (
 // h1conn is one upstream HTTP/1.1 connection. Its owner is the request
 // using it, or the host's idle list.
 type h1conn struct {
-	nc       net.Conn
-	tunneled bool  // nc is an HBONE stream
-	h        *host // nil: not pooled, closed after its request
-	br       *bufio.Reader
-	bw       *bufio.Writer
-	nread    int64 // bytes read from nc, to tell "nothing came back"
-	idleAt   time.Time
+	nc     net.Conn
+	h      *host // nil: not pooled, closed after its request
+	br     *bufio.Reader
+	bw     *bufio.Writer
+	nread  int64 // bytes read from nc, to tell "nothing came back"
+	idleAt time.Time
 }
 
 func newH1Conn(nc net.Conn, h *host) *h1conn {
 	c := &h1conn{nc: nc, h: h}
-	_, c.tunneled = nc.(*hbone.Stream)
 	c.br = bufio.NewReaderSize(c, 4096)
 	c.bw = bufio.NewWriterSize(nc, 4096)
 	return c

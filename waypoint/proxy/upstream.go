@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
@@ -353,8 +354,8 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, w want) (lease, error) {
 }
 
 // reuse takes a pooled connection of h: an idle HTTP/1.1 one (checked
-// live first when probe is set or it is an HBONE stream, where the check
-// is free), or a stream reserved on a shared HTTP/2 one.
+// live first when probe is set or it is an HBONE stream), or a stream
+// reserved on a shared HTTP/2 one.
 func (h *host) reuse(useH2, probe bool) (lease, bool) {
 	if useH2 {
 		if c := h.reserveH2(); c != nil {
@@ -384,10 +385,12 @@ func (h *host) reuse(useH2, probe bool) (lease, bool) {
 		h.idle[n-1] = nil
 		h.idle = h.idle[:n-1]
 		h.mu.Unlock()
-		if !probe && !c.tunneled || alive(c.nc) {
-			return lease{h: h, h1: c, reused: true}, true
+		// An HBONE stream's check costs nothing; a socket's, a syscall.
+		if _, tunneled := c.nc.(*hbone.Stream); (probe || tunneled) && !alive(c.nc) {
+			c.discard()
+			continue
 		}
-		c.discard()
+		return lease{h: h, h1: c, reused: true}, true
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"net"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/weftmesh/weft/internal/hbone"
 )
 
@@ -35,4 +37,25 @@ func alive(c net.Conn) bool {
 		return true
 	})
 	return ok && err == nil
+}
+
+// bytesAcked returns how many bytes the peer of a TCP connection has
+// acknowledged (tcpi_bytes_acked); false for other connections.
+func bytesAcked(c net.Conn) (uint64, bool) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var info *unix.TCPInfo
+	cerr := rc.Control(func(fd uintptr) {
+		info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	})
+	if cerr != nil || err != nil {
+		return 0, false
+	}
+	return info.Bytes_acked, true
 }

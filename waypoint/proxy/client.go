@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -105,6 +106,44 @@ func idempotent(req *http.Request) bool {
 	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
 }
 
+// recordBody makes req replayable when its body turns out to be at most
+// limit bytes: the bytes read from it are kept, and GetBody serves them
+// once the body was read to its end.
+func recordBody(req *http.Request, limit int) {
+	rb := &bodyRecord{ReadCloser: req.Body, limit: limit}
+	req.Body = rb
+	req.GetBody = func() (io.ReadCloser, error) {
+		if !rb.eof || rb.over {
+			return nil, errors.New("request body was not kept")
+		}
+		return io.NopCloser(bytes.NewReader(rb.buf)), nil
+	}
+}
+
+// bodyRecord keeps the bytes read from a request body, up to limit.
+type bodyRecord struct {
+	io.ReadCloser
+	limit int
+	buf   []byte
+	over  bool // more than limit bytes were read
+	eof   bool // the body was read to its end
+}
+
+func (b *bodyRecord) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if !b.over {
+		if len(b.buf)+n > b.limit {
+			b.over, b.buf = true, nil
+		} else {
+			b.buf = append(b.buf, p[:n]...)
+		}
+	}
+	if err == io.EOF {
+		b.eof = true
+	}
+	return n, err
+}
+
 // rewind makes req's body ready for another attempt.
 func rewind(req *http.Request) bool {
 	if req.GetBody == nil {
@@ -134,6 +173,12 @@ func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster st
 		return nil, errOverloaded
 	}
 	w := want{h2: h2, retryable: idempotent(req) && replayable(req)}
+	if !replayable(req) {
+		// A request that may go once more (its pooled connection was closed
+		// before the upstream received any of it) needs its body again: keep
+		// what a small one sent.
+		recordBody(req, maxRetryBody)
+	}
 	for attempt := 0; ; attempt++ {
 		l, err := p.checkout(ctx, pl, w)
 		if err != nil {
@@ -185,6 +230,14 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 		return nil, again, err
 	}
 	n0 := c.nread
+	// For a request that may not be repeated blindly, what the upstream's
+	// kernel acknowledged before it: a connection that closed without
+	// acknowledging any of the request never delivered it.
+	var acked0 uint64
+	ackKnown := false
+	if !idempotent(req) {
+		acked0, ackKnown = bytesAcked(c.nc)
+	}
 	if err := writeRequest(c.bw, req); err != nil {
 		return fail(err, replayable(req))
 	}
@@ -197,7 +250,16 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 		resp, err = http.ReadResponse(c.br, req)
 	}
 	if err != nil {
-		return fail(err, c.nread == n0 && idempotent(req))
+		again := c.nread == n0 && idempotent(req)
+		if !again && c.nread == n0 && ackKnown {
+			// Nothing came back; if the peer also acknowledged none of
+			// the request, it closed before the request arrived (an idle
+			// close racing the request) and cannot have acted on it.
+			if acked, ok := bytesAcked(c.nc); ok && acked == acked0 {
+				again = true
+			}
+		}
+		return fail(err, again)
 	}
 	body := &h1body{body: resp.Body, c: c, stop: stop, keep: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols, done: done}
 	if resp.Body == http.NoBody {

@@ -3,11 +3,14 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -126,5 +129,83 @@ func TestTraceparent(t *testing.T) {
 		if len(out) != 55 || out[:3] != "00-" || out[52:] != "-01" || !isHex(out[3:35]) || !isHex(out[36:52]) || strings.Contains(bad, out[3:35]) {
 			t.Errorf("traceparent(%q) = %q, want a new trace", bad, out)
 		}
+	}
+}
+
+// TestClosedBeforeDelivery: a request that cannot be repeated blindly (a
+// POST) may go once more only when its pooled connection closed before the
+// upstream received any of it — the race of an upstream's idle close with
+// a request — and never when the upstream received it and closed without
+// answering.
+func TestClosedBeforeDelivery(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		readFirst bool // the upstream reads the request before it closes
+		wantAgain bool
+	}{
+		{"closed before the request arrived", false, true},
+		{"closed after reading the request", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			accepted := make(chan net.Conn, 1)
+			go func() {
+				c, err := ln.Accept()
+				if err == nil {
+					accepted <- c
+				}
+			}()
+			nc, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			sc := <-accepted
+			closed := make(chan struct{})
+			if tc.readFirst {
+				go func() {
+					defer close(closed)
+					br := bufio.NewReader(sc)
+					if req, err := http.ReadRequest(br); err == nil {
+						io.Copy(io.Discard, req.Body)
+					}
+					sc.Close()
+				}()
+			} else {
+				sc.Close()
+				close(closed)
+				// The upstream's FIN is in before the request is written,
+				// as when an idle close races a request past the liveness
+				// check.
+				for deadline := time.Now().Add(5 * time.Second); alive(nc); time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the upstream's close never arrived")
+					}
+				}
+			}
+			c := newH1Conn(nc, nil)
+			req, _ := http.NewRequest("POST", "http://svc.ns/orders", io.NopCloser(strings.NewReader("one order")))
+			recordBody(req, maxRetryBody)
+			_, again, err := c.roundTrip(context.Background(), req, func() {})
+			<-closed
+			if err == nil {
+				t.Fatal("the round trip succeeded on a closed connection")
+			}
+			if again != tc.wantAgain {
+				t.Errorf("again = %v, want %v (err %v)", again, tc.wantAgain, err)
+			}
+			if tc.wantAgain {
+				if !rewind(req) {
+					t.Fatal("the recorded body cannot be replayed")
+				}
+				b, _ := io.ReadAll(req.Body)
+				if string(b) != "one order" {
+					t.Errorf("replayed body %q", b)
+				}
+			}
+		})
 	}
 }

@@ -28,13 +28,16 @@ import (
 // busy ones closed when their request ends, HTTP/2 ones drained).
 
 const (
-	// upstreamIdleTimeout closes a pooled connection unused for that long
-	// (Envoy's common_http_protocol_options.idle_timeout is 1 h; 60 s stays
-	// under the idle timeouts of common servers less often than not, and the
-	// liveness check and retry cover the rest).
-	upstreamIdleTimeout = 60 * time.Second
+	// upstreamIdleTimeout closes a pooled connection unused for that long.
+	// It stays under the keep-alive timeouts of common servers (Node.js,
+	// Apache httpd and uvicorn close idle connections after 5 s), so that
+	// the upstream seldom closes a connection just as a request is sent on
+	// it; Envoy's default (common_http_protocol_options.idle_timeout) is
+	// 1 h. The liveness check and the retry of a request the upstream
+	// never received cover the rest.
+	upstreamIdleTimeout = 4 * time.Second
 	// janitorInterval is how often idle connections are swept.
-	janitorInterval = 10 * time.Second
+	janitorInterval = 2 * time.Second
 	// h2DrainTimeout bounds how long a retired HTTP/2 connection may finish
 	// its streams.
 	h2DrainTimeout = 30 * time.Second

@@ -43,6 +43,10 @@ test: deps tools lint ## Run every test (root-only netns and cluster tests inclu
 fuzz: ## Fuzz every parser for FUZZTIME each (default 3s).
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
+.PHONY: stress
+stress: ## Run tests repeatedly beside CPU hogs (PKGS, COUNT, CPU, RUN; see scripts/stress.sh) to shake out load-only failures.
+	@GO=$(GO) scripts/stress.sh
+
 .PHONY: bench
 bench: ## Run the benchmarks (installing nginx, their baseline, if missing); the figures are the `bench: <name> <value>` lines.
 	@BENCH=1 scripts/deps.sh

@@ -132,6 +132,10 @@ func TestProtocolConfusionHTTPPort(t *testing.T) {
 		{"HTTP/1.0", "get /admin HTTP/1.0\r\n\r\n", "403"},
 		{"absolute form", "get http://" + svcHost + "/admin HTTP/1.1\r\n" + h + "\r\n", "403"},
 		{"h2c upgrade", "get /admin HTTP/1.1\r\n" + h + "Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n", "403"},
+		{"many empty lines", strings.Repeat("\r\n", 100) + "get /admin HTTP/1.1\r\n" + h + "\r\n", "403"},
+		{"long method", strings.Repeat("X", 5000) + " /admin HTTP/1.1\r\n" + h + "\r\n", "403"},
+		{"no version", "get /admin\r\n\r\n", "400"},
+		{"HTTP/2.0 request line", "get /admin HTTP/2.0\r\n" + h + "\r\n", "505"},
 		{"tab after the method", "GET\t/admin HTTP/1.1\r\n" + h + "\r\n", "400"},
 		{"two spaces", "GET  /admin HTTP/1.1\r\n" + h + "\r\n", "400"},
 		{"vertical tab", "GET\v/admin HTTP/1.1\r\n" + h + "\r\n", "400"},
@@ -374,5 +378,18 @@ func TestProtocolConfusionSniffedPort(t *testing.T) {
 	}
 	if n, reqs := rec.seen(); n != 2 || len(reqs) != 1 {
 		t.Errorf("the backend saw %d connections and requests %q, want 2 and the HTTP one", n, reqs)
+	}
+	// h2c takes the HTTP chain too, with its policy.
+	m.applySniffed([]*hcmv3.HttpFilter{httpDeny}, []*rbacv3.RBAC{tcpDeny}, cluster)
+	cc := m.h2client(vip)
+	for path, want := range map[string]int{"/admin": 403, "/x": 200} {
+		resp, err := cc.RoundTrip(get(path))
+		if err != nil {
+			t.Fatalf("h2c %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("h2c %s: %d, want %d", path, resp.StatusCode, want)
+		}
 	}
 }

@@ -16,6 +16,17 @@
 // workload/<namespace>/<pod>, that passes the connection to its original
 // destination.
 //
+// # Ports
+//
+// As in Istio's waypoint, a Service port's protocol (appProtocol, else the
+// prefix of its name) decides its filter chains: http, http2, grpc and
+// grpc-web get an HTTP chain only (bytes that are not HTTP get 400); tcp,
+// tls, https, mongo, mysql and redis a TCP chain only (tcp_proxy, never
+// parsed); any other port both, told apart by the HTTP inspector: the HTTP
+// chain lists application_protocols http/1.0, http/1.1 and h2c, and the
+// TCP chain <host>:<port>/tcp takes the rest. A workload's ports are
+// unknown, so its chains are such a pair too.
+//
 // # Routes
 //
 // Only producer routes apply: an HTTPRoute or GRPCRoute in the Service's own
@@ -43,4 +54,11 @@
 // Fields the waypoint cannot evaluate (requestPrincipals, request.auth
 // conditions) make an ALLOW rule allow nothing and are dropped from a DENY
 // rule, so that a policy is never less strict than written.
+//
+// TCP chains get the same policies as network RBAC filters before their
+// tcp_proxy, with Istio's rule for the fields a stream does not have
+// (hosts, methods, paths, requestPrincipals, request.* conditions): an
+// ALLOW rule with any of them never matches on TCP, and a DENY or AUDIT
+// rule is kept without them, so it matches more (a DENY on a path alone
+// denies every stream of a TCP port).
 package waypointxds

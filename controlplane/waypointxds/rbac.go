@@ -8,10 +8,12 @@ import (
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	securityv1beta1 "istio.io/api/security/v1beta1"
@@ -71,10 +73,13 @@ func (b *builder) appliesTo(p *securityv1.AuthorizationPolicy, svc *corev1.Servi
 	return false
 }
 
-// rbacFilters builds the RBAC http filters of a chain: LOG (AUDIT), DENY
-// (and CUSTOM, which fails closed), ALLOW; each present only when a policy
-// of that action applies.
-func (b *builder) rbacFilters(all []*securityv1.AuthorizationPolicy, svc *corev1.Service) []*hcmv3.HttpFilter {
+// rbacRules builds the RBAC rules of a chain, one set per action in the
+// order LOG (AUDIT), DENY (and CUSTOM, which fails closed), ALLOW; each
+// present only when a policy of that action applies. For a TCP chain (tcp)
+// the rules keep their L4 part as Istio's do: an ALLOW rule with an
+// HTTP-only field never matches, a DENY or AUDIT rule loses those fields
+// and so matches more.
+func (b *builder) rbacRules(all []*securityv1.AuthorizationPolicy, svc *corev1.Service, tcp bool) []*rbacv3.RBAC {
 	byAction := map[rbacv3.RBAC_Action]map[string]*rbacv3.Policy{}
 	for _, p := range all {
 		if !b.appliesTo(p, svc) {
@@ -87,27 +92,48 @@ func (b *builder) rbacFilters(all []*securityv1.AuthorizationPolicy, svc *corev1
 		case securityv1beta1.AuthorizationPolicy_AUDIT:
 			action = rbacv3.RBAC_LOG
 		case securityv1beta1.AuthorizationPolicy_CUSTOM:
-			b.note("AuthorizationPolicy %s: action CUSTOM is not supported; its rules deny", keyOf(p))
+			if !tcp {
+				b.note("AuthorizationPolicy %s: action CUSTOM is not supported; its rules deny", keyOf(p))
+			}
 			action = rbacv3.RBAC_DENY
 		}
 		if byAction[action] == nil {
 			byAction[action] = map[string]*rbacv3.Policy{}
 		}
-		t := &policyTranslator{b: b, policy: keyOf(p), deny: action != rbacv3.RBAC_ALLOW}
+		t := &policyTranslator{b: b, policy: keyOf(p), deny: action != rbacv3.RBAC_ALLOW, tcp: tcp}
 		for i, r := range p.Spec.GetRules() {
 			if pol := t.rule(r, i); pol != nil {
 				byAction[action][fmt.Sprintf("ns[%s]-policy[%s]-rule[%d]", p.Namespace, p.Name, i)] = pol
 			}
 		}
 	}
-	var out []*hcmv3.HttpFilter
+	var out []*rbacv3.RBAC
 	for _, a := range []rbacv3.RBAC_Action{rbacv3.RBAC_LOG, rbacv3.RBAC_DENY, rbacv3.RBAC_ALLOW} {
-		pols, ok := byAction[a]
-		if !ok {
-			continue
+		if pols, ok := byAction[a]; ok {
+			out = append(out, &rbacv3.RBAC{Action: a, Policies: pols})
 		}
+	}
+	return out
+}
+
+// rbacFilters builds the RBAC http filters of an HTTP chain.
+func (b *builder) rbacFilters(all []*securityv1.AuthorizationPolicy, svc *corev1.Service) []*hcmv3.HttpFilter {
+	var out []*hcmv3.HttpFilter
+	for _, r := range b.rbacRules(all, svc, false) {
 		out = append(out, &hcmv3.HttpFilter{Name: "envoy.filters.http.rbac", ConfigType: &hcmv3.HttpFilter_TypedConfig{
-			TypedConfig: mustAny(&rbacfilter.RBAC{Rules: &rbacv3.RBAC{Action: a, Policies: pols}}),
+			TypedConfig: mustAny(&rbacfilter.RBAC{Rules: r}),
+		}})
+	}
+	return out
+}
+
+// netRBACFilters builds the network RBAC filters of a TCP chain, which
+// precede its tcp_proxy.
+func (b *builder) netRBACFilters(all []*securityv1.AuthorizationPolicy, svc *corev1.Service) []*listenerv3.Filter {
+	var out []*listenerv3.Filter
+	for _, r := range b.rbacRules(all, svc, true) {
+		out = append(out, &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{
+			TypedConfig: mustAny(&netrbac.RBAC{StatPrefix: "tcp.", Rules: r}),
 		}})
 	}
 	return out
@@ -117,13 +143,14 @@ type policyTranslator struct {
 	b      *builder
 	policy string
 	deny   bool
+	tcp    bool // for a TCP chain: HTTP-only fields are left out
 	// per rule:
-	unsupported, invalid []string
+	unsupported, invalid, httpOnly []string
 }
 
 // rule translates one rule; nil when an ALLOW rule allows nothing.
 func (t *policyTranslator) rule(r *securityv1beta1.Rule, idx int) *rbacv3.Policy {
-	t.unsupported, t.invalid = nil, nil
+	t.unsupported, t.invalid, t.httpOnly = nil, nil, nil
 	var perms []*rbacv3.Permission
 	var ids []*rbacv3.Principal
 	if len(r.GetTo()) > 0 {
@@ -153,11 +180,17 @@ func (t *policyTranslator) rule(r *securityv1beta1.Rule, idx int) *rbacv3.Policy
 	case len(t.invalid) > 0:
 		t.b.note("%s: %s; the rule allows nothing", where, strings.Join(t.invalid, "; "))
 		return nil
+	case len(t.httpOnly) > 0 && !t.deny:
+		t.b.note("%s: %s only apply to HTTP; on TCP ports the rule allows nothing", where, strings.Join(t.httpOnly, ", "))
+		return nil
 	case len(t.unsupported) > 0 && !t.deny:
 		t.b.note("%s: %s not supported; the rule allows nothing", where, strings.Join(t.unsupported, ", "))
 		return nil
 	case len(t.unsupported) > 0:
 		t.b.note("%s: %s not supported and ignored; the rule denies more", where, strings.Join(t.unsupported, ", "))
+	}
+	if len(t.httpOnly) > 0 {
+		t.b.note("%s: %s only apply to HTTP and are left out on TCP ports; the rule matches more there", where, strings.Join(t.httpOnly, ", "))
 	}
 	return &rbacv3.Policy{Permissions: []*rbacv3.Permission{andPerm(perms)}, Principals: []*rbacv3.Principal{andIDs(ids)}}
 }
@@ -363,12 +396,28 @@ func (t *policyTranslator) idField(out []*rbacv3.Principal, field string, vals, 
 	return include(out, in, notIn, orIDs, notID)
 }
 
+// http reports whether an HTTP-only field with values is left out (on a
+// TCP chain), noting it.
+func (t *policyTranslator) http(field string, vals, notVals []string) bool {
+	if !t.tcp || len(vals)+len(notVals) == 0 {
+		return false
+	}
+	t.httpOnly = append(t.httpOnly, field)
+	return true
+}
+
 func (t *policyTranslator) operation(op *securityv1beta1.Operation) []*rbacv3.Permission {
 	var out []*rbacv3.Permission
-	out = t.permField(out, "hosts", op.GetHosts(), op.GetNotHosts(), headerPerm(":authority"))
+	if !t.http("hosts", op.GetHosts(), op.GetNotHosts()) {
+		out = t.permField(out, "hosts", op.GetHosts(), op.GetNotHosts(), headerPerm(":authority"))
+	}
 	out = t.permField(out, "ports", op.GetPorts(), op.GetNotPorts(), portPerm)
-	out = t.permField(out, "methods", op.GetMethods(), op.GetNotMethods(), headerPerm(":method"))
-	out = t.permField(out, "paths", op.GetPaths(), op.GetNotPaths(), pathPerm)
+	if !t.http("methods", op.GetMethods(), op.GetNotMethods()) {
+		out = t.permField(out, "methods", op.GetMethods(), op.GetNotMethods(), headerPerm(":method"))
+	}
+	if !t.http("paths", op.GetPaths(), op.GetNotPaths()) {
+		out = t.permField(out, "paths", op.GetPaths(), op.GetNotPaths(), pathPerm)
+	}
 	return out
 }
 
@@ -380,7 +429,7 @@ func (t *policyTranslator) source(s *securityv1beta1.Source) []*rbacv3.Principal
 	out = t.idField(out, "serviceAccounts", s.GetServiceAccounts(), s.GetNotServiceAccounts(), serviceAccountID(ns))
 	out = t.idField(out, "ipBlocks", s.GetIpBlocks(), s.GetNotIpBlocks(), ipID(true))
 	out = t.idField(out, "remoteIpBlocks", s.GetRemoteIpBlocks(), s.GetNotRemoteIpBlocks(), ipID(false))
-	if len(s.GetRequestPrincipals())+len(s.GetNotRequestPrincipals()) > 0 {
+	if !t.http("requestPrincipals", s.GetRequestPrincipals(), s.GetNotRequestPrincipals()) && len(s.GetRequestPrincipals())+len(s.GetNotRequestPrincipals()) > 0 {
 		t.unsupported = append(t.unsupported, "requestPrincipals")
 	}
 	if len(s.GetTrustDomains())+len(s.GetNotTrustDomains()) > 0 {
@@ -393,6 +442,9 @@ func (t *policyTranslator) source(s *securityv1beta1.Source) []*rbacv3.Principal
 func (t *policyTranslator) condition(w *securityv1beta1.Condition) ([]*rbacv3.Permission, []*rbacv3.Principal) {
 	key := w.GetKey()
 	field := "when " + key
+	if strings.HasPrefix(key, "request.") && t.http(field, w.GetValues(), w.GetNotValues()) {
+		return nil, nil // request.headers, request.auth.*: HTTP only
+	}
 	if name, ok := strings.CutPrefix(key, "request.headers["); ok && strings.HasSuffix(name, "]") && len(name) > 1 {
 		name = strings.ToLower(strings.TrimSuffix(name, "]"))
 		return t.permField(nil, field, w.GetValues(), w.GetNotValues(), headerPerm(name)), nil

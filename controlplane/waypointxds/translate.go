@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -13,6 +14,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	httpinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
@@ -116,9 +118,12 @@ type builder struct {
 	// clusters to emit, by name: the Service and its port.
 	clusters map[string]clusterRef
 	chains   []*listenerv3.FilterChain
+	// inspect: some chain needs the detected protocol.
+	inspect bool
 	// Notes are the problems found, for logs and status (not errors: the
 	// rest of the configuration is still served).
 	notes []string
+	noted map[string]bool
 }
 
 type clusterRef struct {
@@ -146,12 +151,27 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
 		ConnectTimeout:       durationpb.New(10 * time.Second),
 	})
-	b.res.add(ListenerType, ListenerName, &listenerv3.Listener{Name: ListenerName, FilterChains: b.chains})
+	l := &listenerv3.Listener{Name: ListenerName, FilterChains: b.chains}
+	if b.inspect {
+		l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.http_inspector",
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&httpinspector.HttpInspector{})}}}
+	}
+	b.res.add(ListenerType, ListenerName, l)
 	return b.res, b.notes
 }
 
+// note records a problem once (a Gateway's policy is translated for every
+// Service).
 func (b *builder) note(format string, args ...any) {
-	b.notes = append(b.notes, fmt.Sprintf(format, args...))
+	n := fmt.Sprintf(format, args...)
+	if b.noted[n] {
+		return
+	}
+	if b.noted == nil {
+		b.noted = map[string]bool{}
+	}
+	b.noted[n] = true
+	b.notes = append(b.notes, n)
 }
 
 func (b *builder) serves(kind string) bool { return b.wp.For == ambient.ForAll || b.wp.For == kind }
@@ -196,6 +216,45 @@ func serviceIPs(svc *corev1.Service) []*corev3.CidrRange {
 	return out
 }
 
+// Kinds of Service port, by what the waypoint does with its streams.
+const (
+	portDetect = iota // unknown protocol: HTTP chain for HTTP, TCP chain for the rest
+	portHTTP          // HTTP only: anything else gets 400
+	portTCP           // TCP only: relayed, never parsed
+)
+
+// portKind follows Istio's waypoint: a port whose protocol (appProtocol,
+// else the name's prefix) says HTTP, HTTP/2 or gRPC gets only an HTTP
+// chain, one that says TCP, TLS or another protocol Istio relays as opaque
+// bytes only a TCP chain, and any other has its protocol detected from the
+// first bytes of each stream.
+func portKind(p corev1.ServicePort) int {
+	switch ambient.AppProtocol(p) {
+	case workloadpb.AppProtocol_HTTP11, workloadpb.AppProtocol_HTTP2, workloadpb.AppProtocol_GRPC:
+		return portHTTP
+	case workloadpb.AppProtocol_TCP, workloadpb.AppProtocol_TLS:
+		return portTCP
+	}
+	proto, _, _ := strings.Cut(strings.ToLower(p.Name), "-")
+	if p.AppProtocol != nil {
+		proto = strings.ToLower(*p.AppProtocol)
+	}
+	switch proto {
+	case "grpc-web":
+		return portHTTP
+	case "mongo", "mysql", "redis":
+		return portTCP
+	}
+	return portDetect
+}
+
+// detected are the application protocols of the HTTP chain of a port whose
+// protocol is detected (what Envoy's HTTP inspector reports).
+var detected = []string{"http/1.0", "http/1.1", "h2c"}
+
+// tcpChainSuffix names the TCP chain of a port whose protocol is detected.
+const tcpChainSuffix = "/tcp"
+
 // service adds the chains, routes and clusters of one bound Service.
 func (b *builder) service(svc *corev1.Service, policies []*securityv1.AuthorizationPolicy) {
 	ips := serviceIPs(svc)
@@ -204,6 +263,8 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 	}
 	host := ambient.Hostname(svc.Name, svc.Namespace, b.mesh.ClusterDomain)
 	filters := b.rbacFilters(policies, svc)
+	var netFilters []*listenerv3.Filter
+	netDone := false
 	for _, p := range svc.Spec.Ports {
 		if p.Protocol != "" && p.Protocol != corev1.ProtocolTCP {
 			continue
@@ -211,18 +272,34 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 		name := chainName(host, p.Port)
 		cname := ClusterName(host, p.Port)
 		b.clusters[cname] = clusterRef{svc, p}
-		fc := &listenerv3.FilterChain{
-			Name:             name,
-			FilterChainMatch: &listenerv3.FilterChainMatch{PrefixRanges: ips, DestinationPort: wrapperspb.UInt32(uint32(p.Port))},
+		match := func(protos []string) *listenerv3.FilterChainMatch {
+			return &listenerv3.FilterChainMatch{PrefixRanges: ips, DestinationPort: wrapperspb.UInt32(uint32(p.Port)), ApplicationProtocols: protos}
 		}
-		if ambient.AppProtocol(p) == workloadpb.AppProtocol_TCP {
-			fc.Filters = []*listenerv3.Filter{tcpProxy(cname)}
-		} else {
-			fc.Filters = []*listenerv3.Filter{httpManager(name, filters)}
-			b.res.add(RouteType, name, b.routeConfig(name, svc, p, cname))
+		kind := portKind(p)
+		if kind != portHTTP && !netDone {
+			netFilters, netDone = b.netRBACFilters(policies, svc), true
 		}
-		b.chains = append(b.chains, fc)
+		switch kind {
+		case portTCP:
+			b.chains = append(b.chains, tcpChain(name, match(nil), netFilters, cname))
+			continue
+		case portDetect:
+			b.chains = append(b.chains, tcpChain(name+tcpChainSuffix, match(nil), netFilters, cname))
+			b.inspect = true
+		}
+		protos := []string(nil)
+		if kind == portDetect {
+			protos = detected
+		}
+		b.chains = append(b.chains, &listenerv3.FilterChain{Name: name, FilterChainMatch: match(protos), Filters: []*listenerv3.Filter{httpManager(name, filters)}})
+		b.res.add(RouteType, name, b.routeConfig(name, svc, p, cname))
 	}
+}
+
+// tcpChain is a chain of network RBAC filters and a tcp_proxy to cluster.
+func tcpChain(name string, m *listenerv3.FilterChainMatch, rbac []*listenerv3.Filter, cluster string) *listenerv3.FilterChain {
+	fs := append(append([]*listenerv3.Filter(nil), rbac...), tcpProxy(cluster))
+	return &listenerv3.FilterChain{Name: name, FilterChainMatch: m, Filters: fs}
 }
 
 // workloads adds a passthrough chain per pod bound to the waypoint.
@@ -233,6 +310,8 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 	pods := b.st.Pods.List()
 	sort.Slice(pods, func(i, j int) bool { return keyOf(pods[i]) < keyOf(pods[j]) })
 	filters := b.rbacFilters(policies, nil)
+	var netFilters []*listenerv3.Filter
+	netDone := false
 	for _, o := range pods {
 		p := o.(*corev1.Pod)
 		if p.Labels[ambient.LabelGatewayName] != "" || p.Spec.HostNetwork {
@@ -251,9 +330,15 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 			continue
 		}
 		name := "workload/" + p.Namespace + "/" + p.Name
+		if !netDone {
+			netFilters, netDone = b.netRBACFilters(policies, nil), true
+		}
+		// A workload's ports are unknown: its streams are detected.
+		b.chains = append(b.chains, tcpChain(name+tcpChainSuffix, &listenerv3.FilterChainMatch{PrefixRanges: ranges}, netFilters, PassthroughCluster))
+		b.inspect = true
 		b.chains = append(b.chains, &listenerv3.FilterChain{
 			Name:             name,
-			FilterChainMatch: &listenerv3.FilterChainMatch{PrefixRanges: ranges},
+			FilterChainMatch: &listenerv3.FilterChainMatch{PrefixRanges: ranges, ApplicationProtocols: detected},
 			Filters: []*listenerv3.Filter{httpManagerInline(name, filters, &routev3.RouteConfiguration{
 				Name: name,
 				VirtualHosts: []*routev3.VirtualHost{{Name: name, Domains: []string{"*"}, Routes: []*routev3.Route{{

@@ -451,3 +451,97 @@ func isToken(s string) bool {
 	}
 	return true
 }
+
+// TestTCPPolicy: the L4 part of the AuthorizationPolicies guards the TCP
+// chains, with Istio's rule for HTTP-only fields: an ALLOW rule that has
+// any never matches, a DENY or AUDIT rule loses them (and so matches more).
+func TestTCPPolicy(t *testing.T) {
+	f := load(t, "testdata/tcp-policy.yaml")
+	res, _ := Build(testMesh, ambient.NewWaypoint(f.gateways[0], ""), f.st)
+	snap := compiled(t, res)
+	const (
+		api     = "spiffe://cluster.local/ns/shop/sa/api"
+		batch   = "spiffe://cluster.local/ns/batch/sa/job"
+		web     = "spiffe://cluster.local/ns/web/sa/front"
+		outside = "spiffe://cluster.local/ns/other/sa/x"
+	)
+	type req struct {
+		target    string
+		principal string
+		remote    string
+	}
+	allowed := func(r req) (bool, string) {
+		target := netip.MustParseAddrPort(r.target)
+		ch := snap.Chain(target)
+		if ch == nil || ch.TCPCluster == "" {
+			return false, "no TCP chain"
+		}
+		rr := &rbac.Request{Principal: r.principal, DstPort: uint32(target.Port())}
+		if r.remote != "" {
+			rr.RemoteIP = netip.MustParseAddr(r.remote)
+			rr.DirectIP = rr.RemoteIP
+		}
+		for _, f := range ch.NetRBAC {
+			if res := f.Evaluate(rr); res.Denied {
+				return false, "denied by " + res.Policy
+			}
+		}
+		return true, ""
+	}
+	// The chains each kind of port gets.
+	for _, c := range []struct {
+		target, proto string
+		want          string // "http", "tcp" or "" for none
+	}{
+		{"10.96.1.10:5432", "", "tcp"},
+		{"10.96.1.10:5432", config.ProtoHTTP11, "tcp"}, // TCP port: never parsed
+		{"10.96.1.10:443", config.ProtoH2C, "tcp"},     // TLS port: relayed
+		{"10.96.1.11:7000", "", "tcp"},                 // unknown: detected
+		{"10.96.1.11:7000", config.ProtoHTTP11, "http"},
+		{"10.96.1.11:7000", config.ProtoH2C, "http"},
+		{"10.96.1.11:8080", "", "http"}, // HTTP port: anything else gets 400
+		{"10.0.3.4:1234", "", "tcp"},    // a workload's ports are unknown
+		{"10.0.3.4:1234", config.ProtoHTTP11, "http"},
+	} {
+		target := netip.MustParseAddrPort(c.target)
+		got := ""
+		switch ch := snap.Select(target, c.proto); {
+		case ch == nil:
+		case ch.HTTP != nil:
+			got = "http"
+		default:
+			got = "tcp"
+		}
+		if got != c.want {
+			t.Errorf("%s detected as %q: chain %q, want %q", c.target, c.proto, got, c.want)
+		}
+		if d := config.Detects(snap.Chains(target)); d != (c.target == "10.96.1.11:7000" || c.target == "10.0.3.4:1234") {
+			t.Errorf("%s: detects %v", c.target, d)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		r    req
+		want bool
+	}{
+		{"allowed principal on its port", req{"10.96.1.10:5432", api, ""}, true},
+		{"allowed principal on another port", req{"10.96.1.10:443", api, ""}, false},
+		{"principal of no rule", req{"10.96.1.10:5432", outside, ""}, false},
+		{"ALLOW rule with a method: never on TCP", req{"10.96.1.10:5432", web, ""}, false},
+		{"when source.ip and destination.port", req{"10.96.1.10:443", outside, "192.168.7.9"}, true},
+		{"when source.ip on the wrong port", req{"10.96.1.10:5432", outside, "192.168.7.9"}, false},
+		{"DENY with a path denies the namespace on TCP", req{"10.96.1.10:5432", batch, ""}, false},
+		{"DENY with a header condition denies its L4 part", req{"10.96.1.10:5432", api, "10.9.1.1"}, true},
+		{"DENY with a header condition, outsider", req{"10.96.1.10:443", outside, "10.9.1.1"}, false},
+		{"Gateway DENY on remoteIpBlocks", req{"10.96.1.10:5432", api, "203.0.113.5"}, false},
+		{"Gateway DENY with requestPrincipals denies the namespace", req{"10.96.1.10:5432", "spiffe://cluster.local/ns/quarantine/sa/a", ""}, false},
+		{"ALLOW with only HTTP fields allows nobody on TCP", req{"10.96.1.11:7000", api, ""}, false},
+		{"workload chain: Gateway DENY applies", req{"10.0.3.4:5432", api, "203.0.113.5"}, false},
+		{"workload chain: no ALLOW applies", req{"10.0.3.4:5432", outside, ""}, true},
+	} {
+		got, why := allowed(c.r)
+		if got != c.want {
+			t.Errorf("%s: allowed %v (%s), want %v", c.name, got, why, c.want)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	httpinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
@@ -42,15 +43,40 @@ const (
 // PassthroughCluster is the ORIGINAL_DST cluster name.
 const PassthroughCluster = "passthrough"
 
+// Application protocols the waypoint tells apart by sniffing the first
+// bytes of a stream (what Envoy's HTTP inspector reports).
+const (
+	ProtoHTTP10 = "http/1.0"
+	ProtoHTTP11 = "http/1.1"
+	ProtoH2C    = "h2c"
+)
+
 // Chain is a compiled filter chain.
 type Chain struct {
 	Name     string
 	Prefixes []netip.Prefix
 	Port     uint32 // 0: any
+	// AppProtocols is filter_chain_match.application_protocols: the chain
+	// takes only streams detected as one of them. Empty: any stream its
+	// address and port select that no chain listing the detected protocol
+	// takes. HTTP/1.0 and HTTP/1.1 are listed together or not at all.
+	AppProtocols []string
 	// Exactly one of HTTP or TCPCluster.
 	HTTP       *HTTP
 	TCPCluster string
-	NetRBAC    []*rbac.Filter
+	// NetRBAC are the network RBAC filters before tcp_proxy, in order.
+	NetRBAC []*rbac.Filter
+}
+
+// Takes reports whether the chain lists proto in its application
+// protocols.
+func (c *Chain) Takes(proto string) bool {
+	for _, p := range c.AppProtocols {
+		if p == proto {
+			return true
+		}
+	}
+	return false
 }
 
 // HTTP is a compiled http_connection_manager.
@@ -60,13 +86,14 @@ type HTTP struct {
 	RBAC           []*rbac.Filter
 	RequestTimeout time.Duration
 	IdleTimeout    time.Duration
-	// FallbackCluster receives bytes that are not HTTP.
-	FallbackCluster string
 }
 
 // Listener is the compiled `waypoint` Listener.
 type Listener struct {
 	Chains []*Chain
+	// Inspects: the listener has the HTTP inspector listener filter, which
+	// chains with application_protocols need.
+	Inspects bool
 }
 
 // LB policy.
@@ -105,10 +132,31 @@ type Assignment struct {
 // CompileListener compiles the waypoint Listener.
 func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 	where := fmt.Sprintf("listener %q", l.GetName())
-	if err := pbcheck.Only(l, where, "name", "address", "filter_chains", "stat_prefix"); err != nil {
+	if err := pbcheck.Only(l, where, "name", "address", "filter_chains", "stat_prefix", "listener_filters"); err != nil {
 		return nil, err
 	}
 	out := &Listener{}
+	for i, lf := range l.GetListenerFilters() {
+		w := fmt.Sprintf("%s: listener_filters[%d] (%s)", where, i, lf.GetName())
+		if err := pbcheck.Only(lf, w, "name", "typed_config"); err != nil {
+			return nil, err
+		}
+		if lf.GetTypedConfig() == nil {
+			return nil, fmt.Errorf("%s.typed_config is required", w)
+		}
+		msg, err := unmarshalTyped(lf.GetTypedConfig(), w)
+		if err != nil {
+			return nil, err
+		}
+		hi, ok := msg.(*httpinspector.HttpInspector)
+		if !ok {
+			return nil, fmt.Errorf("%s.typed_config %s is not supported (the HTTP inspector only)", w, lf.GetTypedConfig().GetTypeUrl())
+		}
+		if err := pbcheck.Only(hi, w); err != nil {
+			return nil, err
+		}
+		out.Inspects = true
+	}
 	for i, fc := range l.GetFilterChains() {
 		w := fmt.Sprintf("%s: filter_chains[%d]", where, i)
 		if fc.GetName() != "" {
@@ -119,9 +167,14 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		}
 		c := &Chain{Name: fc.GetName()}
 		m := fc.GetFilterChainMatch()
-		if err := pbcheck.Only(m, w+".filter_chain_match", "prefix_ranges", "destination_port"); err != nil {
+		if err := pbcheck.Only(m, w+".filter_chain_match", "prefix_ranges", "destination_port", "application_protocols"); err != nil {
 			return nil, err
 		}
+		protos, err := appProtocols(m.GetApplicationProtocols(), out.Inspects, w+".filter_chain_match.application_protocols")
+		if err != nil {
+			return nil, err
+		}
+		c.AppProtocols = protos
 		for j, pr := range m.GetPrefixRanges() {
 			p, err := prefix(pr, fmt.Sprintf("%s.filter_chain_match.prefix_ranges[%d]", w, j))
 			if err != nil {
@@ -139,6 +192,31 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		out.Chains = append(out.Chains, c)
 	}
 	return out, nil
+}
+
+// appProtocols checks a chain's application_protocols: the names the
+// waypoint detects, HTTP/1.0 with HTTP/1.1, and an HTTP inspector to set
+// them.
+func appProtocols(ps []string, inspects bool, where string) ([]string, error) {
+	if len(ps) == 0 {
+		return nil, nil
+	}
+	if !inspects {
+		return nil, fmt.Errorf("%s needs the listener filter envoy.filters.listener.http_inspector", where)
+	}
+	seen := map[string]bool{}
+	for _, p := range ps {
+		switch p {
+		case ProtoHTTP10, ProtoHTTP11, ProtoH2C:
+			seen[p] = true
+		default:
+			return nil, fmt.Errorf("%s: %q is not supported (%s, %s, %s)", where, p, ProtoHTTP10, ProtoHTTP11, ProtoH2C)
+		}
+	}
+	if seen[ProtoHTTP10] != seen[ProtoHTTP11] {
+		return nil, fmt.Errorf("%s must list %s and %s together: the waypoint tells them apart only after choosing the chain", where, ProtoHTTP10, ProtoHTTP11)
+	}
+	return append([]string(nil), ps...), nil
 }
 
 func prefix(pr *corev3.CidrRange, where string) (netip.Prefix, error) {
@@ -416,33 +494,79 @@ type Snapshot struct {
 	Assignments map[string]*Assignment
 }
 
-// Chain picks the chain for a CONNECT target: prefix contains the IP and
-// the port equals (an exact port beats none). nil when none matches.
-func (s *Snapshot) Chain(target netip.AddrPort) *Chain {
+// Chains returns the chains a CONNECT target selects by address and port:
+// those whose prefix ranges contain the IP, with the target's port if any
+// has it, else those without a port (Envoy matches the destination port
+// before the address). More than one differ by application protocol.
+func (s *Snapshot) Chains(target netip.AddrPort) []*Chain {
 	if s == nil || s.Listener == nil {
 		return nil
 	}
-	var any *Chain
+	var exact, anyPort []*Chain
 	ip := target.Addr().Unmap()
 	for _, c := range s.Listener.Chains {
-		in := false
-		for _, p := range c.Prefixes {
-			if p.Contains(ip) {
-				in = true
-				break
-			}
-		}
-		if !in {
+		if !containsIP(c.Prefixes, ip) {
 			continue
 		}
-		if c.Port == uint32(target.Port()) {
-			return c
-		}
-		if c.Port == 0 && any == nil {
-			any = c
+		switch c.Port {
+		case uint32(target.Port()):
+			exact = append(exact, c)
+		case 0:
+			anyPort = append(anyPort, c)
 		}
 	}
-	return any
+	if len(exact) > 0 {
+		return exact
+	}
+	return anyPort
+}
+
+func containsIP(ps []netip.Prefix, ip netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+// Select picks the chain for a CONNECT target whose stream was detected as
+// proto (ProtoHTTP11, ProtoH2C, or "" for bytes that are not HTTP): the
+// first of Chains that lists proto in its application protocols, else the
+// first that lists none. nil when none matches.
+func (s *Snapshot) Select(target netip.AddrPort, proto string) *Chain {
+	return SelectFrom(s.Chains(target), proto)
+}
+
+// SelectFrom is Select over chains already found.
+func SelectFrom(chains []*Chain, proto string) *Chain {
+	var plain *Chain
+	for _, c := range chains {
+		if proto != "" && c.Takes(proto) {
+			return c
+		}
+		if len(c.AppProtocols) == 0 && plain == nil {
+			plain = c
+		}
+	}
+	return plain
+}
+
+// Detects reports whether the choice among chains depends on the
+// protocol detected in the stream's first bytes.
+func Detects(chains []*Chain) bool {
+	for _, c := range chains {
+		if len(c.AppProtocols) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Chain picks the chain for a target when its stream is not told apart
+// by protocol: Select(target, "").
+func (s *Snapshot) Chain(target netip.AddrPort) *Chain {
+	return s.Select(target, "")
 }
 
 // RouteTable returns the route table of an HTTP chain.

@@ -1,13 +1,23 @@
 package config
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	httpinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 func TestNACKNamesField(t *testing.T) {
@@ -61,4 +71,89 @@ func TestUnknownFilterType(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "typed_config type.googleapis.com/example.Unknown is not supported") {
 		t.Fatalf("got %v", err)
 	}
+}
+
+func chainWith(t *testing.T, name string, match *listenerv3.FilterChainMatch, f proto.Message) *listenerv3.FilterChain {
+	t.Helper()
+	a, err := anypb.New(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &listenerv3.FilterChain{Name: name, FilterChainMatch: match, Filters: []*listenerv3.Filter{{Name: name, ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}}}
+}
+
+func inspector(t *testing.T) []*listenerv3.ListenerFilter {
+	a, err := anypb.New(&httpinspector.HttpInspector{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.http_inspector", ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: a}}}
+}
+
+// TestApplicationProtocols: a port whose protocol is detected has an HTTP
+// chain for HTTP streams and a TCP chain for the rest; what the waypoint
+// cannot detect, or a chain that no inspector would ever select, is
+// refused.
+func TestApplicationProtocols(t *testing.T) {
+	vip := &corev3.CidrRange{AddressPrefix: "10.96.0.10", PrefixLen: wrapperspb.UInt32(32)}
+	match := func(protos ...string) *listenerv3.FilterChainMatch {
+		return &listenerv3.FilterChainMatch{PrefixRanges: []*corev3.CidrRange{vip}, DestinationPort: wrapperspb.UInt32(80), ApplicationProtocols: protos}
+	}
+	hcm := &hcmv3.HttpConnectionManager{RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: "r"}},
+		HttpFilters: []*hcmv3.HttpFilter{{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAnyT(t, &routerv3.Router{})}}}}
+	tcp := &tcpv3.TcpProxy{StatPrefix: "t", ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: "c"}}
+	l := &listenerv3.Listener{Name: "waypoint", ListenerFilters: inspector(t), FilterChains: []*listenerv3.FilterChain{
+		chainWith(t, "tcp", match(), tcp),
+		chainWith(t, "http", match("http/1.0", "http/1.1", "h2c"), hcm),
+	}}
+	cl, err := CompileListener(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := &Snapshot{Listener: cl}
+	target := netip.MustParseAddrPort("10.96.0.10:80")
+	if !Detects(snap.Chains(target)) {
+		t.Error("the pair does not depend on the protocol")
+	}
+	for proto, want := range map[string]string{ProtoHTTP11: "http", ProtoH2C: "http", "": "tcp"} {
+		if c := snap.Select(target, proto); c == nil || c.Name != want {
+			t.Errorf("%q selects %+v, want %s", proto, c, want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		l    *listenerv3.Listener
+		err  string
+	}{
+		{"no inspector", &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{chainWith(t, "http", match("http/1.1", "http/1.0"), hcm)}},
+			"needs the listener filter envoy.filters.listener.http_inspector"},
+		{"unknown protocol", &listenerv3.Listener{Name: "waypoint", ListenerFilters: inspector(t), FilterChains: []*listenerv3.FilterChain{chainWith(t, "http", match("h2"), hcm)}},
+			`"h2" is not supported`},
+		{"HTTP/1.1 without 1.0", &listenerv3.Listener{Name: "waypoint", ListenerFilters: inspector(t), FilterChains: []*listenerv3.FilterChain{chainWith(t, "http", match("http/1.1"), hcm)}},
+			"must list http/1.0 and http/1.1 together"},
+		{"another listener filter", &listenerv3.Listener{Name: "waypoint", ListenerFilters: []*listenerv3.ListenerFilter{{Name: "tls",
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAnyT(t, &tcpv3.TcpProxy{})}}}},
+			"is not supported (the HTTP inspector only)"},
+		{"header principal in network RBAC", &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{{Name: "tcp", Filters: []*listenerv3.Filter{
+			{Name: "rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, &netrbac.RBAC{StatPrefix: "tcp.", Rules: &rbacv3.RBAC{Policies: map[string]*rbacv3.Policy{"p": {
+				Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_Any{Any: true}}},
+				Principals: []*rbacv3.Principal{{Identifier: &rbacv3.Principal_NotId{NotId: &rbacv3.Principal{Identifier: &rbacv3.Principal_Header{Header: &routev3.HeaderMatcher{Name: "x",
+					HeaderMatchSpecifier: &routev3.HeaderMatcher_PresentMatch{PresentMatch: true}}}}}}},
+			}}}})}},
+			{Name: "tcp", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, tcp)}},
+		}}}}, "header is not supported in network RBAC"},
+	} {
+		if _, err := CompileListener(tc.l); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.err)
+		}
+	}
+}
+
+func mustAnyT(t *testing.T, m proto.Message) *anypb.Any {
+	t.Helper()
+	a, err := anypb.New(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
 }

@@ -168,7 +168,12 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		}
 	}
 	table := snap.RouteTable(hc)
-	rt := table.Match(&rq)
+	var rt *route.Route
+	if r.Method != http.MethodConnect {
+		// A CONNECT (inside the stream) matches no route: the waypoint
+		// opens no tunnel of its own, as Envoy without a connect_matcher.
+		rt = table.Match(&rq)
+	}
 	if rt == nil {
 		info.flags = "NR"
 		fail(w, http.StatusNotFound, "route not found")

@@ -142,6 +142,7 @@ func (s *session) serveH1(st *hbone.Stream, br *bufio.Reader, hl *headLimiter) {
 			deadline = true
 		}
 		hl.limit, hl.remain, hl.err = true, maxHeaderBytes+4<<10, nil
+		skipEmptyLines(br)
 		req, err := http.ReadRequest(br)
 		hl.limit = false
 		if deadline {
@@ -157,6 +158,29 @@ func (s *session) serveH1(st *hbone.Stream, br *bufio.Reader, hl *headLimiter) {
 		if !c.serve(req) {
 			return
 		}
+	}
+}
+
+// skipEmptyLines drops the empty lines (CRLF or a bare LF) before a
+// request line, as a server should (RFC 9112 section 2.2) and as the
+// sniffer does when it takes a stream for HTTP/1.x: http.ReadRequest
+// would refuse them. The head limit bounds how many.
+func skipEmptyLines(br *bufio.Reader) {
+	for {
+		b, err := br.Peek(1)
+		switch {
+		case err != nil:
+			return
+		case b[0] == '\n':
+			br.Discard(1)
+			continue
+		case b[0] != '\r':
+			return
+		}
+		if b, err = br.Peek(2); err != nil || b[1] != '\n' {
+			return
+		}
+		br.Discard(2)
 	}
 }
 

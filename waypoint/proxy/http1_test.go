@@ -415,7 +415,7 @@ func TestHTTP1ConcurrentStreams(t *testing.T) {
 
 // TestSniff: the protocol is told from as few bytes as it takes (a short
 // HTTP/1.0 request does not wait for more), the way it was from the
-// preface's 24.
+// preface's 24; any token is a method, empty lines before it are skipped.
 func TestSniff(t *testing.T) {
 	for _, tc := range []struct {
 		in   string
@@ -425,12 +425,26 @@ func TestSniff(t *testing.T) {
 		{in: http2Preface, want: sniffedH2},
 		{in: "GET / HTTP/1.0\r\n\r\n", want: sniffedH1},
 		{in: "PRI * HTTP/1.1\r\n\r\n", want: sniffedH1},
+		{in: "PRI * HTTP/2.0\r\n\r\nXX\r\n\r\n", want: sniffedH1},
 		{in: "OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n", want: sniffedH1},
-		{in: "PING", want: sniffedH1, end: true}, // all method characters, then the end
+		{in: "get / HTTP/1.1\r\n", want: sniffedH1},
+		{in: "M-SEARCH * HTTP/1.1\r\n", want: sniffedH1},
+		{in: "x!#$%&'*+.^_`|~9 / HTTP/1.1\r\n", want: sniffedH1},
+		{in: "\r\n\r\nGET / HTTP/1.1\r\n", want: sniffedH1},
+		{in: "\n\nget / HTTP/1.1\r\n", want: sniffedH1},
+		{in: "PING", want: sniffedNone, end: true}, // a method, then the end
+		{in: "HELLOTHISISALONGTOKENWITHOUTASPACE", want: sniffedNone, end: true},
+		{in: "\r\n", want: sniffedNone, end: true},
+		{in: "\r", want: sniffedNone, end: true},
+		{in: "", want: sniffedNone, end: true},
+		{in: "PRI * HTTP/2", want: sniffedNone, end: true},
 		{in: "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", want: sniffedTCP},
-		{in: "HELLOTHISISALONGTOKENWITHOUTASPACE", want: sniffedTCP},
-		{in: "get / HTTP/1.1\r\n", want: sniffedTCP},
-		{in: "", want: sniffedTCP, end: true},
+		{in: "\rGET / HTTP/1.1\r\n", want: sniffedTCP},
+		{in: "GET\t/ HTTP/1.1\r\n", want: sniffedTCP},
+		{in: " GET / HTTP/1.1\r\n", want: sniffedTCP},
+		{in: "G\xc9T / HTTP/1.1\r\n", want: sniffedTCP},
+		{in: "GET/ HTTP/1.1\r\n", want: sniffedTCP},
+		{in: "\x00\x00\x00\x08", want: sniffedTCP},
 	} {
 		r := &oneByte{s: tc.in}
 		if got := sniff(bufio.NewReader(r)); got != tc.want {
@@ -439,6 +453,15 @@ func TestSniff(t *testing.T) {
 		if r.overrun && !tc.end {
 			t.Errorf("%q: read past the bytes that decide", tc.in)
 		}
+	}
+	// A method that fills the buffer is taken for one; so are empty lines
+	// that do not.
+	long := strings.Repeat("A", 5000) + " / HTTP/1.1\r\n"
+	if got := sniff(bufio.NewReaderSize(strings.NewReader(long), 4096)); got != sniffedH1 {
+		t.Errorf("a 5000-byte method: %v", got)
+	}
+	if got := sniff(bufio.NewReaderSize(strings.NewReader(strings.Repeat("\r\n", 3000)), 4096)); got != sniffedTCP {
+		t.Errorf("a buffer of empty lines: %v", got)
 	}
 }
 
@@ -463,9 +486,13 @@ func (r *oneByte) Read(p []byte) (int, error) {
 	return 1, nil
 }
 
-// FuzzSniff: any first bytes give an answer, HTTP/2 only for its preface.
+// FuzzSniff: any first bytes give an answer, HTTP/2 only for its preface,
+// and whatever http.ReadRequest accepts as a request (which it does not
+// after empty lines, which the HTTP/1 server skips too) is HTTP/1.x.
 func FuzzSniff(f *testing.F) {
-	for _, s := range []string{http2Preface, "GET / HTTP/1.1\r\n", "PRI * HTTP/1.1", "\x16\x03\x01", ""} {
+	for _, s := range []string{http2Preface, "GET / HTTP/1.1\r\n", "PRI * HTTP/1.1", "\x16\x03\x01", "",
+		"get / HTTP/1.1\r\nHost: a\r\n\r\n", "\r\nM-SEARCH * HTTP/1.1\r\n\r\n", "GET\t/ HTTP/1.1\r\n\r\n",
+		"CONNECT a:1 HTTP/1.1\r\n\r\n", "GET http://a/b HTTP/1.0\n\n"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -475,6 +502,13 @@ func FuzzSniff(f *testing.F) {
 		}
 		if strings.HasPrefix(s, http2Preface) && got != sniffedH2 {
 			t.Errorf("the preface taken for %v", got)
+		}
+		if _, err := http.ReadRequest(bufio.NewReader(strings.NewReader(s))); err == nil && got != sniffedH1 && got != sniffedH2 {
+			t.Errorf("%q is a request to net/http but sniffed %v", s, got)
+		}
+		// What follows empty lines is sniffed as it would be alone.
+		if got2 := sniff(bufio.NewReader(&oneByte{s: "\r\n\n" + s})); got == sniffedH1 && got2 != sniffedH1 {
+			t.Errorf("%q after empty lines sniffed %v", s, got2)
 		}
 	})
 }

@@ -7,6 +7,7 @@ package proxy
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -20,13 +21,16 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/rbac"
 )
 
 // Config configures a Proxy.
@@ -124,7 +128,8 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 // session is one accepted CONNECT.
 type session struct {
 	p       *Proxy
-	chain   *config.Chain
+	chain   *config.Chain // the chain chosen for the stream
+	proto   string        // the protocol detected: config.ProtoHTTP11, config.ProtoH2C or ""
 	target  netip.AddrPort
 	peer    string
 	remote  netip.AddrPort
@@ -147,12 +152,15 @@ func (s *session) httpConfig(snap *config.Snapshot) *config.HTTP {
 	defer s.mu.Unlock()
 	if snap != s.seen {
 		s.seen = snap
-		if ch := snap.Chain(s.target); ch != nil && ch.HTTP != nil {
+		if ch := snap.Select(s.target, s.proto); ch != nil && ch.HTTP != nil {
 			s.http = ch.HTTP
 		}
 	}
 	return s.http
 }
+
+// sniffTimeout bounds the wait for the bytes that tell the protocol.
+const sniffTimeout = 30 * time.Second
 
 func (p *Proxy) serveConnect(r *hbone.Request) {
 	snap := p.cfg.Store.Snapshot()
@@ -161,13 +169,13 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 		r.Reject(http.StatusBadRequest)
 		return
 	}
-	ch := snap.Chain(target)
-	if ch == nil {
+	chains := snap.Chains(target)
+	if len(chains) == 0 {
 		p.cfg.AccessLog.Warn("connection refused", "dst_addr", target.String(), "src_identity", r.Peer.String(), "error", "no filter chain for the target", "status", 404)
 		r.Reject(http.StatusNotFound)
 		return
 	}
-	s := &session{p: p, chain: ch, target: target, peer: r.Peer.String(), baggage: map[string]string{}, seen: snap, http: ch.HTTP}
+	s := &session{p: p, target: target, peer: r.Peer.String(), baggage: map[string]string{}, seen: snap}
 	if ta, ok := r.RemoteAddr.(*net.TCPAddr); ok {
 		s.remote = ta.AddrPort()
 	}
@@ -181,88 +189,168 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 			s.baggage[m.Key] = m.Value
 		}
 	}
-	s.labels = s.sessionLabels()
 	st, err := r.Accept(nil)
 	if err != nil {
 		return
 	}
 	defer st.Close()
-	if ch.TCPCluster != "" {
-		s.serveTCP(st, nil, ch.TCPCluster)
-		return
+	if !config.Detects(chains) {
+		// A TCP port: nothing to detect, and a protocol whose server speaks
+		// first must not wait for the client.
+		if ch := config.SelectFrom(chains, ""); ch != nil && ch.TCPCluster != "" {
+			s.use(ch, "")
+			s.serveTCP(st, ch)
+			return
+		}
 	}
 	hl := &headLimiter{r: st}
 	br := bufio.NewReaderSize(hl, 4096)
-	st.SetReadDeadline(time.Now().Add(30 * time.Second))
+	st.SetReadDeadline(time.Now().Add(sniffTimeout))
 	kind := sniff(br)
 	st.SetReadDeadline(time.Time{})
 	conn := &peekConn{Conn: st, r: br}
-	switch kind {
-	case sniffedH2:
+	ch := config.SelectFrom(chains, kind.proto())
+	if ch == nil {
+		p.cfg.AccessLog.Warn("connection refused", "dst_addr", target.String(), "src_identity", s.peer, "error", "no filter chain for the detected protocol", "protocol", kind.String())
+		return
+	}
+	s.use(ch, kind.proto())
+	switch {
+	case ch.TCPCluster != "":
+		s.serveTCP(conn, ch)
+	case kind == sniffedH2:
 		s.serveH2(conn)
-	case sniffedH1:
-		s.serveH1(st, br, hl)
+	case kind == sniffedTCP:
+		s.refuseNotHTTP(st)
 	default:
-		fb := ch.HTTP.FallbackCluster
-		if fb == "" {
-			fb = fallbackCluster(ch, target)
-		}
-		s.serveTCP(conn, nil, fb)
+		// HTTP/1, or bytes that stopped before telling: the HTTP/1 server
+		// answers what is malformed.
+		s.serveH1(st, br, hl)
 	}
 }
 
-// fallbackCluster is where a service chain's non-HTTP bytes go.
-func fallbackCluster(ch *config.Chain, target netip.AddrPort) string {
-	if strings.HasPrefix(ch.Name, "workload/") || ch.HTTP == nil || ch.HTTP.RouteName == "" {
-		return config.PassthroughCluster
-	}
-	host, port, ok := strings.Cut(ch.HTTP.RouteName, ":")
-	if !ok {
-		return config.PassthroughCluster
-	}
-	_ = target
-	return "outbound|" + port + "||" + host
+// use makes ch, chosen for a stream detected as proto, the session's chain.
+func (s *session) use(ch *config.Chain, proto string) {
+	s.chain, s.proto = ch, proto
+	s.mu.Lock()
+	s.http = ch.HTTP
+	s.mu.Unlock()
+	s.labels = s.sessionLabels()
+}
+
+// refuseNotHTTP answers 400 to bytes that are not HTTP on a chain that
+// serves only HTTP (a port whose protocol says HTTP), as Envoy's HTTP/1
+// codec does, and ends the stream: they are never relayed.
+func (s *session) refuseNotHTTP(st *hbone.Stream) {
+	s.p.cfg.AccessLog.Warn("connection refused", "src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(),
+		"chain", s.chain.Name, "error", "not HTTP on an HTTP port", "status", 400, "response_flags", "DPE")
+	c := &h1Server{s: s, st: st, hl: &headLimiter{r: st}}
+	c.br = bufio.NewReader(c.hl)
+	c.refuse(&requestError{http.StatusBadRequest, "not an HTTP request"})
 }
 
 type sniffed int
 
 const (
-	sniffedTCP sniffed = iota
-	sniffedH1
-	sniffedH2
+	sniffedTCP  sniffed = iota // not HTTP
+	sniffedH1                  // an HTTP/1.x request line begins
+	sniffedH2                  // the HTTP/2 preface
+	sniffedNone                // the stream ended or stalled before telling
 )
 
-// sniff tells HTTP/2 with prior knowledge (its preface), HTTP/1.x (an
-// upper-case method and a space) and anything else apart from the first
-// bytes of the stream, reading only as many as it takes: a short HTTP/1.0
-// request does not wait for the preface's 24 bytes. Bytes that stop before
-// a decision (read deadline, end of stream) count as HTTP/1.x when they are
-// all method characters.
+// proto is the application protocol a chain match sees (what Envoy's HTTP
+// inspector reports); "" for a stream not detected as HTTP.
+func (k sniffed) proto() string {
+	switch k {
+	case sniffedH1:
+		return config.ProtoHTTP11
+	case sniffedH2:
+		return config.ProtoH2C
+	}
+	return ""
+}
+
+func (k sniffed) String() string {
+	return [...]string{"tcp", "http/1", "h2c", "unknown"}[k]
+}
+
+// sniff tells HTTP/2 with prior knowledge (its whole preface), HTTP/1.x
+// and anything else apart from the first bytes of the stream, reading only
+// as many as it takes: a short HTTP/1.0 request does not wait for the
+// preface's 24 bytes.
+//
+// HTTP/1.x is a request line's start as RFC 9112 section 3 has it: a
+// method that is any token (RFC 9110 section 9.1: case matters, extension
+// methods are methods) and a single space, after any empty lines (CRLF or
+// a bare LF), which a server ignores before a request line (RFC 9112
+// section 2.2). It is what net/http's http.ReadRequest accepts as the
+// start of a request, and more (the empty lines). A method that fills the
+// whole buffer counts as HTTP/1.x. Bytes that stop before a decision
+// (end of stream, read deadline) are sniffedNone.
 func sniff(br *bufio.Reader) sniffed {
-	preface := []byte(http2.ClientPreface)
 	want := 1
 	for {
 		b, err := br.Peek(want)
-		if bytes.Equal(b, preface) {
-			return sniffedH2
+		if k := classify(b); k != sniffedNone {
+			return k
 		}
-		if !bytes.HasPrefix(preface, b) || err != nil {
-			// Not the preface (or no more bytes): a method and a space?
-			i := bytes.IndexFunc(b, func(c rune) bool { return c < 'A' || c > 'Z' })
-			switch {
-			case i < 0 && len(b) > 0 && (err != nil || len(b) >= len(preface)):
-				if err != nil {
-					return sniffedH1 // all method characters, then nothing
-				}
-				return sniffedTCP // no space in as many bytes as the preface
-			case i > 0 && b[i] == ' ':
+		if errors.Is(err, bufio.ErrBufferFull) {
+			// As much as the buffer holds and still undecided: the empty
+			// lines and a method have taken it all, or the preface has not.
+			if _, tok := requestLinePrefix(b); tok > 0 {
 				return sniffedH1
-			case i >= 0 || len(b) == 0:
-				return sniffedTCP
 			}
+			return sniffedTCP
 		}
-		want = min(len(preface), max(br.Buffered(), len(b)+1))
+		if err != nil {
+			return sniffedNone
+		}
+		want = max(br.Buffered(), len(b)+1)
 	}
+}
+
+// classify decides from the first bytes b of a stream, or returns
+// sniffedNone when more are needed.
+func classify(b []byte) sniffed {
+	preface := []byte(http2.ClientPreface)
+	switch {
+	case len(b) >= len(preface) && bytes.Equal(b[:len(preface)], preface):
+		return sniffedH2
+	case len(b) < len(preface) && bytes.HasPrefix(preface, b):
+		return sniffedNone // the preface so far (which is also a request line's start)
+	}
+	i, tok := requestLinePrefix(b)
+	switch {
+	case i == len(b):
+		return sniffedNone
+	case b[i] == ' ' && tok > 0:
+		return sniffedH1
+	}
+	return sniffedTCP
+}
+
+// requestLinePrefix skips the empty lines and the method token at the
+// start of b; it returns where it stopped and the token's length. It stops
+// at len(b) when b may still continue into a request line.
+func requestLinePrefix(b []byte) (i, tok int) {
+	for i < len(b) {
+		switch {
+		case b[i] == '\n':
+			i++
+			continue
+		case b[i] == '\r' && i+1 < len(b) && b[i+1] == '\n':
+			i += 2
+			continue
+		case b[i] == '\r' && i+1 == len(b):
+			return i + 1, 0 // a CR whose LF may follow
+		}
+		break
+	}
+	start := i
+	for i < len(b) && b[i] < utf8.RuneSelf && httpguts.IsTokenRune(rune(b[i])) {
+		i++
+	}
+	return i, i - start
 }
 
 type peekConn struct {
@@ -281,15 +369,63 @@ func (c *peekConn) CloseWrite() error {
 	return nil
 }
 
-// serveTCP relays the stream to an endpoint of cluster.
-func (s *session) serveTCP(down net.Conn, _ []byte, cluster string) {
+// netRequest is what a network RBAC filter looks at.
+func (s *session) netRequest() *rbac.Request {
+	r := &rbac.Request{Principal: s.peer, DstPort: uint32(s.target.Port())}
+	if s.remote.IsValid() {
+		r.RemoteIP, r.DirectIP = s.remote.Addr(), s.remote.Addr()
+	}
+	return r
+}
+
+// authorizeTCP applies a TCP chain's network RBAC filters in order (LOG,
+// then DENY and ALLOW as the control plane orders them), as Envoy's
+// network RBAC filter does on a connection's first bytes: it reports the
+// policy that denied the stream, if one did, and the audit policy that
+// matched.
+func (s *session) authorizeTCP(ch *config.Chain) (denied bool, policy, audit string) {
+	r := s.netRequest()
+	for _, f := range ch.NetRBAC {
+		res := f.Evaluate(r)
+		if f.Action == rbac.Log {
+			if res.Policy != "" && audit == "" {
+				audit = res.Policy
+			}
+			continue
+		}
+		if res.Denied {
+			return true, res.Policy, audit
+		}
+	}
+	return false, "", audit
+}
+
+// serveTCP relays the stream to an endpoint of ch's cluster once ch's
+// network RBAC filters allow it; a denied stream is closed before any
+// upstream connection. The chain's latest version applies: a policy
+// added while the stream was being sniffed counts.
+func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	start := time.Now()
 	snap := s.p.cfg.Store.Snapshot()
+	if cur := snap.Select(s.target, s.proto); cur != nil && cur.TCPCluster != "" && cur.Name == ch.Name {
+		ch = cur
+	}
+	cluster := ch.TCPCluster
+	log := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(), "chain", ch.Name, "cluster", cluster}
+	denied, policy, audit := s.authorizeTCP(ch)
+	if audit != "" {
+		log = append(log, "audit", true, "audit_policy", audit)
+	}
+	if denied {
+		s.p.cfg.AccessLog.Info("connection denied", append(log, "response_flags", "RBAC",
+			"connection_termination_details", "rbac_access_denied_matched_policy["+cmp.Or(policy, "none")+"]")...)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	up, ep, err := s.p.dialCluster(ctx, snap, cluster, s.target)
 	cancel()
 	if err != nil {
-		s.p.cfg.AccessLog.Warn("connection failed", "src_identity", s.peer, "dst_addr", s.target.String(), "cluster", cluster, "error", err.Error())
+		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", "UF", "error", err.Error())...)
 		return
 	}
 	var wg sync.WaitGroup
@@ -304,8 +440,8 @@ func (s *session) serveTCP(down net.Conn, _ []byte, cluster string) {
 	closeWrite(down)
 	wg.Wait()
 	up.Close()
-	s.p.cfg.AccessLog.Info("connection complete", "src_identity", s.peer, "dst_addr", s.target.String(), "cluster", cluster,
-		"upstream", ep.String(), "bytes_sent", sent, "bytes_recv", recv, "duration_ms", time.Since(start).Milliseconds())
+	s.p.cfg.AccessLog.Info("connection complete", append(log, "upstream", ep.String(), "bytes_sent", sent, "bytes_recv", recv,
+		"duration_ms", time.Since(start).Milliseconds())...)
 }
 
 func closeWrite(c net.Conn) {

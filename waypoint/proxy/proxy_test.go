@@ -494,24 +494,14 @@ func TestFaults(t *testing.T) {
 	c.Close()
 }
 
+// TestTCPFallback: on a port whose protocol is detected, bytes that are not
+// HTTP go to the TCP chain.
 func TestTCPFallback(t *testing.T) {
 	m := newMesh(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { io.Copy(c, c); c.Close() }()
-		}
-	}()
+	echo, _ := echoServer(t)
 	m.apply([]*routev3.Route{{Match: prefix("/"), Action: toCluster("outbound|80||" + svcHost)}},
-		map[string][]netip.AddrPort{"outbound|80||" + svcHost: {ln.Addr().(*net.TCPAddr).AddrPort()}})
+		map[string][]netip.AddrPort{"outbound|80||" + svcHost: {echo}})
+	m.applySniffed(nil, nil, "outbound|80||"+svcHost)
 	c, err := m.dial(vip)
 	if err != nil {
 		t.Fatal(err)

@@ -150,7 +150,8 @@ func (m *Matcher) Match(r *Request) bool {
 }
 
 // Compile compiles rules; network is true for the network filter (no
-// path or header permissions). where names the filter in errors.
+// path or header permissions or principals: a network filter that cannot
+// be evaluated is refused, never half applied). where names the filter in errors.
 func Compile(rules *rbacv3.RBAC, network bool, where string) (*Filter, error) {
 	if rules == nil {
 		return nil, fmt.Errorf("%s.rules is required", where)
@@ -189,7 +190,7 @@ func Compile(rules *rbacv3.RBAC, network bool, where string) (*Filter, error) {
 			cp.Permissions = append(cp.Permissions, m)
 		}
 		for i, pr := range p.GetPrincipals() {
-			m, err := compilePrincipal(pr, fmt.Sprintf("%s.principals[%d]", pw, i))
+			m, err := compilePrincipal(pr, network, fmt.Sprintf("%s.principals[%d]", pw, i))
 			if err != nil {
 				return nil, err
 			}
@@ -259,16 +260,16 @@ func compileSet(kind int, rules []*rbacv3.Permission, network bool, where string
 	return m, nil
 }
 
-func compilePrincipal(p *rbacv3.Principal, where string) (*Matcher, error) {
+func compilePrincipal(p *rbacv3.Principal, network bool, where string) (*Matcher, error) {
 	switch r := p.GetIdentifier().(type) {
 	case *rbacv3.Principal_Any:
 		return &Matcher{kind: kAny}, nil
 	case *rbacv3.Principal_AndIds:
-		return compileIDs(kAnd, r.AndIds.GetIds(), where+".and_ids")
+		return compileIDs(kAnd, r.AndIds.GetIds(), network, where+".and_ids")
 	case *rbacv3.Principal_OrIds:
-		return compileIDs(kOr, r.OrIds.GetIds(), where+".or_ids")
+		return compileIDs(kOr, r.OrIds.GetIds(), network, where+".or_ids")
 	case *rbacv3.Principal_NotId:
-		c, err := compilePrincipal(r.NotId, where+".not_id")
+		c, err := compilePrincipal(r.NotId, network, where+".not_id")
 		if err != nil {
 			return nil, err
 		}
@@ -286,6 +287,11 @@ func compilePrincipal(p *rbacv3.Principal, where string) (*Matcher, error) {
 		}
 		return &Matcher{kind: kPrincipal, str: s}, nil
 	case *rbacv3.Principal_Header:
+		if network {
+			// A stream has no headers: Envoy's network filter would never
+			// match it, and under a not_id it would match everything.
+			return nil, fmt.Errorf("%s.header is not supported in network RBAC", where)
+		}
 		h, err := route.CompileHeader(r.Header, where+".header")
 		if err != nil {
 			return nil, err
@@ -304,10 +310,10 @@ func compilePrincipal(p *rbacv3.Principal, where string) (*Matcher, error) {
 	}
 }
 
-func compileIDs(kind int, ids []*rbacv3.Principal, where string) (*Matcher, error) {
+func compileIDs(kind int, ids []*rbacv3.Principal, network bool, where string) (*Matcher, error) {
 	m := &Matcher{kind: kind}
 	for i, id := range ids {
-		c, err := compilePrincipal(id, fmt.Sprintf("%s[%d]", where, i))
+		c, err := compilePrincipal(id, network, fmt.Sprintf("%s[%d]", where, i))
 		if err != nil {
 			return nil, err
 		}

@@ -177,17 +177,61 @@ func checkWorkloads(t *testing.T, o *objects) {
 			if sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") {
 				t.Errorf("%s: does not drop ALL capabilities", where)
 			}
-			if sc.Capabilities != nil && len(sc.Capabilities.Add) == 0 {
-				// The parts that need no capability get no way back to one.
-				if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
-					t.Errorf("%s: allowPrivilegeEscalation is not false", where)
+			if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("%s: the root filesystem is writable", where)
+			}
+			if !seccompDefault(w.pod.Spec.SecurityContext, sc) {
+				t.Errorf("%s: no seccompProfile RuntimeDefault (pod or container)", where)
+			}
+			if sc.Capabilities != nil && len(sc.Capabilities.Add) > 0 {
+				// Root with capabilities, each one a part documented as
+				// needing it; nothing else.
+				need := rootParts[w.name]
+				for _, c := range sc.Capabilities.Add {
+					if !slices.Contains(need, c) {
+						t.Errorf("%s: adds capability %s, which it is not documented to need (%v)", where, c, need)
+					}
 				}
-				if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
-					t.Errorf("%s: the root filesystem is writable", where)
-				}
+				continue
+			}
+			// The parts that need no capability run as a user other than
+			// root and get no way back to a capability.
+			if sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation {
+				t.Errorf("%s: allowPrivilegeEscalation is not false", where)
+			}
+			if !nonRoot(w.pod.Spec.SecurityContext, sc) {
+				t.Errorf("%s: may run as root (runAsNonRoot and a non-zero runAsUser, pod or container)", where)
 			}
 		}
 	}
+}
+
+// rootParts are the workloads that run as root, with the capabilities each
+// needs (see their templates for why).
+var rootParts = map[string][]corev1.Capability{
+	"ztunnel":        {"NET_ADMIN", "SYS_ADMIN", "NET_BIND_SERVICE"},
+	"weft-cni-agent": {"NET_ADMIN", "SYS_ADMIN", "DAC_OVERRIDE", "CHOWN", "FOWNER"},
+}
+
+func seccompDefault(pod *corev1.PodSecurityContext, c *corev1.SecurityContext) bool {
+	p := c.SeccompProfile
+	if p == nil && pod != nil {
+		p = pod.SeccompProfile
+	}
+	return p != nil && p.Type == corev1.SeccompProfileTypeRuntimeDefault
+}
+
+func nonRoot(pod *corev1.PodSecurityContext, c *corev1.SecurityContext) bool {
+	nr, uid := c.RunAsNonRoot, c.RunAsUser
+	if pod != nil {
+		if nr == nil {
+			nr = pod.RunAsNonRoot
+		}
+		if uid == nil {
+			uid = pod.RunAsUser
+		}
+	}
+	return nr != nil && *nr && (uid == nil || *uid != 0)
 }
 
 // checkImages checks that every workload runs its component's image,

@@ -248,6 +248,10 @@ func image(cfg Config, comp component) (v1.Image, error) {
 	cf.Created = v1.Time{Time: epoch}
 	cf.Config.Entrypoint = []string{path.Join(binDir, comp.binaries[0])}
 	cf.Config.Env = []string{pathEnv}
+	// Every component runs as an unprivileged user unless the chart says
+	// otherwise (ztunnel and the CNI agent need root for their capabilities
+	// and say so in their pod's securityContext).
+	cf.Config.User = imageUser
 	cf.Config.Labels = map[string]string{
 		"org.opencontainers.image.title":   comp.name,
 		"org.opencontainers.image.version": cfg.Tag,
@@ -258,6 +262,10 @@ func image(cfg Config, comp component) (v1.Image, error) {
 	}
 	return img, nil
 }
+
+// imageUser is the numeric user and group the images run as: no name, so
+// that the kubelet can check runAsNonRoot without an /etc/passwd.
+const imageUser = "65532:65532"
 
 // layer is an uncompressed tar of binDir holding the binaries read from
 // dir: directories and files owned by root, mode 0755, stamped with epoch,

@@ -162,6 +162,9 @@ func TestBuild(t *testing.T) {
 			if want := []string{"/usr/local/bin/" + tt.name}; !slices.Equal(cf.Config.Entrypoint, want) {
 				t.Errorf("entrypoint %q, want %q", cf.Config.Entrypoint, want)
 			}
+			if cf.Config.User != "65532:65532" {
+				t.Errorf("user %q, want the unprivileged 65532:65532", cf.Config.User)
+			}
 			if len(cf.Config.Cmd) != 0 {
 				t.Errorf("cmd %q, want none", cf.Config.Cmd)
 			}

@@ -421,3 +421,22 @@ func TestCheckOutboundRoutes(t *testing.T) {
 		}
 	}
 }
+
+func TestPlaintextToAnotherAddressRefused(t *testing.T) {
+	m := newMesh(t)
+	m.apply(workload("demo", "echo", "echo", "127.0.0.29"))
+	app(t, "127.0.0.29:8080", "echo")
+	accepted := app(t, "127.0.0.99:8080", "elsewhere")
+	echo := m.startPod("demo", "echo", "echo", "127.0.0.29")
+	// The inbound rule redirects whatever TCP enters the pod, whatever its
+	// destination: a neighbour can send the pod packets for another
+	// address. ztunnel must not connect there from inside the pod, with the
+	// pod's source address and past its outbound capture.
+	echo.set("127.0.0.99:8080")
+	if got, err := callQuick("127.0.0.29:15006", "relay"); err == nil {
+		t.Errorf("plaintext for another address was relayed: %q", got)
+	}
+	if n := echo.dials.Load(); n != 0 || *accepted != 0 {
+		t.Errorf("ztunnel opened %d connections (%d reached the other address)", n, *accepted)
+	}
+}

@@ -84,8 +84,9 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 }
 
 // servePlaintext handles a connection that reached the pod without HBONE
-// (redirected to 15006): policy decides with no peer identity, so a policy
-// requiring mTLS refuses it.
+// (redirected to 15006): its original destination must be the pod, and
+// policy decides with no peer identity, so a policy requiring mTLS refuses
+// it.
 func (p *Pod) servePlaintext(c net.Conn) {
 	start := time.Now()
 	lbl := &connLabels{reporter: "destination"}
@@ -102,6 +103,12 @@ func (p *Pod) servePlaintext(c net.Conn) {
 	}
 	if err := p.checkTarget(dst, true); err != nil {
 		p.fail(lbl, c, start, dst, err)
+		return
+	}
+	if !slices.Contains(w.IPs, dst.Addr().Unmap()) {
+		// The redirect takes any TCP entering the pod, whatever its
+		// destination; relaying elsewhere would lend the pod's address.
+		p.fail(lbl, c, start, dst, fmt.Errorf("original destination %s is not this pod (%v)", dst, w.IPs))
 		return
 	}
 	src := tcpAddrPort(c.RemoteAddr())

@@ -3,8 +3,13 @@ package hbone
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"net"
 	"os"
+	"os/exec"
+	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -92,5 +97,95 @@ func TestServeEndsOnPermanentAcceptError(t *testing.T) {
 		done <- err // for the cleanup
 	case <-time.After(5 * time.Second):
 		t.Fatal("Serve kept going after a permanent accept error")
+	}
+}
+
+// recordHandler keeps the messages of the records it receives.
+type recordHandler struct {
+	slog.Handler
+	mu   *sync.Mutex
+	msgs *[]string
+}
+
+func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	*h.msgs = append(*h.msgs, r.Message)
+	return nil
+}
+
+// TestServeSurvivesRealEMFILE runs out of file descriptors for real: a
+// child process lowers its RLIMIT_NOFILE, floods its own server with
+// connections until accept fails with EMFILE, lets them go and expects
+// the server to serve again.
+func TestServeSurvivesRealEMFILE(t *testing.T) {
+	if os.Getenv("HBONE_EMFILE_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestServeSurvivesRealEMFILE$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "HBONE_EMFILE_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	p := newPKI(t, "cluster.local")
+	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
+	var mu sync.Mutex
+	var msgs []string
+	ts := startServer(t, p, srvID, echoHandler, func(cfg *ServerConfig) {
+		cfg.Logger = slog.New(recordHandler{Handler: slog.NewTextHandler(io.Discard, nil), mu: &mu, msgs: &msgs})
+	})
+	d := newDialer(t, p)
+
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("counting open files: %v", err)
+	}
+	var saved syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	low := saved
+	low.Cur = uint64(len(fds) + 40)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	for range 200 {
+		c, err := net.DialTimeout("tcp", ts.addr.String(), time.Second)
+		if err != nil {
+			break // this side is out of descriptors too
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(300 * time.Millisecond) // the server's accept meets EMFILE
+	for _, c := range conns {
+		c.Close()
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	serveEnded := func() {
+		select {
+		case err := <-ts.done:
+			ts.done <- err // for the cleanup
+			t.Fatalf("Serve returned: %v", err)
+		default:
+		}
+	}
+	st, err := d.Dial(ctx, ts.target(cliID, "10.0.0.1:80"))
+	if err != nil {
+		serveEnded()
+		t.Fatalf("dial after running out of file descriptors: %v", err)
+	}
+	st.Close()
+	serveEnded()
+	mu.Lock()
+	warned := slices.Contains(msgs, "accepting HBONE connections failed; retrying")
+	mu.Unlock()
+	if !warned {
+		t.Errorf("the server never met a failing accept (%d connections opened)", len(conns))
 	}
 }

@@ -346,6 +346,15 @@ func TestPodConnectionLimit(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// Every slot comes back once the connections are gone (HBONE
+	// connections and tunnels included).
+	held[1].Close()
+	m.stop()
+	for name, p := range map[string]*testPod{"busy": busy, "calm": calm, "client": client} {
+		if in, out := p.pod.in.n.Load(), p.pod.out.n.Load(); in != 0 || out != 0 {
+			t.Errorf("%s holds %d inbound and %d outbound slots after stopping", name, in, out)
+		}
+	}
 }
 
 func TestCheckTarget(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/state"
@@ -447,5 +448,39 @@ func TestPlaintextToAnotherAddressRefused(t *testing.T) {
 	}
 	if n := echo.dials.Load(); n != 0 || *accepted != 0 {
 		t.Errorf("ztunnel opened %d connections (%d reached the other address)", n, *accepted)
+	}
+}
+
+func TestMissingPolicyDenies(t *testing.T) {
+	m := newMesh(t)
+	echoW := workload("demo", "echo", "echo", "127.0.0.31")
+	echoW.GetWorkload().AuthorizationPolicies = []string{"demo/not-yet"}
+	m.apply(workload("demo", "client", "client", "127.0.0.32"), echoW)
+	accepted := app(t, "127.0.0.31:8080", "echo")
+	client := m.startPod("demo", "client", "client", "127.0.0.32")
+	echo := m.startPod("demo", "echo", "echo", "127.0.0.31")
+	client.set("127.0.0.31:8080")
+	echo.set("127.0.0.31:8080")
+	// The policy the workload names has not arrived: nothing gets in.
+	if got, err := callQuick("127.0.0.32:15001", "hbone"); err == nil {
+		t.Errorf("HBONE got in before the named policy arrived: %q", got)
+	}
+	if got, err := callQuick("127.0.0.31:15006", "plain"); err == nil {
+		t.Errorf("plaintext got in before the named policy arrived: %q", got)
+	}
+	if n := echo.dials.Load(); n != 0 {
+		t.Errorf("ztunnel connected to the app %d times before the policy arrived", n)
+	}
+	allowAll := &securitypb.Authorization{Name: "not-yet", Namespace: "demo", Scope: securitypb.Scope_WORKLOAD_SELECTOR,
+		Rules: []*securitypb.Rule{{}}}
+	if err := m.store.ApplyPolicies(map[string]*securitypb.Authorization{"demo/not-yet": allowAll}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := call(t, "127.0.0.32:15001", "hbone"); err != nil || got != "echo from 127.0.0.31: hbone" {
+		t.Errorf("HBONE once the policy arrived: %q, %v", got, err)
+	}
+	m.stop()
+	if *accepted != 1 {
+		t.Errorf("the app saw %d connections, want 1", *accepted)
 	}
 }

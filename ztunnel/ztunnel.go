@@ -74,6 +74,13 @@ type Config struct {
 	// Weft setting); default 5 s. HandoffTimeout plus DrainTimeout must fit
 	// in the pod's terminationGracePeriodSeconds.
 	HandoffTimeout time.Duration
+	// MaxConnectionsPerPod caps the connections open at once in each
+	// direction of a pod, so that one pod cannot use up ztunnel's file
+	// descriptors for all (MAX_CONNECTIONS_PER_POD, a Weft setting);
+	// default 16384 (proxy.DefaultMaxConnections). A pod at both caps
+	// holds about four times as many sockets: keep the product of the cap
+	// and the pods per node well below ztunnel's RLIMIT_NOFILE.
+	MaxConnectionsPerPod int
 }
 
 // SetDefaults fills the documented defaults.
@@ -104,6 +111,9 @@ func (c *Config) SetDefaults() {
 	if c.HandoffTimeout == 0 {
 		c.HandoffTimeout = 5 * time.Second
 	}
+	if c.MaxConnectionsPerPod == 0 {
+		c.MaxConnectionsPerPod = proxy.DefaultMaxConnections
+	}
 }
 
 // Validate reports what is missing or malformed.
@@ -116,6 +126,9 @@ func (c *Config) Validate() error {
 	}
 	if c.CertTTL < time.Minute {
 		return fmt.Errorf("SECRET_TTL %s is too short", c.CertTTL)
+	}
+	if c.MaxConnectionsPerPod < 0 {
+		return fmt.Errorf("MAX_CONNECTIONS_PER_POD %d must be positive", c.MaxConnectionsPerPod)
 	}
 	if c.DrainTimeout < 0 || c.HandoffTimeout < 0 {
 		return fmt.Errorf("CONNECTION_TERMINATION_DEADLINE %s and HANDOFF_TIMEOUT %s must not be negative", c.DrainTimeout, c.HandoffTimeout)
@@ -225,6 +238,7 @@ func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
 				Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst,
 				Credentials: creds, Metrics: metrics, Logger: log, AccessLog: access,
 				DrainTimeout: cfg.DrainTimeout, ClusterID: cfg.ClusterID,
+				MaxConnections: cfg.MaxConnectionsPerPod,
 			})
 			if err != nil {
 				creds.Release()

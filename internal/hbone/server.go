@@ -16,6 +16,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -215,30 +216,35 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 // Serve accepts connections on ln until ctx ends, then stops accepting, sends
 // GOAWAY, lets open streams finish for DrainTimeout, closes what is left and
 // returns once every connection and handler goroutine has exited.
+//
+// Temporary accept errors (out of file descriptors or memory, a connection
+// aborted before it was accepted) pause accepting with a backoff of 5 ms
+// doubling to 1 s, logged once per run. A closed listener ends Serve with
+// nil; any other accept error ends it with that error.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	var conns sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	var err error
-	backoff := 5 * time.Millisecond
+	var backoff accept.Backoff
 	for {
 		var nc net.Conn
 		nc, err = ln.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || accept.Closed(err) {
 				err = nil
 				break
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(backoff)
-				backoff = min(2*backoff, time.Second)
+			if accept.Temporary(err) {
+				if backoff.Wait(ctx) {
+					s.cfg.Logger.Warn("accepting HBONE connections failed; retrying", "addr", ln.Addr().String(), "error", err.Error())
+				}
 				continue
 			}
 			err = fmt.Errorf("accepting HBONE connections: %w", err)
 			break
 		}
-		backoff = 5 * time.Millisecond
+		backoff.Reset()
 		conns.Add(1)
 		go func() {
 			defer conns.Done()

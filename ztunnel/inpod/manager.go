@@ -37,6 +37,9 @@ type Proxy interface {
 	Run(ctx context.Context) error
 	// Ready is closed once the pod's listeners are open.
 	Ready() <-chan struct{}
+	// Health reports nil while the proxy serves, else why not (a listener
+	// that stopped).
+	Health() error
 }
 
 // Factory builds the proxy of a pod inside ns. release is called after the
@@ -74,6 +77,7 @@ type Stats struct {
 
 type pod struct {
 	info    PodInfo
+	px      Proxy
 	ns      *netns.NS // the manager's own handle, closed (under mu) when the pod is forgotten
 	nsID    uint64
 	cancel  context.CancelFunc
@@ -101,7 +105,7 @@ func New(cfg Config) (*Manager, error) {
 }
 
 // Ready reports nil once the node agent's snapshot has been received on the
-// current connection.
+// current connection, while every pod's proxy is healthy.
 func (m *Manager) Ready() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -110,6 +114,16 @@ func (m *Manager) Ready() error {
 		return errors.New("not connected to the CNI node agent")
 	case !m.snapshot:
 		return errors.New("waiting for the CNI node agent's snapshot")
+	}
+	var failed []error
+	for _, p := range m.pods {
+		if err := p.px.Health(); err != nil {
+			failed = append(failed, err)
+		}
+	}
+	if len(failed) > 0 {
+		sort.Slice(failed, func(i, j int) bool { return failed[i].Error() < failed[j].Error() })
+		return fmt.Errorf("%d pod proxies unhealthy, first: %w", len(failed), failed[0])
 	}
 	return nil
 }
@@ -281,7 +295,7 @@ func (m *Manager) add(info PodInfo, nsf *os.File) error {
 		return fmt.Errorf("pod %s: %w", info, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &pod{info: info, nsID: id, cancel: cancel, stopped: make(chan struct{})}
+	p := &pod{info: info, px: px, nsID: id, cancel: cancel, stopped: make(chan struct{})}
 	runErr := make(chan error, 1)
 	m.running.Add(1)
 	go func() {

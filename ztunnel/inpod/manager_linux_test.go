@@ -66,6 +66,7 @@ type echoProxy struct {
 }
 
 func (p *echoProxy) Ready() <-chan struct{} { return p.ready }
+func (p *echoProxy) Health() error          { return nil }
 
 func (p *echoProxy) Run(ctx context.Context) error {
 	ln, err := p.s.Listen(ctx, netip.MustParseAddrPort("0.0.0.0:15001"))
@@ -362,5 +363,29 @@ func TestMigrateOnClose(t *testing.T) {
 				t.Errorf("all %d connections reached the remaining listener without migration; the test shows nothing", n)
 			}
 		})
+	}
+}
+
+// sickProxy is a proxy whose listener died.
+type sickProxy struct{ err error }
+
+func (sickProxy) Run(context.Context) error { return nil }
+func (sickProxy) Ready() <-chan struct{}    { return nil }
+func (p sickProxy) Health() error           { return p.err }
+
+func TestReadyFailsWithAnUnhealthyPod(t *testing.T) {
+	m, err := New(Config{NewProxy: func(PodInfo, *netns.NS) (Proxy, func(), error) { return nil, nil, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.connected, m.snapshot = true, true
+	m.pods["ok"] = &pod{info: PodInfo{Namespace: "demo", Name: "ok"}, px: sickProxy{}}
+	if err := m.Ready(); err != nil {
+		t.Fatalf("healthy pods: %v", err)
+	}
+	died := errors.New("pod demo/sick: listener on 15006 stopped: accept: listener broke")
+	m.pods["sick"] = &pod{info: PodInfo{Namespace: "demo", Name: "sick"}, px: sickProxy{died}}
+	if err := m.Ready(); !errors.Is(err, died) {
+		t.Errorf("Ready with a dead listener = %v, want it reported", err)
 	}
 }

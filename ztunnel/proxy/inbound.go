@@ -24,6 +24,13 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 	start := time.Now()
 	lbl := &connLabels{reporter: "destination", mtls: true, srcPrincipal: r.Peer.String()}
 	dst := r.Authority.AddrPort()
+	if r.Authority.IsIP() {
+		if err := p.checkTarget(dst, true); err != nil {
+			r.Reject(http.StatusBadRequest)
+			p.logRejected(lbl, r, dst, start, err)
+			return
+		}
+	}
 	w, err := p.workload()
 	if err != nil {
 		r.Reject(http.StatusServiceUnavailable)
@@ -50,6 +57,12 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 		p.logRejected(lbl, r, dst, start, errors.New(d.Reason))
 		return
 	}
+	if !p.acquire(&p.in) {
+		r.Reject(http.StatusServiceUnavailable)
+		p.logRejected(lbl, r, dst, start, fmt.Errorf("pod at its limit of %d inbound connections", p.cfg.MaxConnections))
+		return
+	}
+	defer p.in.release()
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ConnectTimeout)
 	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
 	cancel()
@@ -71,8 +84,9 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 }
 
 // servePlaintext handles a connection that reached the pod without HBONE
-// (redirected to 15006): policy decides with no peer identity, so a policy
-// requiring mTLS refuses it.
+// (redirected to 15006): its original destination must be the pod, and
+// policy decides with no peer identity, so a policy requiring mTLS refuses
+// it.
 func (p *Pod) servePlaintext(c net.Conn) {
 	start := time.Now()
 	lbl := &connLabels{reporter: "destination"}
@@ -85,6 +99,16 @@ func (p *Pod) servePlaintext(c net.Conn) {
 	dst, err := p.cfg.OrigDst(c)
 	if err != nil {
 		p.fail(lbl, c, start, dst, fmt.Errorf("reading the original destination: %w", err))
+		return
+	}
+	if err := p.checkTarget(dst, true); err != nil {
+		p.fail(lbl, c, start, dst, err)
+		return
+	}
+	if !slices.Contains(w.IPs, dst.Addr().Unmap()) {
+		// The redirect takes any TCP entering the pod, whatever its
+		// destination; relaying elsewhere would lend the pod's address.
+		p.fail(lbl, c, start, dst, fmt.Errorf("original destination %s is not this pod (%v)", dst, w.IPs))
 		return
 	}
 	src := tcpAddrPort(c.RemoteAddr())

@@ -13,6 +13,7 @@ type Metrics struct {
 	sent, received *prometheus.CounterVec
 	failed         *prometheus.CounterVec
 	open           *prometheus.GaugeVec
+	limited        prometheus.Counter
 }
 
 // labelNames are Istio's ztunnel traffic labels.
@@ -41,7 +42,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "istio_tcp_sockets_open", Help: "The number of proxied TCP connections open.",
 		}, []string{"reporter"}),
 	}
-	reg.MustRegister(m.open)
+	m.limited = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "weft_ztunnel_pod_connection_limit_refusals_total",
+		Help: "Connections refused because their pod had MAX_CONNECTIONS_PER_POD connections open.",
+	})
+	reg.MustRegister(m.open, m.limited)
 	return m
 }
 

@@ -31,8 +31,8 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		p.fail(lbl, c, start, netip.AddrPort{}, fmt.Errorf("reading the original destination: %w", err))
 		return
 	}
-	if isSelfCapturePort(src, dst) {
-		p.fail(lbl, c, start, dst, fmt.Errorf("connection to ztunnel's own port %d refused", dst.Port()))
+	if err := p.checkOutbound(src, dst, nil); err != nil {
+		p.fail(lbl, c, start, dst, err)
 		return
 	}
 	route, err := p.cfg.Store.Route(src, dst, state.RouteOptions{})
@@ -41,6 +41,10 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		return
 	}
 	lbl.dst, lbl.svc = route.Workload, route.Service
+	if err := p.checkOutbound(src, dst, &route); err != nil {
+		p.fail(lbl, c, start, dst, err)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
 	defer cancel()
 	switch route.Kind {
@@ -133,23 +137,4 @@ func newTraceparent() string {
 	var b [24]byte
 	rand.Read(b[:])
 	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-01"
-}
-
-// isSelfCapturePort refuses loops: an app dialing its own pod on the ports
-// ztunnel captures with.
-func isSelfCapturePort(w *state.Workload, dst netip.AddrPort) bool {
-	switch dst.Port() {
-	case OutboundPort, InboundPort, HBONEPort:
-	default:
-		return false
-	}
-	if dst.Addr().IsLoopback() {
-		return true
-	}
-	for _, ip := range w.IPs {
-		if ip == dst.Addr() {
-			return true
-		}
-	}
-	return false
 }

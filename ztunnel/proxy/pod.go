@@ -10,10 +10,12 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/state"
@@ -73,7 +75,23 @@ type PodConfig struct {
 	// WorkloadWait is how long a connection waits for the control plane to
 	// describe a pod that was just added; default 5 s.
 	WorkloadWait time.Duration
+	// MaxConnections caps the connections open at once in each direction
+	// of the pod: the app's outbound connections (accepted on 15001), and
+	// the connections into it (accepted on 15006 or 15008, plus each HBONE
+	// tunnel). Each holds a slot until it closes. Over the cap a new
+	// connection is reset (a tunnel answered 503), counted and logged, so
+	// that one pod cannot use up the file descriptors ztunnel has for
+	// every pod. A pod at both caps holds about four times as many sockets
+	// (one to each side of each connection). Default DefaultMaxConnections.
+	MaxConnections int
+
+	// loopbackPods lets this package's tests run pods on 127.0.0.x: those
+	// addresses (but 127.0.0.1) count as ordinary ones.
+	loopbackPods bool
 }
+
+// DefaultMaxConnections is PodConfig.MaxConnections' default.
+const DefaultMaxConnections = 16384
 
 // Pod is the proxy of one enrolled pod: its three listeners, its HBONE pool
 // and its HBONE server, sharing the node's store and metrics.
@@ -84,10 +102,19 @@ type Pod struct {
 	server *hbone.Server
 
 	conns sync.WaitGroup // connection goroutines; added to under mu until draining
+	// out counts the connections the pod's app opened (15001), in those
+	// into the pod (15006, 15008 and each tunnel): a pod flooded from
+	// outside can still connect out, and one flooding others uses up only
+	// its own outbound slots.
+	out, in slots
+	// limitLogged is when the cap was last logged (unix ns), for one line
+	// per limitLogEvery.
+	limitLogged atomic.Int64
 
 	mu       sync.Mutex
 	open     map[net.Conn]struct{} // guarded by mu: accepted plain connections, closed at drain
 	draining bool                  // guarded by mu: no connection is taken on any more
+	failed   error                 // guarded by mu: why a listener stopped, for Health
 	ready    chan struct{}
 }
 
@@ -120,6 +147,9 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 	}
 	if cfg.WorkloadWait == 0 {
 		cfg.WorkloadWait = 5 * time.Second
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
 	}
 	if cfg.TrustDomain.IsZero() {
 		cfg.TrustDomain = spiffe.DefaultTrustDomain
@@ -208,9 +238,14 @@ func (p *Pod) Run(ctx context.Context) error {
 	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	loops.Add(3)
-	go func() { defer loops.Done(); p.acceptLoop(lns[0], p.serveOutbound) }()
-	go func() { defer loops.Done(); p.acceptLoop(lns[1], p.servePlaintext) }()
-	go func() { defer loops.Done(); srv.Serve(serveCtx, lns[2]) }()
+	go func() { defer loops.Done(); p.acceptLoop(ctx, OutboundPort, lns[0], &p.out, p.serveOutbound) }()
+	go func() { defer loops.Done(); p.acceptLoop(ctx, InboundPort, lns[1], &p.in, p.servePlaintext) }()
+	go func() {
+		defer loops.Done()
+		if err := srv.Serve(serveCtx, &limitListener{Listener: lns[2], p: p, s: &p.in}); err != nil {
+			p.listenerDied(HBONEPort, err)
+		}
+	}()
 
 	<-ctx.Done()
 	lns[0].Close()
@@ -238,28 +273,71 @@ func (p *Pod) Run(ctx context.Context) error {
 	return nil
 }
 
-func (p *Pod) acceptLoop(ln net.Listener, serve func(net.Conn)) {
+// acceptLoop serves ln until it is closed, each connection holding a slot
+// of s. Temporary errors (out of file descriptors, a connection aborted
+// before it was accepted) pause it with a backoff; any other error closes
+// the listener, so that connections are refused rather than left queued,
+// and marks the pod unhealthy.
+func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *slots, serve func(net.Conn)) {
+	var backoff accept.Backoff
 	for {
 		c, err := ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(5 * time.Millisecond)
+			if ctx.Err() != nil || accept.Closed(err) {
+				return
+			}
+			if accept.Temporary(err) {
+				if backoff.Wait(ctx) {
+					p.cfg.Logger.Warn("accepting connections failed; retrying", "pod", p.name(), "port", port, "error", err.Error())
+				}
 				continue
 			}
+			ln.Close()
+			p.listenerDied(port, err)
 			return
 		}
+		backoff.Reset()
+		if !p.acquire(s) {
+			refuseOverLimit(c)
+			continue
+		}
 		if !p.take(c) {
+			s.release()
 			c.Close()
 			return
 		}
 		go func() {
 			defer p.conns.Done()
+			defer s.release()
+			defer c.Close()
 			defer p.forget(c)
 			serve(c)
 		}()
 	}
 }
+
+// listenerDied records why a listener stopped serving: the pod is
+// unhealthy from then on, which fails ztunnel's readiness.
+func (p *Pod) listenerDied(port uint16, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.draining {
+		return
+	}
+	p.cfg.Logger.Error("listener stopped; connections to this port of the pod are refused and ztunnel reports unready", "pod", p.name(), "port", port, "error", err.Error())
+	if p.failed == nil {
+		p.failed = fmt.Errorf("pod %s: listener on %d stopped: %w", p.name(), port, err)
+	}
+}
+
+// Health reports nil while every listener of the pod serves.
+func (p *Pod) Health() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed
+}
+
+func (p *Pod) name() string { return p.cfg.Namespace + "/" + p.cfg.Name }
 
 // take counts an accepted connection in, unless the pod is draining.
 func (p *Pod) take(c net.Conn) bool {

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -122,8 +123,16 @@ func workload(ns, name, sa, ip string, svcs ...string) *workloadpb.Address {
 	return &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}}
 }
 
+// testPod is a running pod proxy: the test sets its original destination
+// and counts the connections it opens.
+type testPod struct {
+	*origDst
+	pod   *Pod
+	dials *atomic.Int64
+}
+
 // startPod runs the proxy of a workload already in the store.
-func (m *mesh) startPod(ns, name, sa, ip string) *origDst {
+func (m *mesh) startPod(ns, name, sa, ip string, tweak ...func(*PodConfig)) *testPod {
 	m.t.Helper()
 	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, ns, sa)
 	svid, err := m.ca.IssueSVID(id, time.Hour)
@@ -132,12 +141,22 @@ func (m *mesh) startPod(ns, name, sa, ip string) *origDst {
 	}
 	od := &origDst{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	p, err := NewPod(PodConfig{
+	sockets := &testSockets{loopSockets: loopSockets{netip.MustParseAddr(ip)}}
+	cfg := PodConfig{
 		Namespace: ns, Name: name, ServiceAccount: sa, Node: "n1", Store: m.store,
-		Sockets: loopSockets{netip.MustParseAddr(ip)}, OrigDst: od.get,
+		Sockets: sockets, OrigDst: od.get,
 		Credentials: creds{spiffe.StaticCertificate(svid), m.ca}, Metrics: m.metrics,
 		Logger: quiet, AccessLog: quiet, DrainTimeout: time.Second,
-	})
+		loopbackPods: true,
+	}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	if l, ok := cfg.Sockets.(*testSockets); ok && l != sockets {
+		sockets = l // a tweak brought its own
+		sockets.loopSockets = loopSockets{netip.MustParseAddr(ip)}
+	}
+	p, err := NewPod(cfg)
 	if err != nil {
 		m.t.Fatal(err)
 	}
@@ -152,7 +171,7 @@ func (m *mesh) startPod(ns, name, sa, ip string) *origDst {
 	}
 	m.cancel = append(m.cancel, cancel)
 	m.done = append(m.done, done)
-	return od
+	return &testPod{origDst: od, pod: p, dials: &sockets.dials}
 }
 
 // app is a TCP server that answers each line with who it is and who called.

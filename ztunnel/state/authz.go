@@ -32,9 +32,16 @@ type Decision struct {
 // apply are the global ones (root namespace), those of dst's namespace and
 // the workload-selector ones the control plane listed on dst. Dry-run
 // policies are evaluated for the reason only.
+//
+// A policy dst names that has not been received (or was refused as
+// invalid) denies every connection: it may be an ALLOW or a DENY, so
+// skipping it, as Istio's ztunnel does, could let in what it forbids.
+// This fails closed for the moment between a workload update and the
+// policy it names.
 func (s *Store) Authorize(dst *Workload, conn Conn) Decision {
 	s.mu.RLock()
 	var allow, deny []*Policy
+	var missing string
 	seen := map[string]bool{}
 	add := func(key string) {
 		p := s.policies[key]
@@ -58,6 +65,9 @@ func (s *Store) Authorize(dst *Workload, conn Conn) Decision {
 		add(k)
 	}
 	for _, k := range dst.Policies {
+		if s.policies[k] == nil && missing == "" {
+			missing = k
+		}
 		add(k)
 	}
 	s.mu.RUnlock()
@@ -66,6 +76,9 @@ func (s *Store) Authorize(dst *Workload, conn Conn) Decision {
 		if p.matches(conn) {
 			return Decision{Policy: p.Key, Reason: "denied by policy " + p.Key}
 		}
+	}
+	if missing != "" {
+		return Decision{Policy: missing, Reason: "the workload names policy " + missing + ", which has not been received: denied until it is"}
 	}
 	if len(allow) == 0 {
 		return Decision{Allowed: true, Reason: "no allow policy applies"}

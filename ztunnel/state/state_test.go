@@ -286,7 +286,7 @@ func TestAuthorize(t *testing.T) {
 		i, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, ns, sa)
 		return i
 	}
-	dst := &Workload{UID: "u", Namespace: "demo", Policies: []string{"demo/selected"}}
+	selected := []string{"demo/selected"}
 	conn := func(src spiffe.Identity, srcIP string, port uint16) Conn {
 		return Conn{Source: src, Src: netip.MustParseAddrPort(srcIP + ":40000"), Dst: netip.AddrPortFrom(netip.MustParseAddr("10.244.1.10"), port)}
 	}
@@ -298,44 +298,54 @@ func TestAuthorize(t *testing.T) {
 		conn     Conn
 		allowed  bool
 		by       string
+		refs     []string // the workload-selector policies the workload names
 	}{
-		{"no policies allow", nil, conn(id("x", "y"), "10.0.0.1", 80), true, ""},
-		{"ALLOW for one principal lets it in", []*securitypb.Authorization{allowSA}, conn(id("demo", "client"), "10.0.0.1", 80), true, "demo/allow-client"},
-		{"ALLOW for one principal keeps others out", []*securitypb.Authorization{allowSA}, conn(id("demo", "other"), "10.0.0.1", 80), false, ""},
-		{"plaintext has no principal", []*securitypb.Authorization{allowSA}, conn(spiffe.Identity{}, "10.0.0.1", 80), false, ""},
+		{"no policies allow", nil, conn(id("x", "y"), "10.0.0.1", 80), true, "", nil},
+		{"ALLOW for one principal lets it in", []*securitypb.Authorization{allowSA}, conn(id("demo", "client"), "10.0.0.1", 80), true, "demo/allow-client", nil},
+		{"ALLOW for one principal keeps others out", []*securitypb.Authorization{allowSA}, conn(id("demo", "other"), "10.0.0.1", 80), false, "", nil},
+		{"plaintext has no principal", []*securitypb.Authorization{allowSA}, conn(spiffe.Identity{}, "10.0.0.1", 80), false, "", nil},
 		{"DENY wins over ALLOW", []*securitypb.Authorization{allowSA, pol("demo", "deny-port", securitypb.Scope_NAMESPACE, securitypb.Action_DENY,
-			rule(&securitypb.Match{DestinationPorts: []uint32{80}}))}, conn(id("demo", "client"), "10.0.0.1", 80), false, "demo/deny-port"},
+			rule(&securitypb.Match{DestinationPorts: []uint32{80}}))}, conn(id("demo", "client"), "10.0.0.1", 80), false, "demo/deny-port", nil},
 		{"policy without rules allows nothing", []*securitypb.Authorization{pol("demo", "allow-nothing", securitypb.Scope_NAMESPACE, securitypb.Action_ALLOW)},
-			conn(id("demo", "client"), "10.0.0.1", 80), false, ""},
+			conn(id("demo", "client"), "10.0.0.1", 80), false, "", nil},
 		{"DENY without rules denies nothing", []*securitypb.Authorization{pol("demo", "deny-nothing", securitypb.Scope_NAMESPACE, securitypb.Action_DENY)},
-			conn(id("demo", "client"), "10.0.0.1", 80), true, ""},
+			conn(id("demo", "client"), "10.0.0.1", 80), true, "", nil},
 		{"empty rule allows all", []*securitypb.Authorization{pol("demo", "allow-all", securitypb.Scope_NAMESPACE, securitypb.Action_ALLOW, &securitypb.Rule{})},
-			conn(id("x", "y"), "10.0.0.1", 80), true, "demo/allow-all"},
+			conn(id("x", "y"), "10.0.0.1", 80), true, "demo/allow-all", nil},
 		{"global policy from the root namespace applies", []*securitypb.Authorization{pol("weft-system", "deny-ns", securitypb.Scope_GLOBAL, securitypb.Action_DENY,
-			rule(&securitypb.Match{Namespaces: []*securitypb.StringMatch{exact("evil")}}))}, conn(id("evil", "x"), "10.0.0.1", 80), false, "weft-system/deny-ns"},
+			rule(&securitypb.Match{Namespaces: []*securitypb.StringMatch{exact("evil")}}))}, conn(id("evil", "x"), "10.0.0.1", 80), false, "weft-system/deny-ns", nil},
 		{"another namespace's policy does not apply", []*securitypb.Authorization{pol("other", "deny-all", securitypb.Scope_NAMESPACE, securitypb.Action_DENY, &securitypb.Rule{})},
-			conn(id("x", "y"), "10.0.0.1", 80), true, ""},
+			conn(id("x", "y"), "10.0.0.1", 80), true, "", nil},
 		{"workload-selector policy applies only when listed", []*securitypb.Authorization{
 			pol("demo", "selected", securitypb.Scope_WORKLOAD_SELECTOR, securitypb.Action_DENY, &securitypb.Rule{}),
 			pol("demo", "unlisted", securitypb.Scope_WORKLOAD_SELECTOR, securitypb.Action_ALLOW, rule(&securitypb.Match{DestinationPorts: []uint32{1}}))},
-			conn(id("x", "y"), "10.0.0.1", 80), false, "demo/selected"},
+			conn(id("x", "y"), "10.0.0.1", 80), false, "demo/selected", selected},
 		{"not_ variants exclude", []*securitypb.Authorization{pol("demo", "allow-but", securitypb.Scope_NAMESPACE, securitypb.Action_ALLOW,
 			rule(&securitypb.Match{Namespaces: []*securitypb.StringMatch{prefix("de")}, NotServiceAccounts: []*securitypb.ServiceAccountMatch{{Namespace: "demo", ServiceAccount: "bad"}}}))},
-			conn(id("demo", "bad"), "10.0.0.1", 80), false, ""},
+			conn(id("demo", "bad"), "10.0.0.1", 80), false, "", nil},
 		{"source IP blocks", []*securitypb.Authorization{pol("demo", "allow-net", securitypb.Scope_NAMESPACE, securitypb.Action_ALLOW,
 			rule(&securitypb.Match{SourceIps: []*securitypb.Address{{Address: ip("10.244.0.0"), Length: 16}}}))},
-			conn(id("x", "y"), "10.245.0.1", 80), false, ""},
+			conn(id("x", "y"), "10.245.0.1", 80), false, "", nil},
 		{"dots in names are literal, not wildcards", []*securitypb.Authorization{pol("demo", "allow-dot", securitypb.Scope_NAMESPACE, securitypb.Action_ALLOW,
 			rule(&securitypb.Match{Principals: []*securitypb.StringMatch{exact("cluster.local/ns/a.b/sa/c")}}))},
-			conn(id("axb", "c"), "10.0.0.1", 80), false, ""},
+			conn(id("axb", "c"), "10.0.0.1", 80), false, "", nil},
 		{"presence matches any identity", []*securitypb.Authorization{pol("demo", "allow-mtls", securitypb.Scope_NAMESPACE, securitypb.Action_ALLOW,
 			rule(&securitypb.Match{Principals: []*securitypb.StringMatch{{MatchType: &securitypb.StringMatch_Presence{Presence: &emptypb.Empty{}}}}}))},
-			conn(id("x", "y"), "10.0.0.1", 80), true, "demo/allow-mtls"},
+			conn(id("x", "y"), "10.0.0.1", 80), true, "demo/allow-mtls", nil},
 		{"dry-run policies do not decide", []*securitypb.Authorization{func() *securitypb.Authorization {
 			p := pol("demo", "dry", securitypb.Scope_NAMESPACE, securitypb.Action_DENY, &securitypb.Rule{})
 			p.DryRun = true
 			return p
-		}()}, conn(id("x", "y"), "10.0.0.1", 80), true, ""},
+		}()}, conn(id("x", "y"), "10.0.0.1", 80), true, "", nil},
+		// A policy the workload names but ztunnel has not received (or could
+		// not accept) may be an ALLOW or a DENY: nothing is let in until it
+		// arrives, not even what another ALLOW admits.
+		{"a named policy not received denies", nil, conn(id("demo", "client"), "10.0.0.1", 80), false, "demo/missing", []string{"demo/missing"}},
+		{"a named policy not received denies despite a matching ALLOW", []*securitypb.Authorization{allowSA},
+			conn(id("demo", "client"), "10.0.0.1", 80), false, "demo/missing", []string{"demo/missing"}},
+		{"a named policy not received denies plaintext", nil, conn(spiffe.Identity{}, "10.0.0.1", 80), false, "demo/missing", []string{"demo/missing"}},
+		{"a named policy received later decides", []*securitypb.Authorization{pol("demo", "late", securitypb.Scope_WORKLOAD_SELECTOR, securitypb.Action_ALLOW, &securitypb.Rule{})},
+			conn(id("x", "y"), "10.0.0.1", 80), true, "demo/late", []string{"demo/late"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -347,7 +357,7 @@ func TestAuthorize(t *testing.T) {
 			if err := s.ApplyPolicies(m, nil); err != nil {
 				t.Fatal(err)
 			}
-			d := s.Authorize(dst, tt.conn)
+			d := s.Authorize(&Workload{UID: "u", Namespace: "demo", Policies: tt.refs}, tt.conn)
 			if d.Allowed != tt.allowed || d.Policy != tt.by {
 				t.Errorf("decision %+v, want allowed=%v by %q", d, tt.allowed, tt.by)
 			}

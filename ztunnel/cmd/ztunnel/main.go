@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -70,6 +71,13 @@ func configFromEnv() (ztunnel.Config, error) {
 			}
 			*dst = d
 		}
+	}
+	if v := os.Getenv("MAX_CONNECTIONS_PER_POD"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return cfg, fmt.Errorf("MAX_CONNECTIONS_PER_POD=%q: %w", v, err)
+		}
+		cfg.MaxConnectionsPerPod = n
 	}
 	if cfg.XDSAddress == "" {
 		// The control plane's Service, from the variables Kubernetes injects

@@ -1,0 +1,191 @@
+package hbone
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/weftmesh/weft/internal/spiffe"
+)
+
+// failingListener returns errs, one per Accept, before accepting.
+type failingListener struct {
+	net.Listener
+	errs chan error
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	select {
+	case err := <-l.errs:
+		return nil, err
+	default:
+		return l.Listener.Accept()
+	}
+}
+
+func acceptErr(err error) error {
+	return &net.OpError{Op: "accept", Net: "tcp", Err: err}
+}
+
+// serveFailing runs a server whose listener first fails with errs.
+func serveFailing(t *testing.T, p *pki, errs ...error) (*testServer, chan error) {
+	t.Helper()
+	srvID := p.identity("a", "server")
+	srv, err := NewServer(ServerConfig{
+		TLS:     spiffe.ServerConfig(p.cert(srvID), p.ca.Roots(), p.ca.TrustDomain()),
+		Handler: echoHandler,
+		Logger:  quietLogger(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fl := &failingListener{Listener: ln, errs: make(chan error, len(errs))}
+	for _, e := range errs {
+		fl.errs <- e
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, fl) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &testServer{addr: ln.Addr().(*net.TCPAddr).AddrPort(), id: srvID, srv: srv}, done
+}
+
+func TestServeSurvivesTemporaryAcceptErrors(t *testing.T) {
+	p := newPKI(t, "cluster.local")
+	var errs []error
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM, syscall.ECONNABORTED, syscall.EMFILE} {
+		errs = append(errs, acceptErr(os.NewSyscallError("accept4", errno)))
+	}
+	ts, done := serveFailing(t, p, errs...)
+	d := newDialer(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := d.Dial(ctx, ts.target(p.identity("b", "client"), "10.0.0.1:80"))
+	if err != nil {
+		t.Fatalf("dial after temporary accept errors: %v", err)
+	}
+	st.Close()
+	select {
+	case err := <-done:
+		t.Fatalf("Serve returned after temporary accept errors: %v", err)
+	default:
+	}
+}
+
+func TestServeEndsOnPermanentAcceptError(t *testing.T) {
+	p := newPKI(t, "cluster.local")
+	broke := errors.New("listener broke")
+	_, done := serveFailing(t, p, acceptErr(broke))
+	select {
+	case err := <-done:
+		if !errors.Is(err, broke) {
+			t.Errorf("Serve returned %v, want the accept error", err)
+		}
+		done <- err // for the cleanup
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve kept going after a permanent accept error")
+	}
+}
+
+// recordHandler keeps the messages of the records it receives.
+type recordHandler struct {
+	slog.Handler
+	mu   *sync.Mutex
+	msgs *[]string
+}
+
+func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	*h.msgs = append(*h.msgs, r.Message)
+	return nil
+}
+
+// TestServeSurvivesRealEMFILE runs out of file descriptors for real: a
+// child process lowers its RLIMIT_NOFILE, floods its own server with
+// connections until accept fails with EMFILE, lets them go and expects
+// the server to serve again.
+func TestServeSurvivesRealEMFILE(t *testing.T) {
+	if os.Getenv("HBONE_EMFILE_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestServeSurvivesRealEMFILE$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "HBONE_EMFILE_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	p := newPKI(t, "cluster.local")
+	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
+	var mu sync.Mutex
+	var msgs []string
+	ts := startServer(t, p, srvID, echoHandler, func(cfg *ServerConfig) {
+		cfg.Logger = slog.New(recordHandler{Handler: slog.NewTextHandler(io.Discard, nil), mu: &mu, msgs: &msgs})
+	})
+	d := newDialer(t, p)
+
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skipf("counting open files: %v", err)
+	}
+	var saved syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	low := saved
+	low.Cur = uint64(len(fds) + 40)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var conns []net.Conn
+	for range 200 {
+		c, err := net.DialTimeout("tcp", ts.addr.String(), time.Second)
+		if err != nil {
+			break // this side is out of descriptors too
+		}
+		conns = append(conns, c)
+	}
+	time.Sleep(300 * time.Millisecond) // the server's accept meets EMFILE
+	for _, c := range conns {
+		c.Close()
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &saved); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	serveEnded := func() {
+		select {
+		case err := <-ts.done:
+			ts.done <- err // for the cleanup
+			t.Fatalf("Serve returned: %v", err)
+		default:
+		}
+	}
+	st, err := d.Dial(ctx, ts.target(cliID, "10.0.0.1:80"))
+	if err != nil {
+		serveEnded()
+		t.Fatalf("dial after running out of file descriptors: %v", err)
+	}
+	st.Close()
+	serveEnded()
+	mu.Lock()
+	warned := slices.Contains(msgs, "accepting HBONE connections failed; retrying")
+	mu.Unlock()
+	if !warned {
+		t.Errorf("the server never met a failing accept (%d connections opened)", len(conns))
+	}
+}

@@ -60,13 +60,22 @@ func TestCrossNamespaceBinding(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, _ := Build(testMesh, ambient.NewWaypoint(gateway(tc.allowed), ""), st)
+			res, notes := Build(testMesh, ambient.NewWaypoint(gateway(tc.allowed), ""), st)
 			var got []string
 			for _, fc := range res[ListenerType][ListenerName].(*listenerv3.Listener).GetFilterChains() {
 				got = append(got, fc.GetName())
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("filter chains (-want +got):\n%s", diff)
+			}
+			if tc.name == "Same" {
+				want := []string{
+					"Services of namespace shop ask for this waypoint, whose allowedRoutes do not admit that namespace",
+					"Pods of namespace shop ask for this waypoint, whose allowedRoutes do not admit that namespace",
+				}
+				if diff := cmp.Diff(want, notes); diff != "" {
+					t.Errorf("notes (-want +got):\n%s", diff)
+				}
 			}
 		})
 	}

@@ -119,6 +119,8 @@ type builder struct {
 	// Notes are the problems found, for logs and status (not errors: the
 	// rest of the configuration is still served).
 	notes []string
+	// denied is the "<kind> <namespace>" pairs already noted as not admitted.
+	denied map[string]bool
 }
 
 type clusterRef struct {
@@ -174,8 +176,12 @@ func (b *builder) bound(ns string, labels map[string]string, kind, what string) 
 		return false
 	}
 	r := ambient.Check(bind, b.wp, kind, ns, nsl)
-	if r != nil && r.Reason == ambient.ReasonAttachmentDenied {
-		b.note("a %s of namespace %s asks for this waypoint, whose allowedRoutes do not admit that namespace", what, ns)
+	if r != nil && r.Reason == ambient.ReasonAttachmentDenied && !b.denied[what+" "+ns] {
+		if b.denied == nil {
+			b.denied = map[string]bool{}
+		}
+		b.denied[what+" "+ns] = true
+		b.note("%ss of namespace %s ask for this waypoint, whose allowedRoutes do not admit that namespace", what, ns)
 	}
 	return r == nil
 }
@@ -255,7 +261,7 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 		if p.Labels[ambient.LabelGatewayName] != "" || p.Spec.HostNetwork {
 			continue
 		}
-		if !b.bound(p.Namespace, p.Labels, ambient.ForWorkload, "pod") {
+		if !b.bound(p.Namespace, p.Labels, ambient.ForWorkload, "Pod") {
 			continue
 		}
 		var ranges []*corev3.CidrRange

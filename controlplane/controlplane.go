@@ -44,11 +44,15 @@ import (
 	"google.golang.org/grpc/keepalive"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
@@ -338,11 +342,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Events: on the Pods and Services whose waypoint binding is denied.
+	events := record.NewBroadcaster(record.WithContext(ctx))
+	defer events.Shutdown()
+	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cp.clients.Kube.CoreV1().Events("")})
 	ctrl, err := ambient.NewController(ambient.ControllerConfig{
 		Mesh: ambient.Config{ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
 			Network: cfg.Network, RootNamespace: cfg.RootNamespace},
 		DebounceQuiet: cfg.DebounceQuiet, DebounceMax: cfg.DebounceMax,
 		Logger: log.With("part", "workloads"), Registerer: cp.reg,
+		Events: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weft-controlplane"}),
 	}, inf, xds, status)
 	if err != nil {
 		return err

@@ -574,3 +574,124 @@ func findHelm() string {
 	p, _ := exec.LookPath("helm")
 	return p
 }
+
+// TestCrossNamespaceWaypointConsent binds a namespace to a waypoint of
+// another namespace, with no admission webhook in the way, and checks that
+// the control plane makes the binding only while the waypoint's Gateway
+// admits that namespace in its HBONE listener's allowedRoutes, and reports
+// the refusal with an Event on the Service.
+func TestCrossNamespaceWaypointConsent(t *testing.T) {
+	c := realAPI(t)
+	const rel, infra, shop = "weft-consent", "consent-infra", "consent-shop"
+	cp := startControlPlane(t, c, rel, nil)
+	ctx := ctxFor(t, 2*time.Minute)
+	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.21.0.2"})
+	tok := podToken(t, c, zt)
+	client, err := xdstest.New(xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { _ = client.Run(cctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	gw, _ := gwclient.NewForConfig(c.Config)
+
+	for ns, labels := range map[string]map[string]string{
+		infra: {"istio.io/use-waypoint": "wp"},
+		shop:  {"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": infra, "team": "shop"},
+	} {
+		if err := c.EnsureNamespace(ctx, ns, labels); err != nil {
+			t.Fatal(err)
+		}
+		_, err := c.Kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
+			Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A waypoint as `istioctl waypoint apply` writes it: no allowedRoutes
+	// (the CRD defaults them to from: Same).
+	_, err = gw.GatewayV1().Gateways(infra).Create(ctx, &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "wp", Namespace: infra, Labels: map[string]string{"istio.io/waypoint-for": "service"}},
+		Spec:       gwv1.GatewaySpec{GatewayClassName: "istio-waypoint", Listeners: []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := gwv1.HostnameAddressType
+	g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "wp." + infra + ".svc.cluster.local"}}
+	if _, err := gw.GatewayV1().Gateways(infra).UpdateStatus(ctx, g, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	setAllowed := func(ar *gwv1.AllowedRoutes) {
+		t.Helper()
+		g, err := gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.Spec.Listeners[0].AllowedRoutes = ar
+		if _, err := gw.GatewayV1().Gateways(infra).Update(ctx, g, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svc := func(m map[string]*anypb.Any, ns string) *workloadpb.Service {
+		return xdstest.Service(m[ns+"/web."+ns+".svc.cluster.local"])
+	}
+	// waitBound waits until both Services are published, the waypoint's own
+	// bound, and shop's bound or not as wanted.
+	waitBound := func(what string, want bool) {
+		t.Helper()
+		err := client.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+			own, other := svc(m, infra), svc(m, shop)
+			return own.GetWaypoint() != nil && other != nil && (other.GetWaypoint() != nil) == want
+		})
+		if err != nil {
+			t.Fatalf("%s: shop's Service bound should be %v: %v", what, want, err)
+		}
+	}
+
+	waitBound("default allowedRoutes (Same)", false)
+	for {
+		evs, err := c.Kube.CoreV1().Events(shop).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Service,involvedObject.name=web"})
+		if err == nil && len(evs.Items) > 0 && evs.Items[0].Reason == "AttachmentDenied" && evs.Items[0].Type == corev1.EventTypeWarning {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no AttachmentDenied event on %s/web: %v %v", shop, evs, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+
+	from := func(f gwv1.FromNamespaces, sel *metav1.LabelSelector) *gwv1.AllowedRoutes {
+		return &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &f, Selector: sel}}
+	}
+	setAllowed(from(gwv1.NamespacesFromAll, nil))
+	waitBound("from: All", true)
+	setAllowed(from(gwv1.NamespacesFromSame, nil))
+	waitBound("from: Same", false)
+	setAllowed(from(gwv1.NamespacesFromSelector, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: []string{infra, shop}}}}))
+	waitBound("from: a Selector naming both namespaces", true)
+	setAllowed(from(gwv1.NamespacesFromSelector, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: []string{infra}},
+	}}))
+	waitBound("from: a Selector naming only the waypoint's namespace", false)
+	// The namespace's labels are re-read when they change.
+	setAllowed(from(gwv1.NamespacesFromSelector, &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{
+		{Key: "kubernetes.io/metadata.name", Operator: metav1.LabelSelectorOpIn, Values: []string{infra, shop}},
+		{Key: "team", Operator: metav1.LabelSelectorOpNotIn, Values: []string{"blocked"}},
+	}}))
+	waitBound("a Selector that still matches shop", true)
+	patch(t, c, "namespaces", "", shop, `{"metadata":{"labels":{"team":"blocked"}}}`)
+	waitBound("shop relabelled out of the selector", false)
+	patch(t, c, "namespaces", "", shop, `{"metadata":{"labels":{"team":"shop"}}}`)
+	waitBound("shop relabelled back", true)
+}

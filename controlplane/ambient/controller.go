@@ -10,7 +10,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/weftmesh/weft/controlplane/authpolicy"
@@ -35,6 +37,11 @@ type Publisher interface {
 // (*authpolicy.StatusWriter). A nil condition removes it.
 type StatusSink interface {
 	SetCondition(namespace, name string, generation int64, c *authpolicy.Condition)
+}
+
+// EventRecorder records Kubernetes Events (record.EventRecorder).
+type EventRecorder interface {
+	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
 }
 
 // Informers are the shared informers the controller watches. Gateways is
@@ -72,6 +79,10 @@ type ControllerConfig struct {
 	Logger *slog.Logger
 	// Registerer receives the controller's metrics. Default: none.
 	Registerer prometheus.Registerer
+	// Events receives a Warning Event on each Pod or Service whose waypoint
+	// binding is denied by the waypoint's owner. Default: none (the denial
+	// is still logged).
+	Events EventRecorder
 }
 
 func (cfg ControllerConfig) withDefaults() (ControllerConfig, error) {
@@ -351,6 +362,12 @@ func (c *Controller) publish(u *Update, since time.Time) {
 	if c.status != nil {
 		for _, pc := range u.Conditions {
 			c.status.SetCondition(pc.Namespace, pc.Name, pc.Generation, pc.Condition)
+		}
+	}
+	for _, d := range u.Denied {
+		c.log.Warn("waypoint binding denied", "kind", d.Kind, "object", d.Key, "reason", d.Refusal.Reason, "message", d.Refusal.Message)
+		if c.cfg.Events != nil {
+			c.cfg.Events.Eventf(d.Object, corev1.EventTypeWarning, d.Refusal.Reason, "%s", d.Refusal.Message)
 		}
 	}
 }

@@ -29,7 +29,11 @@
 // namespace's. A waypoint serves the kinds of traffic in its
 // istio.io/waypoint-for label (service by default; workload, all or none): a
 // pod binds only to a waypoint for workload or all, a Service only to one for
-// service or all, otherwise the binding is ignored. A waypoint is used only
+// service or all, otherwise the binding is ignored. A waypoint takes
+// bindings only from the namespaces its owner admits in the
+// allowedRoutes.namespaces of its HBONE listener (Same by default, All, or
+// a Selector on namespace labels; [Check]); a binding it does not admit is
+// not made, and is reported once in [Update] (Denied). A waypoint is used only
 // once its Gateway has status.addresses: a hostname (published as a
 // namespaced hostname) is preferred to an IP, and the HBONE port is always
 // 15008. A waypoint's own pods and Service never get a waypoint.

@@ -10,6 +10,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -45,6 +46,19 @@ type Update struct {
 	Authz          map[string]proto.Message
 	AuthzRemoved   []string
 	Conditions     []PolicyCondition
+	// Denied are the bindings newly refused because the waypoint's owner
+	// does not admit the object's namespace.
+	Denied []DeniedBinding
+}
+
+// DeniedBinding is a waypoint binding refused for want of the waypoint
+// owner's consent, reported once when it starts (or its message changes).
+type DeniedBinding struct {
+	// Object is the *corev1.Pod or *corev1.Service that asked.
+	Object runtime.Object
+	// Kind is "Pod" or "Service"; Key its "<namespace>/<name>".
+	Kind, Key string
+	Refusal   Refusal
 }
 
 // PolicyCondition is the status to write on one policy.
@@ -97,6 +111,8 @@ type index struct {
 	// bindings is the waypoint each pod or Service asks for; boundTo the reverse.
 	bindings map[objRef]string
 	boundTo  map[string]map[objRef]struct{}
+	// denied is the message of each binding refused for want of consent.
+	denied map[objRef]string
 }
 
 func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
@@ -112,6 +128,7 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		podSlices:    map[string]map[string]struct{}{},
 		bindings:     map[objRef]string{},
 		boundTo:      map[string]map[objRef]struct{}{},
+		denied:       map[objRef]string{},
 	}
 }
 
@@ -213,7 +230,7 @@ func (ix *index) gatewayChanged(key string, b batch) {
 	} else {
 		ix.waypoints[key] = wp
 	}
-	if (old == nil) == (wp == nil) && (old == nil || (old.For == wp.For && proto.Equal(old.Address, wp.Address))) {
+	if (old == nil) == (wp == nil) && (old == nil || (old.For == wp.For && proto.Equal(old.Address, wp.Address) && old.Attachment.Equal(wp.Attachment))) {
 		return
 	}
 	for ref := range ix.boundTo[key] {
@@ -359,14 +376,13 @@ func (ix *index) serviceChanged(key string, b batch, u *Update) {
 	svc := getObj[corev1.Service](ix.stores.Services, key)
 	var res *workloadpb.Service
 	if svc != nil {
-		in := ServiceInput{Service: svc, Binding: ix.binding(ref, ns, svc.Labels)}
+		in := ServiceInput{Service: svc}
+		in.Binding, in.NamespaceLabels = ix.binding(ref, ns, svc.Labels)
 		in.Waypoint = ix.waypoints[in.Binding.Key]
 		in.IsWaypoint = ix.waypoints[ns+"/"+svc.Labels[LabelGatewayName]] != nil
-		var note string
-		res, note = ix.cfg.Service(in)
-		if note != "" && ix.log.Enabled(context.Background(), slog.LevelDebug) {
-			ix.log.Debug("service waypoint binding ignored", "service", key, "reason", note)
-		}
+		var refused *Refusal
+		res, refused = ix.cfg.Service(in)
+		ix.refused(ref, svc, refused, u)
 	} else {
 		ix.unbind(ref)
 	}
@@ -391,16 +407,15 @@ func (ix *index) podChanged(key string, u *Update) {
 	pod := getObj[corev1.Pod](ix.stores.Pods, key)
 	var res *workloadpb.Workload
 	if pod != nil {
-		in := PodInput{Pod: pod, Binding: ix.binding(ref, ns, pod.Labels)}
+		in := PodInput{Pod: pod}
+		in.Binding, in.NamespaceLabels = ix.binding(ref, ns, pod.Labels)
 		in.Waypoint = ix.waypoints[in.Binding.Key]
 		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[LabelGatewayName]] != nil
 		in.Services = ix.podServices(key)
 		in.Policies = ix.podPolicies(pod)
-		var note string
-		res, note = ix.cfg.Workload(in)
-		if note != "" && ix.log.Enabled(context.Background(), slog.LevelDebug) {
-			ix.log.Debug("pod waypoint binding ignored", "pod", key, "reason", note)
-		}
+		var refused *Refusal
+		res, refused = ix.cfg.Workload(in)
+		ix.refused(ref, pod, refused, u)
 	} else {
 		ix.unbind(ref)
 	}
@@ -430,9 +445,32 @@ func publishAddress[T proto.Message](ix *index, name string, res T, u *Update, w
 	u.Addresses[name] = a
 }
 
-// binding reads an object's waypoint binding and keeps the reverse index
-// current, so that a waypoint change finds the objects that use it.
-func (ix *index) binding(ref objRef, ns string, labels map[string]string) Binding {
+// refused notes why an object's binding was not made (nil: it was, or it
+// asks for none). A refusal for want of consent is reported in u once, when
+// it starts; the others are routine (a waypoint not deployed yet) and only
+// logged at debug level.
+func (ix *index) refused(ref objRef, obj runtime.Object, r *Refusal, u *Update) {
+	if r == nil || r.Reason != ReasonAttachmentDenied {
+		if _, was := ix.denied[ref]; was {
+			delete(ix.denied, ref)
+			ix.log.Info("waypoint binding no longer denied", "kind", ref.kind, "object", ref.key)
+		}
+		if r != nil && ix.log.Enabled(context.Background(), slog.LevelDebug) {
+			ix.log.Debug("waypoint binding not made", "kind", ref.kind, "object", ref.key, "reason", r.Reason, "message", r.Message)
+		}
+		return
+	}
+	if ix.denied[ref] == r.Message {
+		return
+	}
+	ix.denied[ref] = r.Message
+	u.Denied = append(u.Denied, DeniedBinding{Object: obj, Kind: ref.kind, Key: ref.key, Refusal: *r})
+}
+
+// binding reads an object's waypoint binding, with the labels of its
+// namespace, and keeps the reverse index current, so that a waypoint change
+// finds the objects that use it.
+func (ix *index) binding(ref objRef, ns string, labels map[string]string) (Binding, map[string]string) {
 	var nsLabels map[string]string
 	if n := getObj[corev1.Namespace](ix.stores.Namespaces, ns); n != nil {
 		nsLabels = n.Labels
@@ -450,10 +488,11 @@ func (ix *index) binding(ref objRef, ns string, labels map[string]string) Bindin
 			m[ref] = struct{}{}
 		}
 	}
-	return b
+	return b, nsLabels
 }
 
 func (ix *index) unbind(ref objRef) {
+	delete(ix.denied, ref)
 	old, ok := ix.bindings[ref]
 	if !ok {
 		return

@@ -2,7 +2,6 @@ package ambient
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -102,6 +101,8 @@ type Waypoint struct {
 	// Address is what ztunnel sends to; nil until the Gateway has a status
 	// address, and then the waypoint is not used.
 	Address *workloadpb.GatewayAddress
+	// Attachment is the namespaces whose objects may bind to it.
+	Attachment Attachment
 }
 
 // Key is "<namespace>/<name>".
@@ -117,7 +118,7 @@ func NewWaypoint(gw *gwv1.Gateway, network string) *Waypoint {
 	if gw == nil || string(gw.Spec.GatewayClassName) != WaypointClass {
 		return nil
 	}
-	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: ForService}
+	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: ForService, Attachment: NewAttachment(gw)}
 	switch v := gw.Labels[LabelWaypointFor]; v {
 	case ForService, ForWorkload, ForAll, ForNone:
 		w.For = v
@@ -177,20 +178,17 @@ func BindingFor(objNamespace string, objLabels, nsLabels map[string]string) Bind
 	return Binding{}
 }
 
-// resolveWaypoint returns the address for a binding to a waypoint serving
-// kind, or nil (with the reason) when it cannot be used.
-func resolveWaypoint(b Binding, wp *Waypoint, kind string) (*workloadpb.GatewayAddress, string) {
-	switch {
-	case b.Key == "":
-		return nil, ""
-	case wp == nil:
-		return nil, "waypoint " + b.Key + " not found"
-	case !wp.serves(kind):
-		return nil, fmt.Sprintf("waypoint %s serves %q traffic, not %s traffic", b.Key, wp.For, kind)
-	case wp.Address == nil:
-		return nil, "waypoint " + b.Key + " has no address yet"
+// resolveWaypoint returns the address for a binding, from an object of
+// namespace ns, to a waypoint serving kind, or nil with the reason when it
+// is not made.
+func resolveWaypoint(b Binding, wp *Waypoint, kind, ns string, nsLabels map[string]string) (*workloadpb.GatewayAddress, *Refusal) {
+	if r := Check(b, wp, kind, ns, nsLabels); r != nil || b.Key == "" {
+		return nil, r
 	}
-	return wp.Address, ""
+	if wp.Address == nil {
+		return nil, &Refusal{ReasonNotReady, "waypoint " + b.Key + " has no address yet"}
+	}
+	return wp.Address, nil
 }
 
 // PodInput is what a pod's Workload is built from.
@@ -200,6 +198,9 @@ type PodInput struct {
 	Waypoint *Waypoint
 	// Binding is the pod's waypoint binding (BindingFor).
 	Binding Binding
+	// NamespaceLabels are the labels of the pod's namespace, which the
+	// waypoint's allowedRoutes may select.
+	NamespaceLabels map[string]string
 	// IsWaypoint is true for a waypoint's own pod: it never gets a waypoint.
 	IsWaypoint bool
 	// Services maps "<namespace>/<hostname>" to the ports the pod serves for
@@ -211,17 +212,17 @@ type PodInput struct {
 }
 
 // Workload builds a pod's Workload, or returns nil when the pod is not a
-// workload yet or any more (no IP, or terminated). note explains a waypoint
-// binding that was ignored, for logs.
-func (c Config) Workload(in PodInput) (w *workloadpb.Workload, note string) {
+// workload yet or any more (no IP, or terminated). refused explains a
+// waypoint binding that was not made.
+func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal) {
 	c = c.withDefaults()
 	p := in.Pod
 	if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-		return nil, ""
+		return nil, nil
 	}
 	addrs := podIPs(p)
 	if len(addrs) == 0 {
-		return nil, ""
+		return nil, nil
 	}
 	w = &workloadpb.Workload{
 		Uid:                   PodUID(c.ClusterID, p.Namespace, p.Name),
@@ -251,7 +252,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, note string) {
 	}
 	w.CanonicalName, w.CanonicalRevision = canonical(p.Labels, w.WorkloadName)
 	if !in.IsWaypoint {
-		w.Waypoint, note = resolveWaypoint(in.Binding, in.Waypoint, ForWorkload)
+		w.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, ForWorkload, p.Namespace, in.NamespaceLabels)
 	}
 	if len(in.Services) > 0 {
 		w.Services = make(map[string]*workloadpb.PortList, len(in.Services))
@@ -259,7 +260,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, note string) {
 			w.Services[k] = &workloadpb.PortList{Ports: ports}
 		}
 	}
-	return w, note
+	return w, refused
 }
 
 func serviceAccount(p *corev1.Pod) string {
@@ -361,16 +362,19 @@ type ServiceInput struct {
 	Service  *corev1.Service
 	Waypoint *Waypoint
 	Binding  Binding
+	// NamespaceLabels are the labels of the Service's namespace.
+	NamespaceLabels map[string]string
 	// IsWaypoint is true for a waypoint's own Service.
 	IsWaypoint bool
 }
 
-// Service builds a Service resource, or nil for an ExternalName Service.
-func (c Config) Service(in ServiceInput) (s *workloadpb.Service, note string) {
+// Service builds a Service resource, or nil for an ExternalName Service;
+// refused explains a waypoint binding that was not made.
+func (c Config) Service(in ServiceInput) (s *workloadpb.Service, refused *Refusal) {
 	c = c.withDefaults()
 	svc := in.Service
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		return nil, ""
+		return nil, nil
 	}
 	s = &workloadpb.Service{
 		Name:      svc.Name,
@@ -398,9 +402,9 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, note string) {
 	}
 	s.LoadBalancing = loadBalancing(svc)
 	if !in.IsWaypoint {
-		s.Waypoint, note = resolveWaypoint(in.Binding, in.Waypoint, ForService)
+		s.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, ForService, svc.Namespace, in.NamespaceLabels)
 	}
-	return s, note
+	return s, refused
 }
 
 // AppProtocol maps a Service port's appProtocol, or else its name prefix

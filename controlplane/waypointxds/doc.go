@@ -9,8 +9,9 @@
 //
 // A Service is bound to a waypoint when it (or, failing a label of its own,
 // its namespace) names the waypoint in istio.io/use-waypoint and the
-// waypoint serves service traffic (istio.io/waypoint-for service or all) —
-// the rule ztunnel's Service resources follow, so that the waypoint holds a
+// waypoint serves service traffic (istio.io/waypoint-for service or all)
+// and its HBONE listener's allowedRoutes admit the Service's namespace —
+// the rule ztunnel's Service resources follow (ambient.Check), so that the waypoint holds a
 // filter chain for every Service that ztunnel sends to it. A waypoint that
 // serves workload traffic also gets one chain per bound pod, named
 // workload/<namespace>/<pod>, that passes the connection to its original

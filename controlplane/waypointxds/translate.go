@@ -123,7 +123,9 @@ type builder struct {
 	// Notes are the problems found, for logs and status (not errors: the
 	// rest of the configuration is still served).
 	notes []string
-	noted map[string]bool
+	noted map[string]bool // notes already taken, each kept once
+	// denied is the "<kind> <namespace>" pairs already noted as not admitted.
+	denied map[string]bool
 }
 
 type clusterRef struct {
@@ -183,6 +185,27 @@ func nsLabels(st cache.Indexer, ns string) map[string]string {
 	return nil
 }
 
+// bound reports whether an object of namespace ns with labels is bound to
+// the waypoint for traffic of kind: it asks for it and the binding rule
+// (ambient.Check) lets it. A binding the waypoint's owner does not admit is
+// noted.
+func (b *builder) bound(ns string, labels map[string]string, kind, what string) bool {
+	nsl := nsLabels(b.st.Namespaces, ns)
+	bind := ambient.BindingFor(ns, labels, nsl)
+	if bind.Key != b.wp.Key() {
+		return false
+	}
+	r := ambient.Check(bind, b.wp, kind, ns, nsl)
+	if r != nil && r.Reason == ambient.ReasonAttachmentDenied && !b.denied[what+" "+ns] {
+		if b.denied == nil {
+			b.denied = map[string]bool{}
+		}
+		b.denied[what+" "+ns] = true
+		b.note("%ss of namespace %s ask for this waypoint, whose allowedRoutes do not admit that namespace", what, ns)
+	}
+	return r == nil
+}
+
 // boundServices lists the Services bound to the waypoint, sorted by key.
 func (b *builder) boundServices() []*corev1.Service {
 	if !b.serves(ambient.ForService) || b.st.Services == nil {
@@ -194,7 +217,7 @@ func (b *builder) boundServices() []*corev1.Service {
 		if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Labels[ambient.LabelGatewayName] != "" {
 			continue
 		}
-		if ambient.BindingFor(svc.Namespace, svc.Labels, nsLabels(b.st.Namespaces, svc.Namespace)).Key == b.wp.Key() {
+		if b.bound(svc.Namespace, svc.Labels, ambient.ForService, "Service") {
 			out = append(out, svc)
 		}
 	}
@@ -317,7 +340,7 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 		if p.Labels[ambient.LabelGatewayName] != "" || p.Spec.HostNetwork {
 			continue
 		}
-		if ambient.BindingFor(p.Namespace, p.Labels, nsLabels(b.st.Namespaces, p.Namespace)).Key != b.wp.Key() {
+		if !b.bound(p.Namespace, p.Labels, ambient.ForWorkload, "Pod") {
 			continue
 		}
 		var ranges []*corev3.CidrRange

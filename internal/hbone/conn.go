@@ -97,6 +97,18 @@ type ctrlFrame struct {
 // buffer, a write error then surfaces on a later call), waiting only while
 // more than maxPendingWrite is pending. A flusher that wrote maxFlushShare
 // of others' frames hands the rest to writeLoop.
+//
+// Lock order (a lock is only taken while holding those before it):
+//
+//	Dialer.mu → conn.mu
+//	Stream.rmu or Stream.wmu → Stream.mu
+//	Stream.wmu → conn.wmu → conn.ctrlMu, conn.mu
+//
+// conn.mu and Stream.mu are never held together: code that needs both
+// (window updates, forget, shutdown) takes one, copies what it needs and
+// releases it first. pingMu is a leaf, never held with another lock. No
+// lock is held across a blocking network write except conn.wmu's flusher,
+// which releases wmu while writing (drainLocked).
 type conn struct {
 	nc     net.Conn
 	server bool
@@ -142,7 +154,7 @@ type conn struct {
 	recvUnacked    int64              // guarded by mu: consumed, not yet returned
 	maxPeerStream  uint32             // guarded by mu: server, highest stream ID seen
 	reserved       int                // guarded by mu: client, streams open or being opened
-	handlers       int                // guarded by mu: server, streams whose handler runs
+	handlers       map[*Stream]bool   // guarded by mu: server, streams whose handler runs
 	resetScore     int                // guarded by mu: server, rapid-reset detector
 	lastIdle       time.Time          // guarded by mu: client, when reserved fell to 0
 	idleTimer      *time.Timer        // guarded by mu: client, releases an idle connection
@@ -162,6 +174,7 @@ func newConn(nc net.Conn, server bool, cfg connConfig) *conn {
 		ctrlWake:       make(chan struct{}, 1),
 		flushNow:       make(chan struct{}, 1),
 		streams:        make(map[uint32]*Stream),
+		handlers:       make(map[*Stream]bool),
 		peerMaxFrame:   16384,
 		peerInitWindow: initialWindow,
 		peerMaxStreams: math.MaxUint32,
@@ -717,6 +730,10 @@ func (c *conn) onReset(f *http2.RSTStreamFrame) {
 			c.failCode(http2.ErrCodeEnhanceYourCalm, fmt.Errorf("peer %s reset too many streams before they were answered (rapid reset)", c.nc.RemoteAddr()))
 		}
 	}
+	if f.ErrCode == http2.ErrCodeNo && s.answered.Load() && s.peerEnded() {
+		s.stopSend(err)
+		return
+	}
 	s.abort(err)
 }
 
@@ -770,7 +787,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 		return connErr{http2.ErrCodeProtocol, fmt.Sprintf("stream %d reused or out of order", id)}
 	}
 	c.maxPeerStream = id
-	refuse := c.goAwaySent || c.err != nil || c.handlers >= int(c.cfg.maxStreams)
+	refuse := c.goAwaySent || c.err != nil || len(c.handlers) >= int(c.cfg.maxStreams)
 	c.mu.Unlock()
 	if refuse {
 		c.queue(ctrlFrame{kind: ctrlRST, stream: id, val: uint32(http2.ErrCodeRefusedStream)})
@@ -783,7 +800,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	s := c.newStream(id)
 	c.mu.Lock()
 	c.streams[id] = s
-	c.handlers++
+	c.handlers[s] = true
 	c.mu.Unlock()
 	if f.StreamEnded() {
 		s.endRecv()
@@ -795,7 +812,7 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 // handlerDone releases the handler slot of a server stream.
 func (c *conn) handlerDone(s *Stream) {
 	c.mu.Lock()
-	c.handlers--
+	delete(c.handlers, s)
 	if !s.resetEarly.Load() && c.resetScore > 0 {
 		c.resetScore--
 	}
@@ -964,6 +981,14 @@ func (c *conn) shutdown(err error, code *http2.ErrCode) {
 	c.err = err
 	streams := c.streams
 	c.streams = map[uint32]*Stream{}
+	// Streams already closed on the wire whose handlers still run: their
+	// contexts end too.
+	var finished []*Stream
+	for s := range c.handlers {
+		if streams[s.id] != s {
+			finished = append(finished, s)
+		}
+	}
 	last := c.maxPeerStream
 	close(c.done)
 	if c.idleTimer != nil {
@@ -995,6 +1020,9 @@ func (c *conn) shutdown(err error, code *http2.ErrCode) {
 	for _, s := range streams {
 		s.abort(err)
 	}
+	for _, s := range finished {
+		s.endContext()
+	}
 	if c.onClose != nil {
 		c.onClose(c)
 	}
@@ -1012,7 +1040,7 @@ func (c *conn) goAway() {
 	}
 	c.goAwaySent = true
 	last := c.maxPeerStream
-	empty := len(c.streams) == 0 && c.handlers == 0
+	empty := len(c.streams) == 0 && len(c.handlers) == 0
 	c.mu.Unlock()
 	c.wmu.Lock()
 	err := c.fr.WriteGoAway(last, http2.ErrCodeNo, nil)

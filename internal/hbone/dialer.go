@@ -208,16 +208,18 @@ func (d *Dialer) Dial(ctx context.Context, t Target) (*Stream, error) {
 	return nil, fmt.Errorf("hbone: dial %s via %s: %w", t.Authority, t.Addr, lastErr)
 }
 
-// awaitResponse waits for the CONNECT response of a client stream.
+// awaitResponse waits for the CONNECT response of a client stream. A
+// response that arrived counts even when the stream ended right after it
+// (a reset, the connection's end): the caller gets the stream, which yields
+// the data that came with the response and then the error.
 func (s *Stream) awaitResponse(ctx context.Context) error {
 	select {
 	case <-s.respReady:
-		if s.status != http.StatusOK {
-			s.Close()
-			return &StatusError{Code: s.status, Authority: ""}
-		}
-		return nil
+		return s.responded()
 	case <-s.dead:
+		if isClosed(s.respReady) {
+			return s.responded()
+		}
 		s.mu.Lock()
 		err := s.err
 		s.mu.Unlock()
@@ -229,6 +231,14 @@ func (s *Stream) awaitResponse(ctx context.Context) error {
 		s.Close()
 		return ctx.Err()
 	}
+}
+
+func (s *Stream) responded() error {
+	if s.status != http.StatusOK {
+		s.Close()
+		return &StatusError{Code: s.status, Authority: ""}
+	}
+	return nil
 }
 
 // conn returns a pooled connection with a stream slot reserved for the caller.

@@ -56,6 +56,8 @@ type Stream struct {
 	sendDone   bool            // guarded by mu: CloseWrite or Close queued END_STREAM
 	err        error           // guarded by mu: reset or connection failure
 	closed     bool            // guarded by mu: Close was called
+	deadClosed bool            // guarded by mu: dead is closed
+	sendErr    error           // guarded by mu: the peer wants no more data (RST_STREAM NO_ERROR after its END_STREAM)
 	forgotten  bool            // guarded by mu: removed from the connection
 	watchers   []*watcher      // guarded by mu: see AfterPeerEnd
 	endWritten bool            // guarded by c.wmu: END_STREAM went out
@@ -313,6 +315,13 @@ func (s *Stream) addSendWindow(delta int64) bool {
 	return ok
 }
 
+// peerEnded reports whether the peer's END_STREAM arrived.
+func (s *Stream) peerEnded() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.recvDone
+}
+
 // endRecv records END_STREAM from the peer.
 func (s *Stream) endRecv() {
 	s.mu.Lock()
@@ -334,7 +343,8 @@ func (s *Stream) endRecv() {
 // abort ends the stream with err (a reset or the connection's failure).
 func (s *Stream) abort(err error) {
 	s.mu.Lock()
-	first := s.err == nil && !s.closed
+	first := !s.deadClosed
+	s.deadClosed = true
 	if s.err == nil {
 		s.err = err
 	}
@@ -354,6 +364,43 @@ func (s *Stream) abort(err error) {
 	}
 	if forget {
 		s.c.forget(s)
+	}
+}
+
+// stopSend handles RST_STREAM(NO_ERROR) after the peer's END_STREAM: the
+// peer sent all it had and wants nothing more (RFC 9113 §8.1, a server that
+// answered before reading the whole request). Writes fail with err; what
+// the peer sent stays readable, up to EOF.
+func (s *Stream) stopSend(err error) {
+	s.mu.Lock()
+	if s.sendErr == nil {
+		s.sendErr = err
+	}
+	s.sendDone = true
+	first := !s.deadClosed
+	s.deadClosed = true
+	forget := !s.forgotten
+	s.forgotten = true
+	s.mu.Unlock()
+	if first {
+		close(s.dead)
+	}
+	notify(s.writable)
+	if forget {
+		s.c.forget(s)
+	}
+}
+
+// endContext ends a server stream's request context when its connection
+// ends after the stream was closed on the wire; what it received stays
+// readable.
+func (s *Stream) endContext() {
+	s.mu.Lock()
+	first := !s.deadClosed
+	s.deadClosed = true
+	s.mu.Unlock()
+	if first {
+		close(s.dead)
 	}
 }
 
@@ -551,6 +598,8 @@ func (s *Stream) writeErrLocked() error {
 		return net.ErrClosed
 	case s.err != nil:
 		return s.err
+	case s.sendErr != nil:
+		return s.sendErr
 	case s.sendDone:
 		return errors.New("hbone: write after CloseWrite")
 	}
@@ -776,7 +825,8 @@ func (s *Stream) Close() error {
 		s.mu.Unlock()
 		return nil
 	}
-	first := s.err == nil
+	first := !s.deadClosed
+	s.deadClosed = true
 	s.closed = true
 	clean := s.err == nil && s.buf.n == 0
 	sendEnd := clean && !s.sendDone

@@ -2,9 +2,11 @@ package xdsserver
 
 import (
 	"context"
+	"log/slog"
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -216,5 +218,96 @@ func TestPlaintextStreams(t *testing.T) {
 	defer s.cancel()
 	if _, err := subscribe(t, ln.Addr().String(), "shop/waypoint", waypointNode, ListenerType); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("listeners on the plaintext service: error %v, want PermissionDenied", err)
+	}
+}
+
+// records keeps the messages and attributes of the records logged.
+type records struct {
+	mu   sync.Mutex
+	msgs []string // guarded by mu; "message attr=value ..."
+}
+
+func (r *records) Enabled(context.Context, slog.Level) bool { return true }
+func (r *records) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *records) WithGroup(string) slog.Handler            { return r }
+func (r *records) Handle(_ context.Context, rec slog.Record) error {
+	line := rec.Message
+	rec.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	r.mu.Lock()
+	r.msgs = append(r.msgs, line)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *records) with(prefix string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.msgs {
+		if strings.HasPrefix(m, prefix) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// TestRefusedMidStream checks that a node proxy adding a waypoint type to
+// a stream it was served workloads on loses the stream, and that the
+// refusal is logged once with who asked for what.
+func TestRefusedMidStream(t *testing.T) {
+	logs := &records{}
+	s, err := New(Config{Authenticator: tokenIsCaller{}, NodeProxies: []string{ztunnelID}, Logger: slog.New(logs)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	meshState(t, s)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	s.Register(g)
+	go func() { _ = g.Serve(ln) }()
+	defer g.Stop()
+	defer s.cancel()
+
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+ztunnelID)
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: ztunnelNode}, TypeUrl: workloadpb.AddressTypeURL}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil || len(resp.GetResources()) != 1 {
+		t.Fatalf("addresses: %d resources, error %v", len(resp.GetResources()), err)
+	}
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: ListenerType}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := st.Recv()
+		if err != nil {
+			if status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("error %v, want PermissionDenied", err)
+			}
+			break
+		}
+		if resp.GetTypeUrl() != workloadpb.AddressTypeURL {
+			t.Fatalf("sent %s after the refusal", resp.GetTypeUrl())
+		}
+	}
+	got := logs.with("xDS subscription refused")
+	if len(got) != 1 || !strings.Contains(got[0], "caller="+ztunnelID) || !strings.Contains(got[0], "type_url="+ListenerType) ||
+		!strings.Contains(got[0], "reason="+reasonNotWaypoint) {
+		t.Errorf("refusal logs %q, want one naming the caller, the type and the reason", got)
 	}
 }

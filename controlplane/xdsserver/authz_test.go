@@ -311,3 +311,19 @@ func TestRefusedMidStream(t *testing.T) {
 		t.Errorf("refusal logs %q, want one naming the caller, the type and the reason", got)
 	}
 }
+
+// nobody accepts every stream without naming its caller.
+type nobody struct{}
+
+func (nobody) Authenticate(context.Context) (string, error) { return "", nil }
+
+// TestAuthenticatorNamesNobody checks that an authenticator accepting a
+// stream without a caller does not turn it into an unauthenticated stream,
+// which would be served workloads.
+func TestAuthenticatorNamesNobody(t *testing.T) {
+	h := start(t, nobody{})
+	meshState(t, h.srv)
+	if _, err := subscribe(t, h.addr, "", ztunnelNode, workloadpb.AddressTypeURL); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("error %v, want Unauthenticated", err)
+	}
+}

@@ -9,8 +9,13 @@
 //	       istiod.<namespace>.svc (and their .svc.<cluster domain> forms) and
 //	       is signed by the mesh root, which clients read from ConfigMap
 //	       istio-ca-root-cert. xDS streams authenticate like CA calls, with a
-//	       service-account token for audience istio-ca.
-//	15010  plaintext delta ADS, unauthenticated; off unless configured.
+//	       service-account token for audience istio-ca, and are authorized
+//	       by that identity: workload discovery goes to the trusted node
+//	       accounts (ztunnel) only, waypoint configuration to each waypoint
+//	       only; anyone else's stream ends with PermissionDenied.
+//	15010  plaintext delta ADS, unauthenticated (workload discovery to
+//	       anyone who reaches it, no waypoint configuration); off unless
+//	       configured.
 //	15014  HTTP: /ready, /metrics, and /debug/xds (loopback callers only).
 //
 // # Start-up
@@ -87,8 +92,9 @@ type Config struct {
 	Network string
 	// RootNamespace holds mesh-wide AuthorizationPolicies. Default Namespace.
 	RootNamespace string
-	// TrustedNodeAccounts may request the identities of pods on their node.
-	// Default ["<Namespace>/ztunnel"].
+	// TrustedNodeAccounts are the node proxies: they may request the
+	// identities of pods on their node, and only they are served workload
+	// discovery. Default ["<Namespace>/ztunnel"].
 	TrustedNodeAccounts []string
 	// TokenAudience of callers' tokens. Default "istio-ca".
 	TokenAudience string
@@ -322,7 +328,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	xcfg := xdsserver.Config{Logger: log.With("part", "xds"), Registerer: cp.reg}
+	xcfg := xdsserver.Config{Logger: log.With("part", "xds"), Registerer: cp.reg, NodeProxies: cfg.TrustedNodeAccounts}
 	if *cfg.XDSAuth {
 		xcfg.Authenticator = authn
 	}

@@ -11,6 +11,7 @@ type metrics struct {
 	convergence  *prometheus.HistogramVec
 	resources    *prometheus.GaugeVec
 	authFailures prometheus.Counter
+	refused      *prometheus.CounterVec
 }
 
 func newMetrics() metrics {
@@ -44,11 +45,16 @@ func newMetrics() metrics {
 			Name: "pilot_xds_auth_failures_total",
 			Help: "xDS streams refused because the caller failed authentication.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_xds_rejected_streams_total",
+			Help: "xDS streams ended because their caller may not subscribe to a type, by type URL and reason " +
+				"(not_node_proxy, not_waypoint, unauthenticated).",
+		}, []string{"type_url", "reason"}),
 	}
 }
 
 func (m metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.clients, m.pushes, m.sent, m.rejects, m.convergence, m.resources, m.authFailures} {
+	for _, c := range []prometheus.Collector{m.clients, m.pushes, m.sent, m.rejects, m.convergence, m.resources, m.authFailures, m.refused} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

@@ -20,8 +20,19 @@
 // keyed by the caller's authenticated identity, "<namespace>/<service
 // account>": a waypoint's service account is named after its Gateway, so
 // the identity picks the configuration and the node id a client sends is
-// never trusted for it. Unauthenticated streams (the plaintext port) are
-// served no waypoint configuration.
+// never trusted for it.
+//
+// Every subscription is authorized by the caller's authenticated identity
+// (authz.go): the workload types go only to the node proxies
+// (Config.NodeProxies, the ztunnels), which get every Address and policy
+// because a ztunnel routes to any destination and enforces for any local
+// pod; the Envoy types go only to waypoints, an identity being one when a
+// waypoint's configuration is stored under it. Any other caller's stream,
+// an ordinary workload's above all, ends with PermissionDenied before it is
+// sent anything, and is counted in weft_xds_rejected_streams_total.
+// Unauthenticated streams (authentication off, or the plaintext port) are
+// served the workload types, as istiod's plaintext port is, and no waypoint
+// configuration.
 //
 // State-of-the-world streams are refused: ztunnel speaks delta only.
 package xdsserver
@@ -55,7 +66,7 @@ import (
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
-// TypeURLs are the workload resource types served to every client.
+// TypeURLs are the workload resource types, served to node proxies.
 var TypeURLs = []string{workloadpb.AddressTypeURL, securitypb.AuthorizationTypeURL}
 
 // Envoy type URLs, served per waypoint.
@@ -106,8 +117,13 @@ type Authenticator interface {
 // Config configures a Server.
 type Config struct {
 	// Authenticator, when set, must accept a stream on the service that
-	// Register adds before it is served. Default nil: every stream is served.
+	// Register adds before it is served, and names its caller for
+	// authorization. Default nil: every stream is unauthenticated.
 	Authenticator Authenticator
+	// NodeProxies are the identities ("<namespace>/<service account>", as
+	// the Authenticator names them) of the node proxies (ztunnels): the
+	// only authenticated callers served the workload types. Default none.
+	NodeProxies []string
 	// Logger: default discard.
 	Logger *slog.Logger
 	// Registerer receives the server's metrics. Default: none.
@@ -363,6 +379,11 @@ func (cb *callbacks) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) 
 			}
 			return status.Error(codes.Unauthenticated, "authentication failed")
 		}
+		if caller == "" {
+			s.m.authFailures.Inc()
+			s.log.Warn("xDS stream refused", "peer", c.peer, "error", "the authenticator named no caller")
+			return status.Error(codes.Unauthenticated, "authentication failed")
+		}
 		c.caller = caller
 	}
 	s.mu.Lock()
@@ -411,6 +432,15 @@ func (cb *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscover
 	if req.GetNode() != nil && c.node == nil {
 		c.node = req.GetNode()
 	}
+	caller, claimed := c.caller, c.nodeID()
+	s.mu.Unlock()
+	if reason, msg := s.authorize(caller, typeURL); reason != "" {
+		s.m.refused.WithLabelValues(typeURL, reason).Inc()
+		s.log.Warn("xDS subscription refused", "stream", id, "peer", c.peer, "caller", caller,
+			"node", claimed, "type_url", typeURL, "reason", reason)
+		return refusal(msg)
+	}
+	s.mu.Lock()
 	// The cache sees the authenticated caller as the node id, never what
 	// the client claims.
 	key := c.caller

@@ -46,7 +46,7 @@ type harness struct {
 func start(t *testing.T, auth Authenticator) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{Registerer: reg, Authenticator: auth})
+	s, err := New(Config{Registerer: reg, Authenticator: auth, NodeProxies: []string{ztunnelID}})
 	if err != nil {
 		t.Fatal(err)
 	}

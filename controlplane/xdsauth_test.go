@@ -1,0 +1,88 @@
+package controlplane_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/weftmesh/weft/controlplane/internal/apitest"
+	"github.com/weftmesh/weft/controlplane/xdsserver"
+	"github.com/weftmesh/weft/internal/pb/securitypb"
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// TestXDSAuthorization opens delta ADS streams over TLS with tokens issued
+// and reviewed by the real API server and checks that only the trusted
+// node proxy is served workload discovery: an ordinary pod's token, or a
+// look-alike ztunnel account in another namespace, ends the stream with
+// PermissionDenied, for the workload types and the waypoint types alike,
+// whatever node id the client claims.
+func TestXDSAuthorization(t *testing.T) {
+	c := realAPI(t)
+	const rel, app = "weft-xdsauth", "shop-xdsauth"
+	cp := startControlPlane(t, c, rel, nil)
+	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel-a", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.30.0.2"})
+	mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "web", Node: "node-a", IP: "10.30.1.2"}) // an address to serve
+	cart := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "cart", ServiceAccount: "cart", Node: "node-a", IP: "10.30.1.3"})
+	fake := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "fake-ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.30.1.4"})
+	wpNamed := mustRun(t, c, apitest.PodOnNode{Namespace: app, Name: "fake-waypoint", ServiceAccount: "waypoint", Node: "node-a", IP: "10.30.1.5"})
+	const ztNode = "ztunnel~10.30.0.2~ztunnel-a." + rel + "~" + rel + ".svc.cluster.local"
+
+	cases := []struct {
+		name, token, typeURL string
+		want                 codes.Code
+	}{
+		{"pod asks for addresses", podToken(t, c, cart), workloadpb.AddressTypeURL, codes.PermissionDenied},
+		{"pod asks for policies", podToken(t, c, cart), securitypb.AuthorizationTypeURL, codes.PermissionDenied},
+		{"pod asks for listeners", podToken(t, c, cart), xdsserver.ListenerType, codes.PermissionDenied},
+		{"pod asks for clusters", podToken(t, c, cart), xdsserver.ClusterType, codes.PermissionDenied},
+		{"ztunnel account outside the release namespace", podToken(t, c, fake), workloadpb.AddressTypeURL, codes.PermissionDenied},
+		{"waypoint-named account without a waypoint", podToken(t, c, wpNamed), xdsserver.ListenerType, codes.PermissionDenied},
+		{"ztunnel asks for listeners", podToken(t, c, zt), xdsserver.ListenerType, codes.PermissionDenied},
+		{"ztunnel gets addresses", podToken(t, c, zt), workloadpb.AddressTypeURL, codes.OK},
+		{"ztunnel gets policies", podToken(t, c, zt), securitypb.AuthorizationTypeURL, codes.OK},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := deltaSubscribe(t, cp, tc.token, ztNode, tc.typeURL)
+			if got := status.Code(err); got != tc.want {
+				t.Fatalf("got %d resources and error %v; want %v", len(resp.GetResources()), err, tc.want)
+			}
+			if tc.want == codes.OK && tc.typeURL == workloadpb.AddressTypeURL && len(resp.GetResources()) == 0 {
+				t.Error("the ztunnel got no address")
+			}
+		})
+	}
+}
+
+// deltaSubscribe opens a delta ADS stream over TLS with token, claiming
+// node, subscribes to every resource of typeURL and returns the first
+// response or the error that ended the stream (DeadlineExceeded when the
+// server neither answers nor refuses within a few seconds).
+func deltaSubscribe(t *testing.T, cp *running, token, node, typeURL string) (*discovery.DeltaDiscoveryResponse, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(cp.secureAddr(), grpc.WithTransportCredentials(credentials.NewTLS(cp.tlsConfig(t))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: typeURL}); err != nil {
+		return nil, err
+	}
+	return st.Recv()
+}

@@ -24,7 +24,11 @@
 // Weft's part of the decision is in annotations, every key under
 // admission.weft.dev/ (constants below): decision, reason, rules, message,
 // warnings, patch, dry-run, subject-access-review, latency-us, webhook, kind,
-// object-bytes and replica. The object itself is never written: it may hold
+// object-bytes, replica, caller-authenticated ("true" when the caller
+// presented a client certificate the webhook verified), caller (that
+// certificate's subject) and user-info: "asserted" when the caller was
+// authenticated, "claimed" when not, in which case user is whatever the
+// caller wrote and anyone able to reach the webhook could have written it. The object itself is never written: it may hold
 // secrets (a Pod's environment, for one).
 //
 // # Sinks

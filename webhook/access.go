@@ -26,8 +26,8 @@ var _ admit.AccessReviewer = (*AccessLimit)(nil)
 
 // Defaults of [NewAccessLimit].
 const (
-	DefaultUnauthenticatedReviewsPerSecond = 5
-	DefaultUnauthenticatedReviewBurst      = 20
+	DefaultUnauthenticatedReviewsPerSecond = 20
+	DefaultUnauthenticatedReviewBurst      = 50
 )
 
 // NewAccessLimit wraps next, allowing unauthenticated callers perSecond

@@ -280,3 +280,17 @@ func TestServerUnknownLengthReservesMax(t *testing.T) {
 		t.Errorf("the review without a length: HTTP %d %v", a.code, a.err)
 	}
 }
+
+// TestServerBodyCapWithoutLength sends more than MaxBodyBytes without
+// declaring a length: the cap still stops the read with 413.
+func TestServerBodyCapWithoutLength(t *testing.T) {
+	ls := startServer(t, serverOpts{maxBody: 1 << 20})
+	body := append(namespaceReview(t, "shop", "ambient", false), bytes.Repeat([]byte(" "), 2<<20)...)
+	code, got := ls.do(t, "POST", PathValidate, "application/json", io.MultiReader(bytes.NewReader(body)))
+	if code != http.StatusRequestEntityTooLarge {
+		t.Errorf("HTTP %d %q, want 413", code, got)
+	}
+	if code, got := ls.do(t, "POST", PathValidate, "application/json", bytes.NewReader(body)); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("declared length: HTTP %d %q, want 413", code, got)
+	}
+}

@@ -130,6 +130,12 @@ func TestWebhook(t *testing.T) {
 			review.User != "dev" || review.Namespace != "wh-infra" || review.Name != "shared" || review.Allowed || review.Verb != "use" {
 			t.Errorf("the denial's SubjectAccessReview record %q (%v)", rec.Annotations[audit.KeyAccessReview], err)
 		}
+		// The chart's default verifies no client certificate: the API
+		// server's calls work, and the record says its user is claimed.
+		if rec.Annotations[audit.KeyCallerAuthenticated] != "false" || rec.Annotations[audit.KeyUserInfo] != "claimed" {
+			t.Errorf("the record's caller annotations %q %q, want false and claimed",
+				rec.Annotations[audit.KeyCallerAuthenticated], rec.Annotations[audit.KeyUserInfo])
+		}
 		sample, _ := json.Marshal(rec)
 		t.Logf("the cross-namespace denial's audit record: %s", sample)
 

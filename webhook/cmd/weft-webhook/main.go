@@ -95,7 +95,7 @@ type Config struct {
 	ClientNames  []string
 	// UnauthenticatedSARRate and UnauthenticatedSARBurst bound the
 	// SubjectAccessReviews made for unauthenticated callers, per replica;
-	// defaults 5 per second and 20.
+	// defaults 20 per second and 50.
 	UnauthenticatedSARRate  float64
 	UnauthenticatedSARBurst int
 }

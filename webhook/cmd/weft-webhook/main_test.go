@@ -21,7 +21,7 @@ func TestParse(t *testing.T) {
 	if cfg.Addr != ":15017" || cfg.MonitoringAddr != ":15014" || cfg.FailurePolicy != "Fail" || cfg.CertMode != "self" ||
 		cfg.AuditSink != "stdout" || cfg.RootNamespace != "weft-system" || cfg.CertValidity != 90*24*time.Hour ||
 		cfg.AuditMaxBytes != 100<<20 || cfg.ClientAuth != "none" || cfg.MaxConcurrentReviews != 32 ||
-		cfg.MaxInflightBytes != 24<<20 || cfg.UnauthenticatedSARRate != 5 || cfg.UnauthenticatedSARBurst != 20 {
+		cfg.MaxInflightBytes != 24<<20 || cfg.UnauthenticatedSARRate != 20 || cfg.UnauthenticatedSARBurst != 50 {
 		t.Errorf("defaults: %+v", cfg)
 	}
 

@@ -616,8 +616,6 @@ func statusReason(code int32) metav1.StatusReason {
 		return metav1.StatusReasonForbidden
 	case http.StatusUnprocessableEntity:
 		return metav1.StatusReasonInvalid
-	case http.StatusTooManyRequests:
-		return metav1.StatusReasonTooManyRequests
 	}
 	return metav1.StatusReasonInternalError
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 
 	"github.com/weftmesh/weft/webhook/admit"
 )
@@ -293,4 +295,43 @@ func TestServerBodyCapWithoutLength(t *testing.T) {
 	if code, got := ls.do(t, "POST", PathValidate, "application/json", bytes.NewReader(body)); code != http.StatusRequestEntityTooLarge {
 		t.Errorf("declared length: HTTP %d %q, want 413", code, got)
 	}
+}
+
+// TestServerOverloadRetried checks the 429 against the REST client the API
+// server calls webhooks with: it waits Retry-After and sends the review
+// again, which goes through once a slot is free.
+func TestServerOverloadRetried(t *testing.T) {
+	ba := newBlockingAdmitter()
+	ls := startServer(t, serverOpts{adm: ba, config: func(c *Config) { c.MaxConcurrentReviews = 1 }})
+	review := namespaceReview(t, "shop", "ambient", false)
+	held := make(chan answer, 1)
+	go func() { held <- ls.post(ls.client, review, 10*time.Second) }()
+	if !waitFor(5*time.Second, func() bool { return ba.entered.Load() == 1 }) {
+		t.Fatal("the first review never reached the handler")
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ls.roots, ServerName: serverName}}
+	defer tr.CloseIdleConnections()
+	rc, err := rest.UnversionedRESTClientFor(&rest.Config{Host: ls.url, Transport: tr,
+		ContentConfig: rest.ContentConfig{NegotiatedSerializer: scheme.Codecs.WithoutConversion()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(300*time.Millisecond, func() { close(ba.release) })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	started := time.Now()
+	body, err := rc.Post().AbsPath(PathValidate).SetHeader("Content-Type", "application/json").Body(review).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("the REST client's review: %v", err)
+	}
+	if resp := decodeReview(t, body); !resp.Allowed {
+		t.Errorf("response %+v", resp)
+	}
+	if time.Since(started) < 900*time.Millisecond {
+		t.Errorf("answered after %v: the first attempt was not refused", time.Since(started))
+	}
+	if got := testutil.ToFloat64(ls.metrics.overload.WithLabelValues("reviews")); got < 1 {
+		t.Errorf("%v overload rejections, want the first attempt's", got)
+	}
+	<-held
 }

@@ -11,6 +11,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -28,7 +29,7 @@ func renderChart(t *testing.T, set ...string) string {
 		t.Skipf("bin/helm is not built (make tools): %v", err)
 	}
 	args := []string{"template", "weft", filepath.Join(root, "charts", "weft"), "--namespace", "weft-system", "--kube-version", "1.37.2"}
-	for _, s := range []string{"webhook-rbac.yaml", "webhook-deployment.yaml", "webhook-configurations.yaml"} {
+	for _, s := range []string{"webhook-rbac.yaml", "webhook-deployment.yaml", "webhook-configurations.yaml", "webhook-networkpolicy.yaml"} {
 		args = append(args, "--show-only", "templates/"+s)
 	}
 	for _, s := range set {
@@ -73,6 +74,10 @@ func documents(t *testing.T, manifest string) map[string]any {
 			obj = &corev1.Service{}
 		case "Secret":
 			obj = &corev1.Secret{}
+		case "ConfigMap":
+			obj = &corev1.ConfigMap{}
+		case "NetworkPolicy":
+			obj = &networkingv1.NetworkPolicy{}
 		case "ServiceAccount":
 			obj = &corev1.ServiceAccount{}
 		case "ClusterRole", "Role":
@@ -221,6 +226,36 @@ func TestChartOptions(t *testing.T) {
 	role := objs["Role/weft-webhook"].(*rbacv1.ClusterRole)
 	if len(role.Rules) != 1 || !slices.Equal(role.Rules[0].Verbs, []string{"get"}) {
 		t.Errorf("secret mode Role %+v, want get only", role.Rules)
+	}
+}
+
+// TestChartClientCA renders client-certificate verification with a bundle
+// in the values: the chart makes the ConfigMap, mounts it where
+// CLIENT_CA_FILE points, and passes the mode and names.
+func TestChartClientCA(t *testing.T) {
+	const pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+	objs := documents(t, renderChart(t, "webhook.clientCA.verify=if-given", "webhook.clientCA.bundle="+pem,
+		"webhook.clientCA.allowedNames={kube-apiserver,apiserver.example}"))
+	cm, ok := objs["ConfigMap/weft-webhook-client-ca"].(*corev1.ConfigMap)
+	if !ok || cm.Data["ca.crt"] != pem {
+		t.Fatalf("client CA ConfigMap %+v", objs["ConfigMap/weft-webhook-client-ca"])
+	}
+	dep := objs["Deployment/weft-webhook"].(*appsv1.Deployment)
+	c := dep.Spec.Template.Spec.Containers[0]
+	env := map[string]string{}
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	if env["CLIENT_AUTH"] != "if-given" || env["CLIENT_NAMES"] != "kube-apiserver,apiserver.example" {
+		t.Errorf("env %v", env)
+	}
+	i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "client-ca" })
+	if i < 0 || filepath.Join(c.VolumeMounts[i].MountPath, "ca.crt") != env["CLIENT_CA_FILE"] {
+		t.Fatalf("mounts %+v, CLIENT_CA_FILE %q", c.VolumeMounts, env["CLIENT_CA_FILE"])
+	}
+	v := slices.IndexFunc(dep.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == "client-ca" })
+	if v < 0 || dep.Spec.Template.Spec.Volumes[v].ConfigMap == nil || dep.Spec.Template.Spec.Volumes[v].ConfigMap.Name != cm.Name {
+		t.Errorf("volumes %+v", dep.Spec.Template.Spec.Volumes)
 	}
 }
 

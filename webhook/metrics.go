@@ -15,6 +15,9 @@ type metrics struct {
 	auditRecords  prometheus.Counter
 	auditErrors   prometheus.Counter
 	accessReviews *prometheus.CounterVec // result
+	overload      *prometheus.CounterVec // limit
+	inflight      prometheus.Gauge
+	inflightBytes prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -48,9 +51,22 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "weft_webhook_access_reviews_total",
 			Help: "SubjectAccessReviews for cross-namespace waypoint use, by result (allowed, denied, error).",
 		}, []string{"result"}),
+		overload: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_webhook_overload_rejections_total",
+			Help: "Admission requests refused with 429 because a limit was reached, by limit (reviews: MaxConcurrentReviews, bytes: MaxInflightBytes).",
+		}, []string{"limit"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weft_webhook_inflight_reviews",
+			Help: "Admission requests being handled.",
+		}),
+		inflightBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "weft_webhook_inflight_bytes",
+			Help: "Body bytes reserved by the admission requests being handled.",
+		}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.duration, m.httpErrors, m.panics, m.auditRecords, m.auditErrors, m.accessReviews} {
+		for _, c := range []prometheus.Collector{m.requests, m.duration, m.httpErrors, m.panics, m.auditRecords, m.auditErrors, m.accessReviews,
+			m.overload, m.inflight, m.inflightBytes} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("registering webhook metrics: %w", err)
 			}

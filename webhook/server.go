@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigsjson "sigs.k8s.io/json"
@@ -70,6 +71,24 @@ type Config struct {
 	// DrainTimeout bounds the wait for requests in flight at shutdown;
 	// default 10 s.
 	DrainTimeout time.Duration
+	// MaxConcurrentReviews bounds the admission requests handled at once;
+	// default 32. Beyond it a request gets 429 with Retry-After.
+	MaxConcurrentReviews int
+	// MaxInflightBytes bounds the body bytes of the admission requests
+	// handled at once (each counts its Content-Length, or MaxBodyBytes when
+	// it declares none); default 4 × MaxBodyBytes (24 MiB). It is raised to
+	// MaxBodyBytes if lower. Beyond it a request gets 429 with Retry-After.
+	MaxInflightBytes int64
+	// ClientAuth says whether callers must present a client certificate:
+	// ClientAuthNone (default), ClientAuthIfGiven or ClientAuthRequire.
+	ClientAuth ClientAuth
+	// ClientCAFile is a PEM bundle of the CAs that sign accepted client
+	// certificates; required unless ClientAuth is none. It is read again
+	// when it changes.
+	ClientCAFile string
+	// ClientNames, if set, lists the names a client certificate may carry
+	// (its subject common name or one of its DNS SANs); default any.
+	ClientNames []string
 	// Replica names this replica in audit records (the pod name).
 	Replica string
 	// ReadyChecks must all pass for /ready to answer 200.
@@ -81,12 +100,31 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// ClientAuth is how the admission port treats client certificates.
+type ClientAuth string
+
+// Client authentication modes.
+const (
+	ClientAuthNone    ClientAuth = "none"
+	ClientAuthIfGiven ClientAuth = "if-given"
+	ClientAuthRequire ClientAuth = "require"
+)
+
 // Defaults of [Config].
 const (
 	DefaultAddr           = ":15017"
 	DefaultMonitoringAddr = ":15014"
 	DefaultMaxBodyBytes   = 6 << 20
+	// DefaultMaxConcurrentReviews is the default of MaxConcurrentReviews.
+	DefaultMaxConcurrentReviews = 32
+	// DefaultInflightBodies is MaxInflightBytes's default in bodies of
+	// MaxBodyBytes: a review of that size takes about three times as much
+	// memory while it is decoded and decided.
+	DefaultInflightBodies = 4
 	maxTimeout            = 30 * time.Second
+	// retryAfter is the Retry-After of a 429, in seconds: the API server's
+	// webhook client retries after it within the webhook's timeout.
+	retryAfter = "1"
 )
 
 func (cfg *Config) setDefaults() {
@@ -98,6 +136,16 @@ func (cfg *Config) setDefaults() {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxConcurrentReviews <= 0 {
+		cfg.MaxConcurrentReviews = DefaultMaxConcurrentReviews
+	}
+	if cfg.MaxInflightBytes <= 0 {
+		cfg.MaxInflightBytes = DefaultInflightBodies * cfg.MaxBodyBytes
+	}
+	cfg.MaxInflightBytes = max(cfg.MaxInflightBytes, cfg.MaxBodyBytes)
+	if cfg.ClientAuth == "" {
+		cfg.ClientAuth = ClientAuthNone
 	}
 	if cfg.DefaultTimeout <= 0 {
 		cfg.DefaultTimeout = 10 * time.Second
@@ -136,7 +184,12 @@ type Server struct {
 	sink    audit.Sink
 	log     *slog.Logger
 	metrics *metrics
-	serving atomic.Bool // listeners up and not shutting down
+	limit   *inflight
+	// clientCAs is nil when ClientAuth is none.
+	clientCAs *clientCAs
+	// overloadLog spaces out the overload warnings.
+	overloadLog rate.Sometimes
+	serving     atomic.Bool // listeners up and not shutting down
 }
 
 // New returns a Server; it listens only in Run or Serve.
@@ -148,11 +201,29 @@ func New(cfg Config, adm Admitter, sink audit.Sink) (*Server, error) {
 		return nil, errors.New("webhook: an Admitter and an audit sink are required")
 	}
 	cfg.setDefaults()
+	s := &Server{cfg: cfg, adm: adm, sink: sink, log: cfg.Logger,
+		limit:       &inflight{maxReviews: cfg.MaxConcurrentReviews, maxBytes: cfg.MaxInflightBytes},
+		overloadLog: rate.Sometimes{First: 1, Interval: 10 * time.Second}}
+	switch cfg.ClientAuth {
+	case ClientAuthNone:
+	case ClientAuthIfGiven, ClientAuthRequire:
+		if cfg.ClientCAFile == "" {
+			return nil, fmt.Errorf("webhook: client authentication %s needs a client CA file", cfg.ClientAuth)
+		}
+		cas, err := loadClientCAs(cfg.ClientCAFile, cfg.Logger)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: %w", err)
+		}
+		s.clientCAs = cas
+	default:
+		return nil, fmt.Errorf("webhook: client authentication %q: want none, if-given or require", cfg.ClientAuth)
+	}
 	m, err := newMetrics(cfg.Registry)
 	if err != nil {
 		return nil, err
 	}
-	return &Server{cfg: cfg, adm: adm, sink: sink, log: cfg.Logger, metrics: m}, nil
+	s.metrics = m
+	return s, nil
 }
 
 // Run listens on Addr and MonitoringAddr and serves until ctx ends.
@@ -175,11 +246,8 @@ func (s *Server) Run(ctx context.Context) error {
 func (s *Server) Serve(ctx context.Context, ln, mon net.Listener) error {
 	errLog := slog.NewLogLogger(s.log.Handler(), slog.LevelDebug)
 	admission := &http.Server{
-		Handler: s,
-		TLSConfig: &tls.Config{
-			MinVersion:     tls.VersionTLS12,
-			GetCertificate: s.cfg.GetCertificate,
-		},
+		Handler:           s,
+		TLSConfig:         s.tlsConfig(),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
 		ReadTimeout:       s.cfg.ReadTimeout,
 		WriteTimeout:      s.cfg.WriteTimeout,
@@ -286,19 +354,69 @@ func (s *Server) httpError(w http.ResponseWriter, code int, msg string) {
 	http.Error(w, msg, code)
 }
 
-// readReview reads and checks the AdmissionReview of r; on failure it has
-// answered and returns nil.
-func (s *Server) readReview(w http.ResponseWriter, r *http.Request) *admissionv1.AdmissionReview {
+// checkRequest checks what can be checked before the body is read; on
+// failure it has answered and returns false.
+func (s *Server) checkRequest(w http.ResponseWriter, r *http.Request, caller Caller) bool {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		s.httpError(w, http.StatusMethodNotAllowed, "admission requests are POSTed")
-		return nil
+		return false
+	}
+	if s.cfg.ClientAuth == ClientAuthRequire && !caller.Authenticated {
+		// The handshake already refuses such callers; this guards the
+		// handler when it is served some other way.
+		s.httpError(w, http.StatusForbidden, "a verified client certificate is required")
+		return false
 	}
 	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
 		s.httpError(w, http.StatusUnsupportedMediaType, "the body must be application/json")
-		return nil
+		return false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if r.ContentLength > s.cfg.MaxBodyBytes {
+		s.httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBodyBytes))
+		return false
+	}
+	return true
+}
+
+// reserve is what a request counts against MaxInflightBytes: its declared
+// length, or the most it may send.
+func (s *Server) reserve(r *http.Request) int64 {
+	if r.ContentLength >= 0 {
+		return r.ContentLength
+	}
+	return s.cfg.MaxBodyBytes
+}
+
+// overloaded answers 429 for the limit reached.
+func (s *Server) overloaded(w http.ResponseWriter, limit string) {
+	s.metrics.overload.WithLabelValues(limit).Inc()
+	s.overloadLog.Do(func() {
+		s.log.Warn("admission requests refused: too many in flight", "limit", limit,
+			"max_concurrent_reviews", s.cfg.MaxConcurrentReviews, "max_inflight_bytes", s.cfg.MaxInflightBytes)
+	})
+	w.Header().Set("Retry-After", retryAfter)
+	s.httpError(w, http.StatusTooManyRequests, "too many admission requests in flight ("+limit+"); retry after "+retryAfter+" s")
+}
+
+// readBody reads at most MaxBodyBytes, into a buffer of the declared size
+// when there is one.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	body := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
+	if r.ContentLength < 0 {
+		return io.ReadAll(body)
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// readReview reads and checks the AdmissionReview of r; on failure it has
+// answered and returns nil.
+func (s *Server) readReview(w http.ResponseWriter, r *http.Request) *admissionv1.AdmissionReview {
+	body, err := s.readBody(w, r)
 	if err != nil {
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			s.httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("the body is larger than %d bytes", s.cfg.MaxBodyBytes))
@@ -330,18 +448,36 @@ func (s *Server) readReview(w http.ResponseWriter, r *http.Request) *admissionv1
 
 func (s *Server) serveAdmission(w http.ResponseWriter, r *http.Request, webhook string) {
 	received := time.Now()
+	caller := callerOf(r)
+	if !s.checkRequest(w, r, caller) {
+		return
+	}
+	n := s.reserve(r)
+	if limit := s.limit.acquire(n); limit != "" {
+		s.overloaded(w, limit)
+		return
+	}
+	s.metrics.inflight.Inc()
+	s.metrics.inflightBytes.Add(float64(n))
+	defer func() {
+		s.limit.release(n)
+		s.metrics.inflight.Dec()
+		s.metrics.inflightBytes.Sub(float64(n))
+	}()
 	review := s.readReview(w, r)
 	if review == nil {
 		return
 	}
 	req := review.Request
-	ctx, cancel := context.WithTimeout(r.Context(), s.budget(r))
+	ctx, cancel := context.WithTimeout(withCaller(r.Context(), caller), s.budget(r))
 	defer cancel()
 
 	res := s.decide(ctx, webhook, req)
 	resp := s.response(req, res)
 	done := time.Now()
-	ev := audit.NewEvent(req, s.auditDecision(webhook, res, resp), received, done)
+	d := s.auditDecision(webhook, res, resp)
+	d.CallerAuthenticated, d.Caller = caller.Authenticated, caller.Subject
+	ev := audit.NewEvent(req, d, received, done)
 	if err := s.sink.Write(ev); err != nil {
 		// No decision leaves the webhook unrecorded: answer with an error.
 		s.metrics.auditErrors.Inc()

@@ -52,6 +52,7 @@ type liveServer struct {
 	*Server
 	url     string // https://127.0.0.1:port
 	monURL  string // http://127.0.0.1:port
+	roots   *x509.CertPool
 	client  *http.Client
 	reg     *prometheus.Registry
 	stop    func()
@@ -63,6 +64,7 @@ type serverOpts struct {
 	sink        audit.Sink
 	readyChecks map[string]func() error
 	maxBody     int64
+	config      func(*Config) // changes the Config before New
 }
 
 func startServer(t testing.TB, o serverOpts) *liveServer {
@@ -80,7 +82,7 @@ func startServer(t testing.TB, o serverOpts) *liveServer {
 		o.sink = audit.NewWriter(io.Discard)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{
+	cfg := Config{
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return cert, nil },
 		MaxBodyBytes:   o.maxBody,
 		ShutdownDelay:  -1,
@@ -88,7 +90,11 @@ func startServer(t testing.TB, o serverOpts) *liveServer {
 		ReadyChecks:    o.readyChecks,
 		Registry:       reg,
 		Logger:         discardLogger(),
-	}, o.adm, o.sink)
+	}
+	if o.config != nil {
+		o.config(&cfg)
+	}
+	s, err := New(cfg, o.adm, o.sink)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +108,7 @@ func startServer(t testing.TB, o serverOpts) *liveServer {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ls := &liveServer{
-		Server: s, reg: reg,
+		Server: s, reg: reg, roots: pool,
 		url:    "https://" + ln.Addr().String(),
 		monURL: "http://" + mon.Addr().String(),
 		client: &http.Client{Transport: &http.Transport{

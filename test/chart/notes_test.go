@@ -76,6 +76,7 @@ func TestNotes(t *testing.T) {
 	label := "kubectl label namespace <ns> istio.io/dataplane-mode=ambient"
 	waypoint := []string{"gatewayClassName: istio-waypoint", "listeners: [{name: mesh, port: 15008, protocol: HBONE}]", "kubectl label namespace <ns> istio.io/use-waypoint=waypoint"}
 	stdoutAudit := []string{"kubectl -n weft-system logs -l app=weft-webhook", `grep '"apiVersion":"audit.k8s.io/v1"'`}
+	unauthenticated := "does not authenticate its callers (webhook.clientCA.verify=none)"
 	for _, tc := range []struct {
 		name      string
 		values    string
@@ -83,13 +84,13 @@ func TestNotes(t *testing.T) {
 	}{
 		{
 			name: "default",
-			want: append(append([]string{label, "Weft 0.1.0 is installed in namespace weft-system", "(weft/waypoint:0.1.0)", "helm uninstall weft -n weft-system"}, waypoint...), stdoutAudit...),
+			want: append(append([]string{label, "Weft 0.1.0 is installed in namespace weft-system", "(weft/waypoint:0.1.0)", "helm uninstall weft -n weft-system", unauthenticated}, waypoint...), stdoutAudit...),
 		},
 		{
 			name:   "custom",
 			values: "custom-values.yaml",
 			want:   append([]string{label, "/var/log/weft-audit/decisions.log", "rotated at\n  50 MB", "(registry.example:5000/mesh/weft-waypoint:1.2.3-debug)"}, waypoint...),
-			not:    stdoutAudit,
+			not:    append([]string{unauthenticated}, stdoutAudit...),
 		},
 		{
 			name:   "disabled",

@@ -13,6 +13,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,6 +39,8 @@ type objects struct {
 	validating          []*admissionregistrationv1.ValidatingWebhookConfiguration
 	mutating            []*admissionregistrationv1.MutatingWebhookConfiguration
 	gatewayClasses      []*gwv1.GatewayClass
+	networkPolicies     []*networkingv1.NetworkPolicy
+	configMaps          []*corev1.ConfigMap
 }
 
 // decode splits a render into documents and decodes each into the type of
@@ -90,6 +93,10 @@ func decode(t *testing.T, manifest string) *objects {
 			o.clusterRoleBindings = append(o.clusterRoleBindings, into(&obj, &rbacv1.ClusterRoleBinding{}))
 		case "rbac.authorization.k8s.io/v1 RoleBinding":
 			o.roleBindings = append(o.roleBindings, into(&obj, &rbacv1.RoleBinding{}))
+		case "networking.k8s.io/v1 NetworkPolicy":
+			o.networkPolicies = append(o.networkPolicies, into(&obj, &networkingv1.NetworkPolicy{}))
+		case "v1 ConfigMap":
+			o.configMaps = append(o.configMaps, into(&obj, &corev1.ConfigMap{}))
 		case "policy/v1 PodDisruptionBudget":
 			o.pdbs = append(o.pdbs, into(&obj, &policyv1.PodDisruptionBudget{}))
 		case "admissionregistration.k8s.io/v1 ValidatingWebhookConfiguration":

@@ -65,6 +65,18 @@ func TestSchemaRejects(t *testing.T) {
 		{name: "node selector value", set: []string{"cni.nodeSelector.zone=1"}, want: "at '/cni/nodeSelector/zone': got number, want string"},
 		{name: "disruption budget", set: []string{"webhook.podDisruptionBudget.minAvailable=-1"}, want: "at '/webhook/podDisruptionBudget/minAvailable': minimum: got -1, want 0"},
 		{name: "disruption budget percent", set: []string{"webhook.podDisruptionBudget.minAvailable=150%"}, want: "at '/webhook/podDisruptionBudget/minAvailable'"},
+		{name: "concurrent reviews", set: []string{"webhook.limits.maxConcurrentReviews=0"}, want: "at '/webhook/limits/maxConcurrentReviews': minimum: got 0, want 1"},
+		{name: "in-flight bytes below one review", set: []string{"webhook.limits.maxInflightMB=5"}, want: "at '/webhook/limits/maxInflightMB': minimum: got 5, want 6"},
+		{name: "in-flight bytes as a quantity", setString: []string{"webhook.limits.maxInflightMB=24Mi"}, want: "at '/webhook/limits/maxInflightMB': got string, want integer"},
+		{name: "negative access review rate", set: []string{"webhook.limits.unauthenticatedAccessReviews.perSecond=-1"}, want: "at '/webhook/limits/unauthenticatedAccessReviews/perSecond': minimum: got -1, want 0"},
+		{name: "client verification mode", set: []string{"webhook.clientCA.verify=RequireAndVerifyClientCert"}, want: "at '/webhook/clientCA/verify': value must be one of"},
+		{name: "client CA bundle not PEM", set: []string{"webhook.clientCA.bundle=Q0E="}, want: "at '/webhook/clientCA/bundle'"},
+		{name: "client name with a comma", set: []string{"webhook.clientCA.allowedNames[0]=a\\,b"}, want: "at '/webhook/clientCA/allowedNames/0'"},
+		{name: "network policy switch", set: []string{"webhook.networkPolicy.enabled=off"}, want: "at '/webhook/networkPolicy/enabled': got string, want boolean"},
+		{name: "network policy peer", file: "webhook:\n  networkPolicy:\n    admissionFrom: [{cidr: 10.0.0.0/8}]\n", want: "at '/webhook/networkPolicy/admissionFrom/0'"},
+		// Template checks: verification needs a CA, and only one.
+		{name: "client verification without a CA", set: []string{"webhook.clientCA.verify=require"}, want: "webhook.clientCA.verify is require: set webhook.clientCA.bundle (PEM) or webhook.clientCA.secretName"},
+		{name: "client CA twice", file: "webhook:\n  clientCA:\n    verify: if-given\n    secretName: ca\n    bundle: |\n      -----BEGIN CERTIFICATE-----\n      MIIB\n      -----END CERTIFICATE-----\n", want: "webhook.clientCA: set bundle or secretName, not both"},
 		// Not a schema rule but a template check: a budget that keeps
 		// every replica up blocks node drains.
 		{name: "disruption budget blocks drains", set: []string{"webhook.replicas=1"}, want: "webhook.podDisruptionBudget.minAvailable (1) keeps all webhook.replicas (1) up"},
@@ -109,6 +121,8 @@ func TestSchemaAccepts(t *testing.T) {
 		{"--set", "cni.hostMountPrefix=", "--set", "cni.hostRunDir=/var/run/weft-cni"},
 		{"--set", "controlplane.tokenReviewCacheTTL=-1s", "--set", "ztunnel.certTTL=1h30m"},
 		{"--set", "ztunnel.resources.requests.cpu=0.5", "--set", "ztunnel.resources.limits.memory=1.5Gi"},
+		{"--set", "webhook.clientCA.verify=if-given", "--set", "webhook.clientCA.secretName=apiserver-client-ca"},
+		{"--set", "webhook.limits.unauthenticatedAccessReviews.perSecond=0", "--set-json", "webhook.networkPolicy.monitoringFrom=[]"},
 	} {
 		if _, err := h.template("", args...); err != nil {
 			t.Errorf("good values refused: %v", err)

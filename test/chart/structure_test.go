@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
@@ -47,6 +48,55 @@ func TestDefaultRender(t *testing.T) {
 		}
 		checkPDB(t, o, w)
 	})
+
+	// The API server's address is not selectable in general, so by default
+	// the admission port is open to any source; the rest of the pod is not.
+	t.Run("webhook network policy", func(t *testing.T) {
+		if len(o.networkPolicies) != 1 {
+			t.Fatalf("%d NetworkPolicies, want the webhook's", len(o.networkPolicies))
+		}
+		np := o.networkPolicies[0]
+		if !selects(t, &np.Spec.PodSelector, o.workload(t, "Deployment", "weft-webhook")) {
+			t.Fatalf("NetworkPolicy %s does not select the webhook pods", np.Name)
+		}
+		for _, r := range np.Spec.Ingress {
+			for _, p := range r.Ports {
+				if p.Port.IntValue() == 15017 && len(r.From) != 0 {
+					t.Errorf("the admission port is open only to %+v: the API server may come from anywhere", r.From)
+				}
+			}
+		}
+	})
+}
+
+// checkNetworkPolicies checks that a NetworkPolicy selecting a workload
+// leaves every port its containers declare open (probes, the API server,
+// scrapers use them) and restricts no egress (the API server's endpoints
+// are not selectable in general).
+func checkNetworkPolicies(t *testing.T, o *objects) {
+	t.Helper()
+	for _, np := range o.networkPolicies {
+		if slices.Contains(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress) {
+			t.Errorf("NetworkPolicy %s restricts egress", np.Name)
+		}
+		for _, w := range o.workloads() {
+			if w.namespace != np.Namespace || !selects(t, &np.Spec.PodSelector, w) {
+				continue
+			}
+			for _, c := range w.pod.Spec.Containers {
+				for _, cp := range c.Ports {
+					open := slices.ContainsFunc(np.Spec.Ingress, func(r networkingv1.NetworkPolicyIngressRule) bool {
+						return slices.ContainsFunc(r.Ports, func(p networkingv1.NetworkPolicyPort) bool {
+							return p.Port != nil && (p.Port.IntValue() == int(cp.ContainerPort) || p.Port.String() == cp.Name)
+						})
+					})
+					if !open {
+						t.Errorf("NetworkPolicy %s closes port %d (%s) of %s", np.Name, cp.ContainerPort, cp.Name, w)
+					}
+				}
+			}
+		}
+	}
 }
 
 // TestRenderConsistency checks, for every value set, that the parts of the
@@ -70,6 +120,7 @@ func TestRenderConsistency(t *testing.T) {
 			checkRBAC(t, o)
 			checkServices(t, o)
 			checkPDB(t, o, o.workload(t, "Deployment", "weft-webhook"))
+			checkNetworkPolicies(t, o)
 
 			zt := o.workload(t, "DaemonSet", "ztunnel")
 			ztc := zt.pod.Spec.Containers[0]

@@ -63,6 +63,10 @@ type Cluster struct {
 	nodes      []Node
 	runners    []*node.Runner
 
+	// webhookClientCA is the PEM CA of the API server's webhook client
+	// certificate.
+	webhookClientCA []byte
+
 	etcd, apiserver, kcm, scheduler *process
 	proxies                         []*process
 
@@ -490,6 +494,11 @@ func (c *Cluster) Server() string { return "https://" + c.apiAddr }
 
 // Client is an admin client.
 func (c *Cluster) Client() kubernetes.Interface { return c.client }
+
+// WebhookClientCA is the PEM certificate of the CA that signs the client
+// certificate (common name [WebhookClientName]) the API server presents to
+// admission webhooks behind Services when they ask for one.
+func (c *Cluster) WebhookClientCA() []byte { return append([]byte(nil), c.webhookClientCA...) }
 
 // RESTConfig is the admin client configuration; it dials the API server
 // from inside the control-plane namespace.

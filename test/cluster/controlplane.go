@@ -19,6 +19,10 @@ type creds struct {
 	ca, front                                   *pki
 	apiserver, admin, kcm, scheduler, proxy, fp certFiles
 	saKey, saPub                                string
+	// webhookCA signs webhookClient, the certificate the API server
+	// presents to webhooks behind Services.
+	webhookCA     *pki
+	webhookClient certFiles
 }
 
 func (c *Cluster) path(parts ...string) string {
@@ -37,7 +41,11 @@ func (c *Cluster) writePKI() (*creds, error) {
 	if err != nil {
 		return nil, err
 	}
-	cr := &creds{ca: ca, front: front}
+	wca, err := newPKI(dir, "webhook-client-ca")
+	if err != nil {
+		return nil, err
+	}
+	cr := &creds{ca: ca, front: front, webhookCA: wca}
 	ips := []net.IP{net.IPv4(127, 0, 0, 1), cpAddr.AsSlice(), kubernetesServiceIP.AsSlice()}
 	dns := []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}
 	steps := []struct {
@@ -52,6 +60,7 @@ func (c *Cluster) writePKI() (*creds, error) {
 		{&cr.scheduler, func() (certFiles, error) { return ca.client("kube-scheduler", "system:kube-scheduler") }},
 		{&cr.proxy, func() (certFiles, error) { return ca.client("kube-proxy", "system:kube-proxy") }},
 		{&cr.fp, func() (certFiles, error) { return front.client("front-proxy-client", "front-proxy-client") }},
+		{&cr.webhookClient, func() (certFiles, error) { return wca.client("webhook-client", WebhookClientName) }},
 	}
 	for _, s := range steps {
 		if *s.out, err = s.fn(); err != nil {
@@ -83,6 +92,34 @@ func writeKubeconfig(path, server string, caPEM []byte, cf certFiles) error {
 		return fmt.Errorf("writing kubeconfig %s: %w", path, err)
 	}
 	return os.Chmod(path, 0o600)
+}
+
+// WebhookClientName is the common name of the client certificate the API
+// server presents to admission webhooks behind Services.
+const WebhookClientName = "kube-apiserver-webhook-client"
+
+// writeAdmissionConfig writes the API server's admission configuration: both
+// webhook plugins read a kubeconfig whose user "*.svc" carries the webhook
+// client certificate, so the API server presents it to every webhook behind
+// a Service that asks for one. It returns the configuration's path.
+func (c *Cluster) writeAdmissionConfig(cf certFiles) (string, error) {
+	kc := clientcmdapi.NewConfig()
+	kc.AuthInfos["*.svc"] = &clientcmdapi.AuthInfo{ClientCertificate: cf.cert, ClientKey: cf.key}
+	kubeconfig := c.path("conf", "admission-webhooks.kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, kubeconfig); err != nil {
+		return "", fmt.Errorf("writing kubeconfig %s: %w", kubeconfig, err)
+	}
+	var b strings.Builder
+	b.WriteString("apiVersion: apiserver.config.k8s.io/v1\nkind: AdmissionConfiguration\nplugins:\n")
+	for _, plugin := range []string{"ValidatingAdmissionWebhook", "MutatingAdmissionWebhook"} {
+		fmt.Fprintf(&b, "- name: %s\n  configuration:\n    apiVersion: apiserver.config.k8s.io/v1\n    kind: WebhookAdmissionConfiguration\n    kubeConfigFile: %s\n",
+			plugin, kubeconfig)
+	}
+	path := c.path("conf", "admission.yaml")
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 // startControlPlane starts etcd, kube-apiserver, kube-controller-manager
@@ -132,6 +169,11 @@ func (c *Cluster) startControlPlane(ctx context.Context, cr *creds) error {
 	}
 	c.track(c.etcd)
 
+	admission, err := c.writeAdmissionConfig(cr.webhookClient)
+	if err != nil {
+		return err
+	}
+	c.webhookClientCA = cr.webhookCA.caPEM()
 	c.log.Info("starting kube-apiserver", "advertise", cpAddr, "service_cidr", serviceCIDR)
 	bin := func(n string) string { return filepath.Join(c.cfg.BinDir, n) }
 	c.apiserver, err = startProcess(cp, "kube-apiserver", logs, bin("kube-apiserver"), []string{
@@ -142,6 +184,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, cr *creds) error {
 		"--client-ca-file=" + cr.ca.caFile(),
 		"--authorization-mode=RBAC",
 		"--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+		"--admission-control-config-file=" + admission,
 		"--enable-aggregator-routing=true",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file=" + cr.saPub,

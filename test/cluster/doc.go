@@ -7,7 +7,10 @@
 //   - a control-plane network namespace running etcd, kube-apiserver (RBAC,
 //     admission webhooks, a service CIDR, aggregator routing to endpoint IPs),
 //     kube-controller-manager and kube-scheduler, with certificates and
-//     service-account keys generated in Go;
+//     service-account keys generated in Go; the API server presents a client
+//     certificate of its own CA ([Cluster.WebhookClientCA]) to admission
+//     webhooks behind Services that ask for one, through an admission
+//     configuration as a cluster admin would write it;
 //   - Nodes, each a network namespace with a pod bridge and a pod CIDR,
 //     running kube-proxy and a node runner (package node) in place of the
 //     kubelet, which wires pods with the real CNI plugins through libcni;

@@ -42,6 +42,15 @@ const (
 	KeyObjectBytes = "admission.weft.dev/object-bytes"
 	// KeyReplica is the webhook replica (pod name) that decided.
 	KeyReplica = "admission.weft.dev/replica"
+	// KeyCallerAuthenticated is "true" when the caller presented a client
+	// certificate the webhook verified, else "false".
+	KeyCallerAuthenticated = "admission.weft.dev/caller-authenticated"
+	// KeyCaller is the subject of the verified client certificate.
+	KeyCaller = "admission.weft.dev/caller"
+	// KeyUserInfo says where the record's user comes from: "asserted" (by
+	// an authenticated caller, the API server) or "claimed" (written by a
+	// caller nobody authenticated: anyone who can reach the port).
+	KeyUserInfo = "admission.weft.dev/user-info"
 )
 
 // Event is one admission decision in the shape of an audit.k8s.io/v1 Event.
@@ -113,6 +122,10 @@ type Decision struct {
 	Status *metav1.Status
 	// Replica names the webhook replica.
 	Replica string
+	// CallerAuthenticated is true when the caller presented a verified
+	// client certificate; Caller is that certificate's subject.
+	CallerAuthenticated bool
+	Caller              string
 }
 
 // NewEvent builds the record of one decision about req, received at
@@ -168,6 +181,13 @@ func NewEvent(req *admissionv1.AdmissionRequest, d Decision, received, done time
 	}
 	if d.Replica != "" {
 		a[KeyReplica] = d.Replica
+	}
+	a[KeyCallerAuthenticated] = strconv.FormatBool(d.CallerAuthenticated)
+	if d.CallerAuthenticated {
+		a[KeyUserInfo] = "asserted"
+		a[KeyCaller] = d.Caller
+	} else {
+		a[KeyUserInfo] = "claimed"
 	}
 	return ev
 }

@@ -41,6 +41,9 @@ func TestNewEvent(t *testing.T) {
 		Access:   &AccessReview{User: "alice", Verb: "use", Resource: "gateways.gateway.networking.k8s.io", Namespace: "infra", Name: "wp", Allowed: true},
 		Status:   &metav1.Status{Status: metav1.StatusFailure, Code: 422, Reason: metav1.StatusReasonInvalid, Message: "spec.listeners[0].port: ..."},
 		Replica:  "weft-webhook-0",
+
+		CallerAuthenticated: true,
+		Caller:              "CN=kube-apiserver-webhook-client",
 	}, received, done)
 	got, err := json.Marshal(ev)
 	if err != nil {
@@ -54,6 +57,8 @@ func TestNewEvent(t *testing.T) {
 		`"responseStatus":{"metadata":{},"status":"Failure","message":"spec.listeners[0].port: ...","reason":"Invalid","code":422},` +
 		`"requestReceivedTimestamp":"2026-03-01T12:00:00.000000Z","stageTimestamp":"2026-03-01T12:00:00.001234Z",` +
 		`"annotations":{` +
+		`"admission.weft.dev/caller":"CN=kube-apiserver-webhook-client",` +
+		`"admission.weft.dev/caller-authenticated":"true",` +
 		`"admission.weft.dev/decision":"deny",` +
 		`"admission.weft.dev/dry-run":"true",` +
 		`"admission.weft.dev/kind":"gateway.networking.k8s.io/v1/Gateway",` +
@@ -64,6 +69,7 @@ func TestNewEvent(t *testing.T) {
 		`"admission.weft.dev/replica":"weft-webhook-0",` +
 		`"admission.weft.dev/rules":"waypoint-listeners,waypoint-tls",` +
 		`"admission.weft.dev/subject-access-review":"{\"user\":\"alice\",\"verb\":\"use\",\"resource\":\"gateways.gateway.networking.k8s.io\",\"namespace\":\"infra\",\"name\":\"wp\",\"allowed\":true}",` +
+		`"admission.weft.dev/user-info":"asserted",` +
 		`"admission.weft.dev/warnings":"[\"spec.tls: ignored\"]",` +
 		`"admission.weft.dev/webhook":"validate"}}`
 	if diff := cmp.Diff(want, string(got)); diff != "" {

@@ -36,10 +36,14 @@ func encode(ev *Event) ([]byte, error) {
 }
 
 // Writer writes records as lines to a stream such as stdout. Each record is
-// one write(2), so lines from concurrent requests never interleave.
+// one write(2), so lines from concurrent requests never interleave. A write
+// that fails part-way leaves a fragment in the stream; the next record then
+// starts with a newline, so the fragment is a line of its own (which does not
+// parse) and no whole record is lost to it.
 type Writer struct {
-	mu     sync.Mutex // guards w and closed
+	mu     sync.Mutex // guards the fields below
 	w      io.Writer
+	torn   bool // the last write stopped inside a line
 	closed bool
 }
 
@@ -57,9 +61,19 @@ func (s *Writer) Write(ev *Event) error {
 	if s.closed {
 		return ErrClosed
 	}
-	if _, err := s.w.Write(line); err != nil {
+	if s.torn {
+		line = append([]byte{'\n'}, line...)
+	}
+	n, err := s.w.Write(line)
+	if err == nil && n < len(line) {
+		err = io.ErrShortWrite
+	}
+	if err != nil {
+		// A stream cannot be cut back: end the fragment with the next record's newline.
+		s.torn = s.torn || n > 0
 		return fmt.Errorf("writing audit record: %w", err)
 	}
+	s.torn = false
 	return nil
 }
 
@@ -99,12 +113,14 @@ type File struct {
 	maxBytes      int64
 	maxBackups    int
 	onRotateError func(error)
-	syncFile      func(*os.File) error // (*os.File).Sync; replaced in tests
+	syncFile      func(*os.File) error                // (*os.File).Sync; replaced in tests
+	writeFile     func(*os.File, []byte) (int, error) // (*os.File).Write; replaced in tests
 
 	mu      sync.Mutex // guards the fields below
 	cond    *sync.Cond // broadcast when an fsync ends
 	f       *os.File
-	size    int64
+	size    int64  // bytes of whole records (and any fragment that could not be cut off)
+	torn    bool   // the file ends inside a line: start the next record on a new one
 	written uint64 // records written so far
 	synced  uint64 // records known durable
 	failed  uint64 // records up to here were in a batch whose fsync failed
@@ -128,7 +144,7 @@ func OpenFile(cfg FileConfig) (*File, error) {
 		return nil, fmt.Errorf("creating audit log directory: %w", err)
 	}
 	s := &File{path: cfg.Path, maxBytes: cfg.MaxBytes, maxBackups: cfg.MaxBackups, onRotateError: cfg.OnRotateError,
-		syncFile: (*os.File).Sync}
+		syncFile: (*os.File).Sync, writeFile: (*os.File).Write}
 	s.cond = sync.NewCond(&s.mu)
 	if err := s.openLocked(); err != nil {
 		return nil, err
@@ -137,7 +153,7 @@ func OpenFile(cfg FileConfig) (*File, error) {
 }
 
 func (s *File) openLocked() error {
-	f, err := os.OpenFile(s.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o640)
+	f, err := os.OpenFile(s.path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o640)
 	if err != nil {
 		return fmt.Errorf("opening audit log: %w", err)
 	}
@@ -146,7 +162,14 @@ func (s *File) openLocked() error {
 		f.Close()
 		return fmt.Errorf("opening audit log: %w", err)
 	}
-	s.f, s.size = f, st.Size()
+	s.f, s.size, s.torn = f, st.Size(), false
+	if s.size > 0 {
+		// A crash can leave a last line without its newline.
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, s.size-1); err == nil && last[0] != '\n' {
+			s.torn = true
+		}
+	}
 	return nil
 }
 
@@ -182,10 +205,9 @@ func (s *File) Write(ev *Event) error {
 			}
 		}
 	}
-	if _, err := s.f.Write(line); err != nil {
-		return fmt.Errorf("writing audit record: %w", err)
+	if err := s.appendLocked(line); err != nil {
+		return err
 	}
-	s.size += int64(len(line))
 	s.written++
 	n := s.written
 	for s.synced < n {
@@ -214,6 +236,34 @@ func (s *File) Write(ev *Event) error {
 		s.cond.Broadcast()
 	}
 	return nil
+}
+
+// appendLocked writes line at the end of the file with one write. A write
+// that fails part-way (a full disk, a short write) is cut off again, back to
+// the last whole record, so the next record cannot continue a broken line; if
+// even the truncation fails, the next record starts on a new line and the
+// fragment stays behind as one line that does not parse.
+func (s *File) appendLocked(line []byte) error {
+	if s.torn {
+		line = append([]byte{'\n'}, line...)
+	}
+	n, err := s.writeFile(s.f, line)
+	if err == nil && n < len(line) {
+		err = io.ErrShortWrite
+	}
+	if err == nil {
+		s.size += int64(n)
+		s.torn = false
+		return nil
+	}
+	if n > 0 {
+		if terr := s.f.Truncate(s.size); terr != nil {
+			s.size += int64(n)
+			s.torn = true
+			err = errors.Join(err, fmt.Errorf("cutting off the partial record: %w", terr))
+		}
+	}
+	return fmt.Errorf("writing audit record: %w", err)
 }
 
 // rotateLocked makes the active file durable, shifts Path.i to Path.i+1

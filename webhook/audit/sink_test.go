@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -343,5 +344,128 @@ func TestWriter(t *testing.T) {
 	sort.Strings(got)
 	if diff := cmp.Diff([]string{"a", "b", "c"}, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// tornWrite writes the first half of the next failAt-th record, then fails
+// like a full disk; every other write goes through.
+type tornWrite struct {
+	mu     sync.Mutex
+	calls  int
+	failAt map[int]bool
+}
+
+func (w *tornWrite) write(f *os.File, b []byte) (int, error) {
+	w.mu.Lock()
+	w.calls++
+	fail := w.failAt[w.calls]
+	w.mu.Unlock()
+	if !fail {
+		return f.Write(b)
+	}
+	n, err := f.Write(b[:len(b)/2])
+	if err != nil {
+		return n, err
+	}
+	return n, syscall.ENOSPC
+}
+
+// TestFileTornWrite fails writes half-way through a record and checks that
+// the failure is reported and leaves no half line: every line of the file is
+// a whole record and every record reported written is there.
+func TestFileTornWrite(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	s, err := OpenFile(FileConfig{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := &tornWrite{failAt: map[int]bool{2: true, 4: true, 5: true}}
+	s.writeFile = tw.write
+	var ok []string
+	for _, id := range []string{"a", "b", "c", "d", "e", "f"} {
+		err := s.Write(withID(id))
+		if tw.failAt[tw.calls] {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Errorf("Write %s = %v, want the write error", id, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("Write %s: %v", id, err)
+		}
+		ok = append(ok, id)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(ok, readRecords(t, path)); diff != "" {
+		t.Errorf("records after torn writes (-want +got):\n%s", diff)
+	}
+	// The sink's idea of the size matches the file, so rotation stays exact.
+	st, _ := os.Stat(path)
+	if st.Size() != s.size {
+		t.Errorf("file has %d bytes, the sink counts %d", st.Size(), s.size)
+	}
+}
+
+// TestWriterTornWrite fails a stream write half-way: the next record must
+// still start on a line of its own.
+func TestWriterTornWrite(t *testing.T) {
+	var buf bytes.Buffer
+	calls := 0
+	s := NewWriter(writerFunc(func(b []byte) (int, error) {
+		calls++
+		if calls == 2 {
+			n, _ := buf.Write(b[:len(b)/2])
+			return n, syscall.EPIPE
+		}
+		return buf.Write(b)
+	}))
+	for _, id := range []string{"a", "b", "c"} {
+		err := s.Write(withID(id))
+		if (id == "b") != (err != nil) {
+			t.Errorf("Write %s = %v", id, err)
+		}
+	}
+	var got []string
+	for _, l := range bytes.Split(bytes.TrimSuffix(buf.Bytes(), []byte("\n")), []byte("\n")) {
+		var ev Event
+		if json.Unmarshal(l, &ev) == nil {
+			got = append(got, ev.AuditID)
+		}
+	}
+	if diff := cmp.Diff([]string{"a", "c"}, got); diff != "" {
+		t.Errorf("whole records (-want +got):\n%s\n%s", diff, buf.String())
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+// TestFileStartsAfterFragment opens a file whose last line a crash cut
+// short: the first new record goes on a line of its own.
+func TestFileStartsAfterFragment(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	whole, _ := encode(withID("old"))
+	if err := os.WriteFile(path, append(whole, whole[:20]...), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	s, err := OpenFile(FileConfig{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Write(withID("new")); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	b, _ := os.ReadFile(path)
+	lines := bytes.Split(bytes.TrimSuffix(b, []byte("\n")), []byte("\n"))
+	if len(lines) != 3 || !bytes.Equal(lines[1], whole[:20]) {
+		t.Fatalf("lines %q, want the old record, the fragment, the new record", lines)
+	}
+	var ev Event
+	if err := json.Unmarshal(lines[2], &ev); err != nil || ev.AuditID != "new" {
+		t.Errorf("last line %q: %v", lines[2], err)
 	}
 }

@@ -130,6 +130,12 @@ func TestWebhook(t *testing.T) {
 			review.User != "dev" || review.Namespace != "wh-infra" || review.Name != "shared" || review.Allowed || review.Verb != "use" {
 			t.Errorf("the denial's SubjectAccessReview record %q (%v)", rec.Annotations[audit.KeyAccessReview], err)
 		}
+		// The chart's default verifies no client certificate: the API
+		// server's calls work, and the record says its user is claimed.
+		if rec.Annotations[audit.KeyCallerAuthenticated] != "false" || rec.Annotations[audit.KeyUserInfo] != "claimed" {
+			t.Errorf("the record's caller annotations %q %q, want false and claimed",
+				rec.Annotations[audit.KeyCallerAuthenticated], rec.Annotations[audit.KeyUserInfo])
+		}
 		sample, _ := json.Marshal(rec)
 		t.Logf("the cross-namespace denial's audit record: %s", sample)
 
@@ -223,6 +229,53 @@ func TestWebhook(t *testing.T) {
 				ev.ObjectRef.Namespace, ev.ObjectRef.Name, ev.Annotations[audit.KeyDecision])
 		}
 	}
+}
+
+// TestWebhookClientCertificate switches the installed webhook to require a
+// client certificate from the API server's webhook client CA: the API
+// server, configured to present one, still gets its reviews answered, and
+// the records name it as an authenticated caller.
+func TestWebhookClientCertificate(t *testing.T) {
+	c := shared.Get(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	kube := c.Client()
+	if _, err := kube.AppsV1().Deployments(release).Get(ctx, "weft-webhook", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		install(ctx, t, c)
+	}
+	bundle := filepath.Join(t.TempDir(), "client-ca.crt")
+	if err := os.WriteFile(bundle, c.WebhookClientCA(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := c.Helm(ctx, "upgrade", "weft", "charts/weft", "--namespace", release, "--reuse-values",
+		"--set", "webhook.clientCA.verify=require", "--set-file", "webhook.clientCA.bundle="+bundle,
+		"--set", "webhook.clientCA.allowedNames={"+cluster.WebhookClientName+"}"); err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	if err := c.WaitDeployment(ctx, release, "weft-webhook"); err != nil {
+		t.Fatal(err)
+	}
+	// Old replicas may answer until they are gone: retry until a record of
+	// a new one shows up.
+	var rec *audit.Event
+	for i := 0; rec == nil; i++ {
+		name := fmt.Sprintf("wh-mtls-%d", i)
+		_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name: name, Labels: map[string]string{"istio.io/dataplane-mode": "sidecarless"},
+		}}, metav1.CreateOptions{})
+		wantDenied(t, err, labelsHook, `Unsupported value "sidecarless"`, apierrors.IsInvalid)
+		got := findRecord(ctx, t, c, func(ev *audit.Event) bool { return ev.ObjectRef.Name == name })
+		if got.Annotations[audit.KeyCallerAuthenticated] == "true" {
+			rec = got
+		} else if ctx.Err() != nil || i > 30 {
+			t.Fatalf("no record with an authenticated caller after %d tries; the last: %v", i+1, got.Annotations)
+		}
+	}
+	if rec.Annotations[audit.KeyCaller] != "CN="+cluster.WebhookClientName || rec.Annotations[audit.KeyUserInfo] != "asserted" {
+		t.Errorf("caller %q user-info %q, want CN=%s and asserted", rec.Annotations[audit.KeyCaller], rec.Annotations[audit.KeyUserInfo], cluster.WebhookClientName)
+	}
+	sample, _ := json.Marshal(rec)
+	t.Logf("a record with the API server authenticated: %s", sample)
 }
 
 // install applies the Gateway API CRDs, installs the chart and waits for the

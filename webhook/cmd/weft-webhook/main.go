@@ -81,6 +81,23 @@ type Config struct {
 	LogFormat, LogLevel string
 	// Kubeconfig is for running outside a cluster; default in-cluster.
 	Kubeconfig string
+	// MaxConcurrentReviews and MaxInflightBytes bound the admission
+	// requests handled at once; defaults 32 and 24 MiB (at least 6 MiB, the
+	// largest body).
+	MaxConcurrentReviews int
+	MaxInflightBytes     int64
+	// ClientAuth is none (default), if-given or require; ClientCAFile the
+	// PEM bundle of the CAs that sign the API server's client certificate
+	// (required unless none); ClientNames the allowed certificate names
+	// (common name or DNS SAN), default any.
+	ClientAuth   string
+	ClientCAFile string
+	ClientNames  []string
+	// UnauthenticatedSARRate and UnauthenticatedSARBurst bound the
+	// SubjectAccessReviews made for unauthenticated callers, per replica;
+	// defaults 20 per second and 50.
+	UnauthenticatedSARRate  float64
+	UnauthenticatedSARBurst int
 }
 
 // Validate checks the settings.
@@ -117,6 +134,24 @@ func (c *Config) Validate() error {
 	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", c.LogFormat))
+	}
+	switch webhook.ClientAuth(c.ClientAuth) {
+	case webhook.ClientAuthNone:
+	case webhook.ClientAuthIfGiven, webhook.ClientAuthRequire:
+		if c.ClientCAFile == "" {
+			errs = append(errs, fmt.Errorf("--client-ca-file is required with --client-auth=%s", c.ClientAuth))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--client-auth %q: want none, if-given or require", c.ClientAuth))
+	}
+	if c.MaxConcurrentReviews <= 0 {
+		errs = append(errs, errors.New("--max-concurrent-reviews must be positive"))
+	}
+	if c.MaxInflightBytes < webhook.DefaultMaxBodyBytes {
+		errs = append(errs, fmt.Errorf("--max-inflight-mb must be at least %d: one review may be that large", webhook.DefaultMaxBodyBytes>>20))
+	}
+	if c.UnauthenticatedSARRate < 0 || c.UnauthenticatedSARBurst < 0 {
+		errs = append(errs, errors.New("--unauthenticated-sar-rate and --unauthenticated-sar-burst must not be negative"))
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
@@ -156,8 +191,20 @@ func parse(args []string, getenv func(string) string) (Config, error) {
 		}
 		return n
 	}
+	envFloat := func(name string, def float64) float64 {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return f
+	}
 	var c Config
-	var maxMB int
+	var maxMB, inflightMB int
+	var clientNames string
 	hostname, _ := os.Hostname()
 	fs := flag.NewFlagSet("weft-webhook", flag.ContinueOnError)
 	fs.StringVar(&c.Addr, "addr", env("ADDR", webhook.DefaultAddr), "admission listener, HTTPS (env ADDR)")
@@ -183,6 +230,13 @@ func parse(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
 	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig outside a cluster; default in-cluster (env KUBECONFIG)")
+	fs.IntVar(&c.MaxConcurrentReviews, "max-concurrent-reviews", envInt("MAX_CONCURRENT_REVIEWS", webhook.DefaultMaxConcurrentReviews), "admission requests handled at once; more get 429 (env MAX_CONCURRENT_REVIEWS)")
+	fs.IntVar(&inflightMB, "max-inflight-mb", envInt("MAX_INFLIGHT_MB", webhook.DefaultInflightBodies*webhook.DefaultMaxBodyBytes>>20), "MiB of request bodies handled at once; more get 429 (env MAX_INFLIGHT_MB)")
+	fs.StringVar(&c.ClientAuth, "client-auth", env("CLIENT_AUTH", string(webhook.ClientAuthNone)), "client certificates: none, if-given or require (env CLIENT_AUTH)")
+	fs.StringVar(&c.ClientCAFile, "client-ca-file", env("CLIENT_CA_FILE", ""), "PEM CAs of accepted client certificates (env CLIENT_CA_FILE)")
+	fs.StringVar(&clientNames, "client-names", env("CLIENT_NAMES", ""), "comma-separated names (CN or DNS SAN) a client certificate must carry one of; empty: any (env CLIENT_NAMES)")
+	fs.Float64Var(&c.UnauthenticatedSARRate, "unauthenticated-sar-rate", envFloat("UNAUTHENTICATED_SAR_RATE", webhook.DefaultUnauthenticatedReviewsPerSecond), "SubjectAccessReviews per second for unauthenticated callers (env UNAUTHENTICATED_SAR_RATE)")
+	fs.IntVar(&c.UnauthenticatedSARBurst, "unauthenticated-sar-burst", envInt("UNAUTHENTICATED_SAR_BURST", webhook.DefaultUnauthenticatedReviewBurst), "burst of SubjectAccessReviews for unauthenticated callers (env UNAUTHENTICATED_SAR_BURST)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -190,6 +244,12 @@ func parse(args []string, getenv func(string) string) (Config, error) {
 		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
 	}
 	c.AuditMaxBytes = int64(maxMB) << 20
+	c.MaxInflightBytes = int64(inflightMB) << 20
+	for _, n := range strings.Split(clientNames, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			c.ClientNames = append(c.ClientNames, n)
+		}
+	}
 	if c.RootNamespace == "" {
 		c.RootNamespace = c.Namespace
 	}
@@ -275,9 +335,14 @@ func run(cfg Config, log *slog.Logger) error {
 		return err
 	}
 	listers := webhook.Listers{GatewayLister: gateways.Lister(), ServiceLister: services.Lister(), NamespaceLister: namespaces.Lister()}
+	access, err := webhook.NewAccessLimit(webhook.AccessReviews{Client: kube.AuthorizationV1().SubjectAccessReviews()},
+		cfg.UnauthenticatedSARRate, cfg.UnauthenticatedSARBurst, reg)
+	if err != nil {
+		return err
+	}
 	adm, err := admit.New(admit.Config{
 		Gateways: listers, Services: listers, Namespaces: listers,
-		Access:           webhook.AccessReviews{Client: kube.AuthorizationV1().SubjectAccessReviews()},
+		Access:           access,
 		RootNamespace:    cfg.RootNamespace,
 		WaypointUserRole: cfg.WaypointUserRole,
 	})
@@ -285,10 +350,15 @@ func run(cfg Config, log *slog.Logger) error {
 		return err
 	}
 	srv, err := webhook.New(webhook.Config{
-		Addr:           cfg.Addr,
-		MonitoringAddr: cfg.MonitoringAddr,
-		GetCertificate: certs.GetCertificate,
-		Replica:        cfg.PodName,
+		Addr:                 cfg.Addr,
+		MonitoringAddr:       cfg.MonitoringAddr,
+		GetCertificate:       certs.GetCertificate,
+		MaxConcurrentReviews: cfg.MaxConcurrentReviews,
+		MaxInflightBytes:     cfg.MaxInflightBytes,
+		ClientAuth:           webhook.ClientAuth(cfg.ClientAuth),
+		ClientCAFile:         cfg.ClientCAFile,
+		ClientNames:          cfg.ClientNames,
+		Replica:              cfg.PodName,
 		ReadyChecks: map[string]func() error{
 			"serving certificate": certs.Ready,
 			"caches": func() error {
@@ -352,7 +422,7 @@ func run(cfg Config, log *slog.Logger) error {
 	})
 	g.Go(func() error { return registrar.Run(ctx) })
 	log.Info("weft-webhook starting", "namespace", cfg.Namespace, "replica", cfg.PodName, "audit_sink", cfg.AuditSink,
-		"cert_mode", cfg.CertMode, "failure_policy", cfg.FailurePolicy)
+		"cert_mode", cfg.CertMode, "failure_policy", cfg.FailurePolicy, "client_auth", cfg.ClientAuth)
 	return g.Wait()
 }
 

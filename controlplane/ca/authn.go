@@ -201,9 +201,10 @@ func (a *Authenticator) review(ctx context.Context, token string) (*Caller, *Ref
 	case string(pod.UID) != cr.podUID:
 		return nil, refuse(codes.Unauthenticated, "pod_uid_mismatch", "the pod the token is bound to no longer exists",
 			fmt.Sprintf("pod %s/%s has uid %s, the token names %s", cr.ns, cr.podName, pod.UID, cr.podUID))
-	case serviceAccountOf(pod) != cr.sa:
+	case identityOf(pod) != cr.sa:
 		return nil, refuse(codes.Unauthenticated, "pod_sa_mismatch", "the token's service account does not run the pod it is bound to",
-			fmt.Sprintf("pod %s/%s runs as %s, the token is for %s", cr.ns, cr.podName, serviceAccountOf(pod), cr.sa))
+			fmt.Sprintf("pod %s/%s runs as %q (mirror pods and pods without a service account have no identity), the token is for %s",
+				cr.ns, cr.podName, identityOf(pod), cr.sa))
 	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		return nil, refuse(codes.Unauthenticated, "pod_terminated", "the pod the token is bound to has terminated", cr.ns+"/"+cr.podName)
 	}
@@ -257,11 +258,4 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
-}
-
-func serviceAccountOf(p *corev1.Pod) string {
-	if p.Spec.ServiceAccountName != "" {
-		return p.Spec.ServiceAccountName
-	}
-	return "default"
 }

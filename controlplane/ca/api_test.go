@@ -3,6 +3,7 @@ package ca
 import (
 	"context"
 	"os"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -155,5 +156,43 @@ func TestRealMirrorPodGrantsNoIdentity(t *testing.T) {
 	err = r.ask(t, ztTok, ident("h4-victim", "default"), true)
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("ztunnel asking for the mirror pod's namespace's default identity: got %v, want PermissionDenied", err)
+	}
+}
+
+// TestRealTokenReviewFlood: a flood of bad tokens sent to the CA costs the
+// real API server one TokenReview per token, and a good token reused costs
+// one too.
+func TestRealTokenReviewFlood(t *testing.T) {
+	const rel = "weft-flood"
+	r := newRealCA(t, rel)
+	cart := r.run(t, apitest.PodOnNode{Namespace: "flood-shop", Name: "cart", ServiceAccount: "cart", Node: "node-a", IP: "10.21.0.3"})
+	me := spiffe.Identity{TrustDomain: spiffe.DefaultTrustDomain, Namespace: "flood-shop", ServiceAccount: "cart"}
+	bad := []string{"not-a-token", r.token(t, cart, "kubernetes"), r.token(t, cart, "other-audience")}
+	good := r.token(t, cart)
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range 15 {
+				tok := bad[(i+j)%len(bad)]
+				if err := r.ask(t, tok, me, false); status.Code(err) != codes.Unauthenticated {
+					t.Errorf("bad token: got %v, want Unauthenticated", err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := r.reviews.n.Load(); n > int64(len(bad)) {
+		t.Errorf("%d TokenReviews for 480 requests with %d bad tokens, want at most %d", n, len(bad), len(bad))
+	}
+	before := r.reviews.n.Load()
+	for range 20 {
+		if err := r.ask(t, good, me, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := r.reviews.n.Load() - before; n != 1 {
+		t.Errorf("%d TokenReviews for 20 requests with one good token, want 1", n)
 	}
 }

@@ -234,8 +234,8 @@ func TestAuthenticatorDecisions(t *testing.T) {
 		"no-audiences": saStatus("shop", "cart", "cart-1", "u1"),
 		"wrong-aud":    saStatus("shop", "cart", "cart-1", "u1", "kubernetes"),
 		"invalid":      {Authenticated: false, Error: "token expired"},
-		"user":         {Authenticated: true, User: authenticationv1.UserInfo{Username: "alice"}},
-		"unbound":      saStatus("shop", "cart", "", ""),
+		"user":         {Authenticated: true, Audiences: []string{"istio-ca"}, User: authenticationv1.UserInfo{Username: "alice"}},
+		"unbound":      saStatus("shop", "cart", "", "", "istio-ca"),
 		"gone":         saStatus("shop", "cart", "cart-9", "u9", "istio-ca"),
 		"recreated":    saStatus("shop", "cart", "cart-1", "old-uid", "istio-ca"),
 		"other-sa":     saStatus("shop", "db", "cart-1", "u1", "istio-ca"),
@@ -250,7 +250,7 @@ func TestAuthenticatorDecisions(t *testing.T) {
 		wantCode   codes.Code
 	}{
 		{"good", "", codes.OK},
-		{"no-audiences", "", codes.OK},
+		{"no-audiences", "wrong_audience", codes.Unauthenticated},
 		{"wrong-aud", "wrong_audience", codes.Unauthenticated},
 		{"invalid", "token_invalid", codes.Unauthenticated},
 		{"user", "not_service_account", codes.Unauthenticated},

@@ -93,8 +93,9 @@ type Config struct {
 	TokenReviewCacheTTL time.Duration
 	// XDSAuth requires a token on the TLS port's xDS streams. Default true.
 	XDSAuth *bool
-	// DefaultCertTTL and MaxCertTTL bound workload certificates. Defaults
-	// 24h and 90 days.
+	// DefaultCertTTL is the lifetime of a workload certificate whose request
+	// names none, MaxCertTTL the longest issued (a longer request gets it).
+	// Defaults 24h and 7 days; MaxCertTTL at most 90 days.
 	DefaultCertTTL, MaxCertTTL time.Duration
 	// CASecret and PluginCASecret name the root CA's Secrets. Defaults
 	// "istio-ca-secret" and "cacerts".
@@ -176,7 +177,7 @@ func (c *Config) Validate() error {
 	switch {
 	case c.DefaultCertTTL < 0 || c.MaxCertTTL < c.DefaultCertTTL:
 		return fmt.Errorf("certificate TTLs: default %v must be positive and at most the maximum %v", c.DefaultCertTTL, c.MaxCertTTL)
-	case c.MaxCertTTL > spiffe.DefaultMaxCertTTL:
+	case c.MaxCertTTL > spiffe.CeilingCertTTL:
 		return fmt.Errorf("maximum certificate TTL %v is above 90 days", c.MaxCertTTL)
 	case c.DebounceQuiet < 0 || c.DebounceMax < c.DebounceQuiet:
 		return fmt.Errorf("debounce: quiet %v must be positive and at most max %v", c.DebounceQuiet, c.DebounceMax)

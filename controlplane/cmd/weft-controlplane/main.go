@@ -24,6 +24,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/controlplane"
+	"github.com/weftmesh/weft/internal/spiffe"
 )
 
 // options are the command's settings beyond controlplane.Config.
@@ -143,7 +144,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs.DurationVar(&cfg.TokenReviewCacheTTL, "token-review-cache", envDur("TOKEN_REVIEW_CACHE", 10*time.Second), "reuse a TokenReview for the same token this long; negative disables (env TOKEN_REVIEW_CACHE)")
 	fs.BoolVar(&xdsAuth, "xds-auth", envBool("XDS_AUTH", true), "require a token on TLS xDS streams (env XDS_AUTH)")
 	fs.DurationVar(&cfg.DefaultCertTTL, "default-cert-ttl", envDur("DEFAULT_WORKLOAD_CERT_TTL", 24*time.Hour), "workload certificate lifetime when none is asked (env DEFAULT_WORKLOAD_CERT_TTL)")
-	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", envDur("MAX_WORKLOAD_CERT_TTL", 90*24*time.Hour), "longest workload certificate (env MAX_WORKLOAD_CERT_TTL)")
+	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", envDur("MAX_WORKLOAD_CERT_TTL", spiffe.DefaultMaxCertTTL), "longest workload certificate, at most 90 days (env MAX_WORKLOAD_CERT_TTL)")
 	fs.StringVar(&cfg.CASecret, "ca-secret", env("CA_SECRET", "istio-ca-secret"), "Secret of the self-signed root (env CA_SECRET)")
 	fs.StringVar(&cfg.PluginCASecret, "plugin-ca-secret", env("PLUGIN_CA_SECRET", "cacerts"), "Secret of a user-supplied CA, used when it exists (env PLUGIN_CA_SECRET)")
 	fs.StringVar(&cfg.SecureAddr, "secure-addr", env("SECURE_ADDR", ":15012"), "CA and xDS over TLS (env SECURE_ADDR)")

@@ -139,7 +139,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "plain", req: &capb.IstioCertificateRequest{Csr: good}},
 		{name: "ttl", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: 3600}, wantTTL: time.Hour},
 		{name: "negative ttl means default", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: -5}},
-		{name: "huge ttl is clamped", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: 1 << 62}, wantTTL: spiffe.DefaultMaxCertTTL},
+		{name: "huge ttl is clamped", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: 1 << 62}, wantTTL: spiffe.CeilingCertTTL},
 		{name: "empty CSR", req: &capb.IstioCertificateRequest{}, wantReason: "csr_invalid"},
 		{name: "garbage CSR", req: &capb.IstioCertificateRequest{Csr: "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"}, wantReason: "csr_invalid"},
 		{name: "impersonation not a string", req: &capb.IstioCertificateRequest{Csr: good, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -184,7 +184,7 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			return
 		}
-		if r.ttl < 0 || r.ttl > spiffe.DefaultMaxCertTTL {
+		if r.ttl < 0 || r.ttl > spiffe.CeilingCertTTL {
 			t.Fatalf("ttl %v out of range", r.ttl)
 		}
 		got, ref := s.decide(context.Background(), caller("weft-system", "ztunnel", "n"), r)

@@ -88,9 +88,16 @@ type Config struct {
 	TrustedNodeAccounts []string
 	// TokenAudience of callers' tokens. Default "istio-ca".
 	TokenAudience string
-	// TokenReviewCacheTTL reuses a TokenReview for the same token. Default
-	// 10s; negative disables.
+	// TokenReviewCacheTTL reuses a TokenReview for the same token (never
+	// past the token's expiry). Default 10s; negative disables.
 	TokenReviewCacheTTL time.Duration
+	// TokenReviewFailureCacheTTL refuses a token the API refused again
+	// without a new TokenReview. Default 5s; negative disables.
+	TokenReviewFailureCacheTTL time.Duration
+	// CALimits bound certificate requests, in all and per caller pod.
+	// Defaults: 512 in progress, 500/s with bursts of 1000; per caller 128,
+	// 50/s, bursts of 250 (see ca.Limits).
+	CALimits ca.Limits
 	// XDSAuth requires a token on the TLS port's xDS streams. Default true.
 	XDSAuth *bool
 	// DefaultCertTTL is the lifetime of a workload certificate whose request
@@ -314,7 +321,8 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 
 	// Parts.
-	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL},
+	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL,
+		FailureCacheTTL: cfg.TokenReviewFailureCacheTTL},
 		cp.clients.Kube.AuthenticationV1().TokenReviews(), ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
 	if err != nil {
 		return err
@@ -330,7 +338,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	cp.xds = xds
 	caServer, err := ca.NewServer(ca.ServerConfig{
 		TrustDomain: td, TrustedNodeAccounts: cfg.TrustedNodeAccounts, ClusterID: cfg.ClusterID,
-		Logger: log.With("part", "ca"), Registerer: cp.reg,
+		Logger: log.With("part", "ca"), Registerer: cp.reg, Limits: cfg.CALimits,
 	}, mesh, authn, ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
 	if err != nil {
 		return err

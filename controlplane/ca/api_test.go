@@ -50,14 +50,16 @@ func newRealCA(t *testing.T, relNS string) *realCA {
 	t.Helper()
 	c := api.Get(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	f := informers.NewSharedInformerFactory(c.Kube, 0)
+	t.Cleanup(func() {
+		cancel()
+		f.Shutdown()
+	})
 	pods := f.Core().V1().Pods().Informer()
 	if err := AddPodIndexers(pods); err != nil {
 		t.Fatal(err)
 	}
 	f.Start(ctx.Done())
-	t.Cleanup(f.Shutdown)
 	if !cache.WaitForCacheSync(ctx.Done(), pods.HasSynced) {
 		t.Fatal("pod informer did not sync")
 	}

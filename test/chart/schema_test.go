@@ -57,6 +57,9 @@ func TestSchemaRejects(t *testing.T) {
 		{name: "audit file in /", set: []string{"webhook.audit.file=/audit.log"}, want: "at '/webhook/audit/file'"},
 		{name: "audit rotation size", set: []string{"webhook.audit.maxSizeMB=0"}, want: "at '/webhook/audit/maxSizeMB': minimum: got 0, want 1"},
 		{name: "excluded namespace", set: []string{"cni.excludedNamespaces={kube-system,Kube_Public}"}, want: "at '/cni/excludedNamespaces/1'"},
+		{name: "CA burst of zero", set: []string{"controlplane.caLimits.perCaller.burst=0"}, want: "at '/controlplane/caLimits/perCaller/burst': minimum: got 0, want 1"},
+		{name: "CA rate below -1", set: []string{"controlplane.caLimits.rate=-2"}, want: "at '/controlplane/caLimits/rate': minimum: got -2, want -1"},
+		{name: "CA limit misspelt", set: []string{"controlplane.caLimits.maxInflight=1"}, want: "at '/controlplane/caLimits': additional properties 'maxInflight' not allowed"},
 		{name: "trusted node account", set: []string{"controlplane.trustedNodeAccounts={ztunnel}"}, want: "at '/controlplane/trustedNodeAccounts/0'"},
 		{name: "root namespace", set: []string{"controlplane.rootNamespace=Istio_Config"}, want: "at '/controlplane/rootNamespace'"},
 		{name: "probe UID", set: []string{"cni.probeUID=-2"}, want: "at '/cni/probeUID': minimum: got -2, want -1"},
@@ -108,6 +111,7 @@ func TestSchemaAccepts(t *testing.T) {
 		{"--set", "webhook.podDisruptionBudget.minAvailable=50%"},
 		{"--set", "cni.hostMountPrefix=", "--set", "cni.hostRunDir=/var/run/weft-cni"},
 		{"--set", "controlplane.tokenReviewCacheTTL=-1s", "--set", "ztunnel.certTTL=1h30m"},
+		{"--set", "controlplane.caLimits.rate=-1", "--set-json", "controlplane.caLimits.perCaller.rate=2.5", "--set", "controlplane.tokenReviewFailureCacheTTL=-1s"},
 		{"--set", "ztunnel.resources.requests.cpu=0.5", "--set", "ztunnel.resources.limits.memory=1.5Gi"},
 	} {
 		if _, err := h.template("", args...); err != nil {

@@ -205,3 +205,22 @@ func TestTokenReviewCacheStopsAtExpiry(t *testing.T) {
 		t.Errorf("token without exp: %d TokenReviews, want 1", n)
 	}
 }
+
+func FuzzTokenExpiry(f *testing.F) {
+	f.Add(jwt(`{"exp":1800000000}`))
+	f.Add(jwt(`{"exp":1.8e9}`))
+	f.Add(jwt(`{"exp":-1}`))
+	f.Add(jwt(`{"exp":"soon"}`))
+	f.Add("a.b.c")
+	f.Add("..")
+	f.Add("not-a-token")
+	f.Fuzz(func(t *testing.T, tok string) {
+		exp, ok := tokenExpiry(tok)
+		if ok && (exp.Unix() <= 0 || exp.Unix() > 1<<40) {
+			t.Fatalf("expiry %v out of range", exp)
+		}
+		if !ok && !exp.IsZero() {
+			t.Fatalf("no expiry but %v", exp)
+		}
+	})
+}

@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/asn1"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -274,4 +275,43 @@ func TestCSRChecks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCallerBucketsPruned: the per-caller buckets of callers gone quiet are
+// dropped once there are many, and the dropped ones come back full.
+func TestCallerBucketsPruned(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	lim, err := Limits{PerCallerRate: 10, PerCallerBurst: 20}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAdmission(lim, clk.Now)
+	busy, r := a.enterCaller("busy")
+	if r != nil {
+		t.Fatal(r)
+	}
+	for i := range maxCallerEntries {
+		release, r := a.enterCaller(fmt.Sprint("caller-", i))
+		if r != nil {
+			t.Fatal(r)
+		}
+		release()
+	}
+	clk.Add(time.Second) // not yet refilled (20 at 10/s takes 2s)
+	if _, r := a.enterCaller("new-1"); r != nil {
+		t.Fatal(r)
+	}
+	if n := len(a.callers); n != maxCallerEntries+2 {
+		t.Errorf("%d buckets after a prune of none refilled, want %d", n, maxCallerEntries+2)
+	}
+	clk.Add(2 * time.Second)
+	if _, r := a.enterCaller("new-2"); r != nil {
+		t.Fatal(r)
+	}
+	// Left: the caller with a request in progress, new-1 (in progress too)
+	// and new-2.
+	if n := len(a.callers); n != 3 {
+		t.Errorf("%d buckets after the prune, want 3", n)
+	}
+	busy()
 }

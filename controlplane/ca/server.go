@@ -293,7 +293,13 @@ func (s *Server) refused(log *slog.Logger, r *Refusal, caller *Caller, impersona
 	if impersonated != "" {
 		attrs = append(attrs, "requested_identity", impersonated)
 	}
-	log.Warn("certificate request refused", attrs...)
+	if r.Code == codes.ResourceExhausted {
+		// Counted in weft_ca_requests_total; a line each would turn a flood
+		// into a flood of logs.
+		log.Debug("certificate request refused", attrs...)
+	} else {
+		log.Warn("certificate request refused", attrs...)
+	}
 	return grpcError(r)
 }
 

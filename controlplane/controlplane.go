@@ -98,13 +98,21 @@ type Config struct {
 	TrustedNodeAccounts []string
 	// TokenAudience of callers' tokens. Default "istio-ca".
 	TokenAudience string
-	// TokenReviewCacheTTL reuses a TokenReview for the same token. Default
-	// 10s; negative disables.
+	// TokenReviewCacheTTL reuses a TokenReview for the same token (never
+	// past the token's expiry). Default 10s; negative disables.
 	TokenReviewCacheTTL time.Duration
+	// TokenReviewFailureCacheTTL refuses a token the API refused again
+	// without a new TokenReview. Default 5s; negative disables.
+	TokenReviewFailureCacheTTL time.Duration
+	// CALimits bound certificate requests, in all and per caller pod.
+	// Defaults: 512 in progress, 500/s with bursts of 1000; per caller 128,
+	// 50/s, bursts of 250 (see ca.Limits).
+	CALimits ca.Limits
 	// XDSAuth requires a token on the TLS port's xDS streams. Default true.
 	XDSAuth *bool
-	// DefaultCertTTL and MaxCertTTL bound workload certificates. Defaults
-	// 24h and 90 days.
+	// DefaultCertTTL is the lifetime of a workload certificate whose request
+	// names none, MaxCertTTL the longest issued (a longer request gets it).
+	// Defaults 24h and 7 days; MaxCertTTL at most 90 days.
 	DefaultCertTTL, MaxCertTTL time.Duration
 	// CASecret and PluginCASecret name the root CA's Secrets. Defaults
 	// "istio-ca-secret" and "cacerts".
@@ -186,7 +194,7 @@ func (c *Config) Validate() error {
 	switch {
 	case c.DefaultCertTTL < 0 || c.MaxCertTTL < c.DefaultCertTTL:
 		return fmt.Errorf("certificate TTLs: default %v must be positive and at most the maximum %v", c.DefaultCertTTL, c.MaxCertTTL)
-	case c.MaxCertTTL > spiffe.DefaultMaxCertTTL:
+	case c.MaxCertTTL > spiffe.CeilingCertTTL:
 		return fmt.Errorf("maximum certificate TTL %v is above 90 days", c.MaxCertTTL)
 	case c.DebounceQuiet < 0 || c.DebounceMax < c.DebounceQuiet:
 		return fmt.Errorf("debounce: quiet %v must be positive and at most max %v", c.DebounceQuiet, c.DebounceMax)
@@ -323,7 +331,8 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 
 	// Parts.
-	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL},
+	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL,
+		FailureCacheTTL: cfg.TokenReviewFailureCacheTTL},
 		cp.clients.Kube.AuthenticationV1().TokenReviews(), ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
 	if err != nil {
 		return err
@@ -339,7 +348,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	cp.xds = xds
 	caServer, err := ca.NewServer(ca.ServerConfig{
 		TrustDomain: td, TrustedNodeAccounts: cfg.TrustedNodeAccounts, ClusterID: cfg.ClusterID,
-		Logger: log.With("part", "ca"), Registerer: cp.reg,
+		Logger: log.With("part", "ca"), Registerer: cp.reg, Limits: cfg.CALimits,
 	}, mesh, authn, ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
 	if err != nil {
 		return err

@@ -230,7 +230,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal)
 		Namespace:             p.Namespace,
 		Addresses:             addrs,
 		Network:               c.Network,
-		ServiceAccount:        serviceAccount(p),
+		ServiceAccount:        ServiceAccount(p),
 		Node:                  p.Spec.NodeName,
 		ClusterId:             c.ClusterID,
 		WorkloadType:          workloadpb.WorkloadType_POD,
@@ -263,11 +263,16 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal)
 	return w, refused
 }
 
-func serviceAccount(p *corev1.Pod) string {
-	if p.Spec.ServiceAccountName != "" {
-		return p.Spec.ServiceAccountName
+// ServiceAccount is the service account whose identity a pod's workload
+// has, or "" for none. A mirror pod (annotation kubernetes.io/config.mirror)
+// has none: any node can create one in any namespace, and the API server
+// forbids it a service account. An empty name is never read as "default";
+// as istiod, the workload is published without an identity.
+func ServiceAccount(p *corev1.Pod) string {
+	if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return ""
 	}
-	return "default"
+	return p.Spec.ServiceAccountName
 }
 
 func podIPs(p *corev1.Pod) [][]byte {

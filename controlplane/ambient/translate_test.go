@@ -107,13 +107,21 @@ func TestWorkload(t *testing.T) {
 			},
 		},
 		{
-			name: "dual stack and default service account",
+			name: "dual stack and no service account: no identity, never default",
 			in: PodInput{Pod: newPod("shop", "cart", withIPs("10.1.0.1", "fd00::1"), func(p *corev1.Pod) {
 				p.Spec.ServiceAccountName = ""
 			})},
 			want: func(w *workloadpb.Workload) *workloadpb.Workload {
 				w.Addresses = [][]byte{ip("10.1.0.1"), ip("fd00::1")}
-				w.ServiceAccount = "default"
+				w.ServiceAccount = ""
+				return w
+			},
+		},
+		{
+			name: "mirror pod has no identity",
+			in:   PodInput{Pod: newPod("shop", "cart", withAnnotation(corev1.MirrorPodAnnotationKey, "3f6c1b"))},
+			want: func(w *workloadpb.Workload) *workloadpb.Workload {
+				w.ServiceAccount = ""
 				return w
 			},
 		},

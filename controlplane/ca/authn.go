@@ -3,11 +3,15 @@ package ca
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
-	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -15,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	lrucache "k8s.io/apimachinery/pkg/util/cache"
 )
 
 // Token facts.
@@ -80,29 +85,53 @@ type AuthenticatorConfig struct {
 	// Audience the tokens must be issued for. Default "istio-ca".
 	Audience string
 	// CacheTTL is how long a successful TokenReview is reused for the same
-	// token (never past the token's expiry as the API reports it, and the
-	// pod is re-checked on every request). Default 10s; negative disables.
+	// token (never past the token's own exp claim, and the pod is re-checked
+	// on every request). Default 10s; negative disables.
 	CacheTTL time.Duration
+	// FailureCacheTTL is how long a token the API refused (invalid, expired,
+	// for another audience, not a pod-bound service-account token) is
+	// refused again without a new TokenReview, so that a flood of bad tokens
+	// does not become a flood of TokenReviews. An API error is never cached.
+	// Default 5s; negative disables.
+	FailureCacheTTL time.Duration
+	// CacheSize bounds each of the two caches (least recently used entries
+	// go first). Default 10000.
+	CacheSize int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
 
+// reviewTimeout bounds one TokenReview, which callers with the same token
+// share: it does not end when the first of them goes away.
+const reviewTimeout = 10 * time.Second
+
 // Authenticator authenticates callers by their service-account token with
-// the TokenReview API: the token must be valid for the audience and bound to
-// a pod that still exists with the same UID and service account.
+// the TokenReview API: the token must be valid for the audience (and the
+// API must say so in status.audiences) and bound to a pod that still exists
+// with the same UID and service account.
+//
+// TokenReview answers are cached by the SHA-256 of the token: accepted ones
+// for CacheTTL but not past the token's expiry, refused ones for
+// FailureCacheTTL. Concurrent requests with the same uncached token share
+// one TokenReview.
 type Authenticator struct {
 	cfg      AuthenticatorConfig
 	reviewer TokenReviewer
 	pods     PodGetter
-
-	mu    sync.Mutex
-	cache map[[32]byte]cachedReview // guarded by mu
+	accepted *lrucache.LRUExpireCache // [32]byte -> cachedReview
+	refused  *lrucache.LRUExpireCache // [32]byte -> *Refusal
+	flights  singleflight.Group
 }
 
 type cachedReview struct {
 	ns, sa, podName, podUID string
-	until                   time.Time
+	// exp is the token's expiry (its exp claim), or zero.
+	exp time.Time
 }
+
+type clockFunc func() time.Time
+
+func (f clockFunc) Now() time.Time { return f() }
 
 // NewAuthenticator returns an Authenticator.
 func NewAuthenticator(cfg AuthenticatorConfig, reviewer TokenReviewer, pods PodGetter) (*Authenticator, error) {
@@ -115,10 +144,19 @@ func NewAuthenticator(cfg AuthenticatorConfig, reviewer TokenReviewer, pods PodG
 	if cfg.CacheTTL == 0 {
 		cfg.CacheTTL = 10 * time.Second
 	}
+	if cfg.FailureCacheTTL == 0 {
+		cfg.FailureCacheTTL = 5 * time.Second
+	}
+	if cfg.CacheSize <= 0 {
+		cfg.CacheSize = 10000
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Authenticator{cfg: cfg, reviewer: reviewer, pods: pods, cache: map[[32]byte]cachedReview{}}, nil
+	clk := clockFunc(cfg.Now)
+	return &Authenticator{cfg: cfg, reviewer: reviewer, pods: pods,
+		accepted: lrucache.NewLRUExpireCacheWithClock(cfg.CacheSize, clk),
+		refused:  lrucache.NewLRUExpireCacheWithClock(cfg.CacheSize, clk)}, nil
 }
 
 // BearerToken reads "authorization: Bearer <token>" from incoming gRPC
@@ -162,34 +200,9 @@ func (a *Authenticator) Authenticate(ctx context.Context) (string, error) {
 }
 
 func (a *Authenticator) review(ctx context.Context, token string) (*Caller, *Refusal) {
-	key := sha256.Sum256([]byte(token))
-	now := a.cfg.Now()
-	a.mu.Lock()
-	cr, ok := a.cache[key]
-	if ok && !now.Before(cr.until) {
-		delete(a.cache, key)
-		ok = false
-	}
-	a.mu.Unlock()
-	if !ok {
-		var r *Refusal
-		cr, r = a.tokenReview(ctx, token)
-		if r != nil {
-			return nil, r
-		}
-		if a.cfg.CacheTTL > 0 {
-			cr.until = now.Add(a.cfg.CacheTTL)
-			a.mu.Lock()
-			if len(a.cache) > 10000 {
-				for k, v := range a.cache {
-					if !now.Before(v.until) {
-						delete(a.cache, k)
-					}
-				}
-			}
-			a.cache[key] = cr
-			a.mu.Unlock()
-		}
+	cr, r := a.cachedTokenReview(ctx, token)
+	if r != nil {
+		return nil, r
 	}
 	pod, err := a.pods.GetPod(ctx, cr.ns, cr.podName)
 	if err != nil {
@@ -201,13 +214,94 @@ func (a *Authenticator) review(ctx context.Context, token string) (*Caller, *Ref
 	case string(pod.UID) != cr.podUID:
 		return nil, refuse(codes.Unauthenticated, "pod_uid_mismatch", "the pod the token is bound to no longer exists",
 			fmt.Sprintf("pod %s/%s has uid %s, the token names %s", cr.ns, cr.podName, pod.UID, cr.podUID))
-	case serviceAccountOf(pod) != cr.sa:
+	case identityOf(pod) != cr.sa:
 		return nil, refuse(codes.Unauthenticated, "pod_sa_mismatch", "the token's service account does not run the pod it is bound to",
-			fmt.Sprintf("pod %s/%s runs as %s, the token is for %s", cr.ns, cr.podName, serviceAccountOf(pod), cr.sa))
+			fmt.Sprintf("pod %s/%s runs as %q (mirror pods and pods without a service account have no identity), the token is for %s",
+				cr.ns, cr.podName, identityOf(pod), cr.sa))
 	case pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed:
 		return nil, refuse(codes.Unauthenticated, "pod_terminated", "the pod the token is bound to has terminated", cr.ns+"/"+cr.podName)
 	}
 	return &Caller{Namespace: cr.ns, ServiceAccount: cr.sa, Pod: pod}, nil
+}
+
+// cachedTokenReview answers from the caches, or runs one TokenReview for
+// all concurrent callers with this token and caches its verdict.
+func (a *Authenticator) cachedTokenReview(ctx context.Context, token string) (cachedReview, *Refusal) {
+	key := sha256.Sum256([]byte(token))
+	if cr, r, ok := a.fromCache(key); ok {
+		return cr, r
+	}
+	type verdict struct {
+		cr cachedReview
+		r  *Refusal
+	}
+	v, _, _ := a.flights.Do(string(key[:]), func() (any, error) {
+		// A flight that ended just before this one began cached its answer.
+		if cr, r, ok := a.fromCache(key); ok {
+			return verdict{cr, r}, nil
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
+		defer cancel()
+		cr, r := a.tokenReview(rctx, token)
+		a.remember(key, token, cr, r)
+		return verdict{cr, r}, nil
+	})
+	out := v.(verdict)
+	return out.cr, out.r
+}
+
+func (a *Authenticator) fromCache(key [32]byte) (cachedReview, *Refusal, bool) {
+	if v, ok := a.refused.Get(key); ok {
+		return cachedReview{}, v.(*Refusal), true
+	}
+	if v, ok := a.accepted.Get(key); ok {
+		cr := v.(cachedReview)
+		if cr.exp.IsZero() || a.cfg.Now().Before(cr.exp) {
+			return cr, nil, true
+		}
+		a.accepted.Remove(key)
+	}
+	return cachedReview{}, nil, false
+}
+
+// remember caches a verdict: a refusal of the token itself for
+// FailureCacheTTL, an acceptance for CacheTTL but not past the token's exp.
+func (a *Authenticator) remember(key [32]byte, token string, cr cachedReview, r *Refusal) {
+	switch {
+	case r != nil:
+		if r.Code == codes.Unauthenticated && a.cfg.FailureCacheTTL > 0 {
+			a.refused.Add(key, r, a.cfg.FailureCacheTTL)
+		}
+	case a.cfg.CacheTTL > 0:
+		ttl := a.cfg.CacheTTL
+		if exp, ok := tokenExpiry(token); ok {
+			cr.exp = exp
+			ttl = min(ttl, exp.Sub(a.cfg.Now()))
+		}
+		if ttl > 0 {
+			a.accepted.Add(key, cr, ttl)
+		}
+	}
+}
+
+// tokenExpiry reads the exp claim (RFC 7519 §4.1.4) of a JWT's payload,
+// without checking anything: call it only on a token the API accepted.
+func tokenExpiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+	if err != nil {
+		return time.Time{}, false
+	}
+	var claims struct {
+		Exp *float64 `json:"exp"`
+	}
+	if err := json.Unmarshal(payload, &claims); err != nil || claims.Exp == nil || *claims.Exp <= 0 || *claims.Exp > 1<<40 {
+		return time.Time{}, false
+	}
+	return time.Unix(int64(*claims.Exp), 0), true
 }
 
 func (a *Authenticator) tokenReview(ctx context.Context, token string) (cachedReview, *Refusal) {
@@ -226,7 +320,11 @@ func (a *Authenticator) tokenReview(ctx context.Context, token string) (cachedRe
 		return cachedReview{}, refuse(codes.Unauthenticated, "token_invalid",
 			"the token is invalid, expired, or not issued for audience "+a.cfg.Audience, st.Error)
 	}
-	if len(st.Audiences) > 0 && !contains(st.Audiences, a.cfg.Audience) {
+	// "A client of the TokenReview API that sets the spec.audiences field
+	// should validate that a compatible audience identifier is returned in
+	// the status.audiences field to ensure that the TokenReview server is
+	// audience aware" (TokenReviewStatus.Audiences).
+	if !slices.Contains(st.Audiences, a.cfg.Audience) {
 		return cachedReview{}, refuse(codes.Unauthenticated, "wrong_audience",
 			"the token is not issued for audience "+a.cfg.Audience, strings.Join(st.Audiences, ","))
 	}
@@ -248,20 +346,4 @@ func one(v authenticationv1.ExtraValue) string {
 		return ""
 	}
 	return v[0]
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
-func serviceAccountOf(p *corev1.Pod) string {
-	if p.Spec.ServiceAccountName != "" {
-		return p.Spec.ServiceAccountName
-	}
-	return "default"
 }

@@ -25,10 +25,10 @@ func AddPodIndexers(inf cache.SharedIndexInformer) error {
 	}
 	err := inf.AddIndexers(cache.Indexers{indexNodeIdentity: func(obj any) ([]string, error) {
 		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Spec.NodeName == "" {
+		if !ok || p.Spec.NodeName == "" || identityOf(p) == "" {
 			return nil, nil
 		}
-		return []string{nodeIdentityKey(p.Spec.NodeName, p.Namespace, serviceAccountOf(p))}, nil
+		return []string{nodeIdentityKey(p.Spec.NodeName, p.Namespace, identityOf(p))}, nil
 	}})
 	if err != nil {
 		return fmt.Errorf("adding the pod node-identity index: %w", err)
@@ -54,12 +54,30 @@ func NewPodIndex(inf cache.SharedIndexInformer, live corev1client.PodsGetter) *P
 	return &PodIndex{cache: inf.GetIndexer(), live: live}
 }
 
+// identityOf returns the service account whose identity a pod's workload
+// has, or "" when the pod grants none. A mirror pod (the API's copy of a
+// static pod, annotation kubernetes.io/config.mirror) grants none: a node
+// creates mirror pods in any namespace it likes, so counting one would let a
+// compromised node mint identities of namespaces it has no workload in; the
+// API server forbids them a service account anyway. A pod without a service
+// account grants none either: the name is never defaulted to "default".
+func identityOf(p *corev1.Pod) string {
+	if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return ""
+	}
+	return p.Spec.ServiceAccountName
+}
+
 func running(p *corev1.Pod) bool {
 	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed && p.DeletionTimestamp == nil
 }
 
 // HasPodOnNode reports whether a running pod of the identity is on node.
+// Mirror pods and pods without a service account count for no identity.
 func (x *PodIndex) HasPodOnNode(ctx context.Context, node, ns, sa string) (bool, error) {
+	if node == "" || ns == "" || sa == "" {
+		return false, nil
+	}
 	objs, err := x.cache.ByIndex(indexNodeIdentity, nodeIdentityKey(node, ns, sa))
 	if err != nil {
 		return false, fmt.Errorf("reading the pod index: %w", err)
@@ -78,7 +96,7 @@ func (x *PodIndex) HasPodOnNode(ctx context.Context, node, ns, sa string) (bool,
 		return false, fmt.Errorf("listing pods of %s on node %s: %w", ns, node, err)
 	}
 	for i := range list.Items {
-		if p := &list.Items[i]; serviceAccountOf(p) == sa && running(p) {
+		if p := &list.Items[i]; p.Spec.NodeName == node && identityOf(p) == sa && running(p) {
 			return true, nil
 		}
 	}

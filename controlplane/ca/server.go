@@ -58,6 +58,9 @@ type ServerConfig struct {
 	Logger *slog.Logger
 	// Registerer receives the CA's metrics. Default: none.
 	Registerer prometheus.Registerer
+	// Limits bound the requests served at once and per second, in all and
+	// per caller. Defaults: see Limits.
+	Limits Limits
 }
 
 // Server is the IstioCertificateService. See the package documentation
@@ -70,6 +73,7 @@ type Server struct {
 	nodes  NodeIndex
 	log    *slog.Logger
 	m      caMetrics
+	admit  *admission
 }
 
 var _ capb.IstioCertificateServiceServer = (*Server)(nil)
@@ -93,7 +97,12 @@ func NewServer(cfg ServerConfig, signer Signer, authn CallerAuthenticator, nodes
 			return nil, fmt.Errorf("creating CA server: trusted node account %q is not <namespace>/<service account>", a)
 		}
 	}
-	s := &Server{cfg: cfg, signer: signer, authn: authn, nodes: nodes, log: cfg.Logger, m: newCAMetrics()}
+	lim, err := cfg.Limits.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("creating CA server: %w", err)
+	}
+	cfg.Limits = lim
+	s := &Server{cfg: cfg, signer: signer, authn: authn, nodes: nodes, log: cfg.Logger, m: newCAMetrics(), admit: newAdmission(lim, time.Now)}
 	if cfg.Registerer != nil {
 		if err := s.m.register(cfg.Registerer); err != nil {
 			return nil, fmt.Errorf("creating CA server: registering metrics: %w", err)
@@ -114,8 +123,9 @@ type request struct {
 	impersonated string // the raw ImpersonatedIdentity, or ""
 }
 
-// maxCSRSize bounds the CSR read from a request (a P-256 CSR is under 1 KiB).
-const maxCSRSize = 64 << 10
+// maxCSRSize bounds the CSR read from a request: a P-256 CSR is under 1 KiB
+// of PEM, one for an RSA-4096 key (the largest signed) under 2 KiB.
+const maxCSRSize = 8 << 10
 
 // parseRequest checks the request's shape; nothing about the caller yet. The
 // CSR's self-signature is checked when it is signed, after authentication,
@@ -133,14 +143,20 @@ func parseRequest(req *capb.IstioCertificateRequest) (*request, *Refusal) {
 	if err != nil {
 		return nil, refuse(codes.InvalidArgument, "csr_invalid", "the CSR is malformed: "+err.Error(), "")
 	}
+	if n := len(csr.DNSNames) + len(csr.EmailAddresses) + len(csr.IPAddresses); n != 0 {
+		return nil, refuse(codes.InvalidArgument, "csr_invalid", "the CSR may name only the SPIFFE ID, as one URI SAN, and no DNS, email or IP SAN", "")
+	}
+	if len(csr.URIs) != 1 {
+		return nil, refuse(codes.InvalidArgument, "csr_invalid", fmt.Sprintf("the CSR must name the SPIFFE ID asked for as exactly one URI SAN, not %d", len(csr.URIs)), "")
+	}
 	r := &request{csr: csr, csrDER: block.Bytes}
 	for _, u := range csr.URIs {
 		r.csrURIs = append(r.csrURIs, u.String())
 	}
 	if v := req.GetValidityDuration(); v > 0 {
 		// Clamp before multiplying so a huge value cannot overflow.
-		if v > int64(spiffe.DefaultMaxCertTTL/time.Second) {
-			v = int64(spiffe.DefaultMaxCertTTL / time.Second)
+		if v > int64(spiffe.CeilingCertTTL/time.Second) {
+			v = int64(spiffe.CeilingCertTTL / time.Second)
 		}
 		r.ttl = time.Duration(v) * time.Second
 	}
@@ -203,6 +219,11 @@ func (s *Server) CreateCertificate(ctx context.Context, req *capb.IstioCertifica
 	start := time.Now()
 	s.m.csr.Inc()
 	log := s.log.With("peer", peerAddr(ctx))
+	release, ref := s.admit.enter()
+	if ref != nil {
+		return nil, s.refused(log, ref, nil, "")
+	}
+	defer release()
 	r, ref := parseRequest(req)
 	if ref != nil {
 		s.m.csrParse.Inc()
@@ -217,6 +238,11 @@ func (s *Server) CreateCertificate(ctx context.Context, req *capb.IstioCertifica
 		s.m.authn.Inc()
 		return nil, s.refused(log, ref, nil, r.impersonated)
 	}
+	releaseCaller, ref := s.admit.enterCaller(caller.Pod.Namespace + "/" + caller.Pod.Name + "/" + string(caller.Pod.UID))
+	if ref != nil {
+		return nil, s.refused(log, ref, caller, r.impersonated)
+	}
+	defer releaseCaller()
 	id, ref := s.decide(ctx, caller, r)
 	if ref != nil {
 		return nil, s.refused(log, ref, caller, r.impersonated)
@@ -267,7 +293,13 @@ func (s *Server) refused(log *slog.Logger, r *Refusal, caller *Caller, impersona
 	if impersonated != "" {
 		attrs = append(attrs, "requested_identity", impersonated)
 	}
-	log.Warn("certificate request refused", attrs...)
+	if r.Code == codes.ResourceExhausted {
+		// Counted in weft_ca_requests_total; a line each would turn a flood
+		// into a flood of logs.
+		log.Debug("certificate request refused", attrs...)
+	} else {
+		log.Warn("certificate request refused", attrs...)
+	}
 	return grpcError(r)
 }
 

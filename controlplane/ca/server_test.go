@@ -139,7 +139,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "plain", req: &capb.IstioCertificateRequest{Csr: good}},
 		{name: "ttl", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: 3600}, wantTTL: time.Hour},
 		{name: "negative ttl means default", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: -5}},
-		{name: "huge ttl is clamped", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: 1 << 62}, wantTTL: spiffe.DefaultMaxCertTTL},
+		{name: "huge ttl is clamped", req: &capb.IstioCertificateRequest{Csr: good, ValidityDuration: 1 << 62}, wantTTL: spiffe.CeilingCertTTL},
 		{name: "empty CSR", req: &capb.IstioCertificateRequest{}, wantReason: "csr_invalid"},
 		{name: "garbage CSR", req: &capb.IstioCertificateRequest{Csr: "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"}, wantReason: "csr_invalid"},
 		{name: "impersonation not a string", req: &capb.IstioCertificateRequest{Csr: good, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
@@ -184,7 +184,7 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			return
 		}
-		if r.ttl < 0 || r.ttl > spiffe.DefaultMaxCertTTL {
+		if r.ttl < 0 || r.ttl > spiffe.CeilingCertTTL {
 			t.Fatalf("ttl %v out of range", r.ttl)
 		}
 		got, ref := s.decide(context.Background(), caller("weft-system", "ztunnel", "n"), r)
@@ -234,8 +234,8 @@ func TestAuthenticatorDecisions(t *testing.T) {
 		"no-audiences": saStatus("shop", "cart", "cart-1", "u1"),
 		"wrong-aud":    saStatus("shop", "cart", "cart-1", "u1", "kubernetes"),
 		"invalid":      {Authenticated: false, Error: "token expired"},
-		"user":         {Authenticated: true, User: authenticationv1.UserInfo{Username: "alice"}},
-		"unbound":      saStatus("shop", "cart", "", ""),
+		"user":         {Authenticated: true, Audiences: []string{"istio-ca"}, User: authenticationv1.UserInfo{Username: "alice"}},
+		"unbound":      saStatus("shop", "cart", "", "", "istio-ca"),
 		"gone":         saStatus("shop", "cart", "cart-9", "u9", "istio-ca"),
 		"recreated":    saStatus("shop", "cart", "cart-1", "old-uid", "istio-ca"),
 		"other-sa":     saStatus("shop", "db", "cart-1", "u1", "istio-ca"),
@@ -250,7 +250,7 @@ func TestAuthenticatorDecisions(t *testing.T) {
 		wantCode   codes.Code
 	}{
 		{"good", "", codes.OK},
-		{"no-audiences", "", codes.OK},
+		{"no-audiences", "wrong_audience", codes.Unauthenticated},
 		{"wrong-aud", "wrong_audience", codes.Unauthenticated},
 		{"invalid", "token_invalid", codes.Unauthenticated},
 		{"user", "not_service_account", codes.Unauthenticated},

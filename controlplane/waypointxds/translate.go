@@ -512,18 +512,18 @@ func (b *builder) lbEndpoint(a netip.Addr, port int32, healthy bool, pod *corev1
 	if pod == nil {
 		return e
 	}
-	sa := pod.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
-	}
 	fields := map[string]*structpb.Value{
-		"identity":      structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + pod.Namespace + "/sa/" + sa),
 		"workload":      structpb.NewStringValue(pod.Name),
 		"namespace":     structpb.NewStringValue(pod.Namespace),
 		"workload_name": structpb.NewStringValue(ambient.WorkloadName(pod)),
 	}
-	if pod.Annotations[ambient.AnnotationRedirection] == "enabled" {
-		fields["tunnel"] = structpb.NewStringValue("HBONE")
+	// A pod without an identity (no service account, or a mirror pod) is
+	// reached in plaintext: there is no peer identity to verify over HBONE.
+	if sa := ambient.ServiceAccount(pod); sa != "" {
+		fields["identity"] = structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + pod.Namespace + "/sa/" + sa)
+		if pod.Annotations[ambient.AnnotationRedirection] == "enabled" {
+			fields["tunnel"] = structpb.NewStringValue("HBONE")
+		}
 	}
 	e.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataKey: {Fields: fields}}}
 	return e

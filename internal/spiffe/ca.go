@@ -24,9 +24,16 @@ const (
 	// DefaultCertTTL is the lifetime of a workload certificate when the caller
 	// asks for none, as Istio's DEFAULT_WORKLOAD_CERT_TTL.
 	DefaultCertTTL = 24 * time.Hour
-	// DefaultMaxCertTTL is the longest workload certificate the CA issues, as
-	// Istio's MAX_WORKLOAD_CERT_TTL.
-	DefaultMaxCertTTL = 90 * 24 * time.Hour
+	// DefaultMaxCertTTL is the longest workload certificate the CA issues
+	// unless configured otherwise; a longer request gets this lifetime. It is
+	// a week, not Istio's 90 days: no certificate is ever revoked, so this is
+	// how long a certificate obtained by a compromised node (or a stolen key)
+	// stays good after the node is cleaned up. Holders ask for 24h and renew
+	// at half-life, so a week only serves clients that ask for more.
+	DefaultMaxCertTTL = 7 * 24 * time.Hour
+	// CeilingCertTTL is the highest MaxTTL may be set to, Istio's default
+	// MAX_WORKLOAD_CERT_TTL.
+	CeilingCertTTL = 90 * 24 * time.Hour
 	// rootTTL is the lifetime of the root NewCA generates.
 	rootTTL = 10 * 365 * 24 * time.Hour
 	// clockSkew backdates NotBefore so that peers whose clocks lag a little
@@ -53,7 +60,8 @@ type CAConfig struct {
 	// DefaultTTL is the lifetime of a certificate when the request asks for
 	// none (ttl <= 0). Default 24h.
 	DefaultTTL time.Duration
-	// MaxTTL caps the lifetime of every certificate. Default 90 days.
+	// MaxTTL caps the lifetime of every certificate. Default 7 days; at most
+	// CeilingCertTTL (90 days).
 	MaxTTL time.Duration
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -79,6 +87,8 @@ func (cfg CAConfig) withDefaults() (CAConfig, error) {
 		return cfg, fmt.Errorf("DefaultTTL %v is negative", cfg.DefaultTTL)
 	case cfg.MaxTTL < 0:
 		return cfg, fmt.Errorf("MaxTTL %v is negative", cfg.MaxTTL)
+	case cfg.MaxTTL > CeilingCertTTL:
+		return cfg, fmt.Errorf("MaxTTL %v is above %v", cfg.MaxTTL, CeilingCertTTL)
 	case cfg.DefaultTTL > cfg.MaxTTL:
 		return cfg, fmt.Errorf("DefaultTTL %v is longer than MaxTTL %v", cfg.DefaultTTL, cfg.MaxTTL)
 	}
@@ -214,8 +224,8 @@ func ParseRoots(rootsPEM []byte) (*x509.CertPool, error) {
 
 // Sign issues a workload certificate for id to the public key of a CSR (DER;
 // PEM is accepted too). It verifies the CSR's signature and ignores everything
-// in it except the public key, which must be ECDSA P-256 or RSA of at least
-// 2048 bits. The leaf has:
+// in it except the public key, which must be ECDSA P-256 or RSA of 2048 to
+// 4096 bits. The leaf has:
 //
 //   - an empty subject and a critical SAN extension holding exactly one URI, id;
 //   - key usage digitalSignature (and keyEncipherment for RSA keys), extended

@@ -179,8 +179,9 @@ func TestCATTL(t *testing.T) {
 		{name: "requested", ttl: time.Hour, want: time.Hour},
 		{name: "zero means default", ttl: 0, want: day},
 		{name: "negative means default", ttl: -time.Hour, want: day},
-		{name: "at max", ttl: 90 * day, want: 90 * day},
-		{name: "over max clamped", ttl: 100 * day, want: 90 * day},
+		{name: "at max", ttl: 7 * day, want: 7 * day},
+		{name: "90 days clamped to the default max", ttl: 90 * day, want: 7 * day},
+		{name: "configured up to the ceiling", cfg: CAConfig{MaxTTL: 90 * day}, ttl: 100 * day, want: 90 * day},
 		{name: "configured default", cfg: CAConfig{DefaultTTL: 2 * time.Hour, MaxTTL: 4 * time.Hour}, ttl: 0, want: 2 * time.Hour},
 		{name: "configured max", cfg: CAConfig{DefaultTTL: 2 * time.Hour, MaxTTL: 4 * time.Hour}, ttl: day, want: 4 * time.Hour},
 	}
@@ -215,6 +216,7 @@ func TestCAConfigErrors(t *testing.T) {
 	}{
 		{CAConfig{DefaultTTL: 2 * time.Hour, MaxTTL: time.Hour}, "DefaultTTL 2h0m0s is longer than MaxTTL 1h0m0s"},
 		{CAConfig{DefaultTTL: -time.Hour}, "DefaultTTL -1h0m0s is negative"},
+		{CAConfig{MaxTTL: 91 * 24 * time.Hour}, "MaxTTL 2184h0m0s is above 2160h0m0s"},
 	} {
 		if _, err := NewCA(tt.cfg); err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 			t.Errorf("NewCA(%+v) error = %v, want %q", tt.cfg, err, tt.wantErr)

@@ -19,8 +19,9 @@ const (
 	// maxCSRSize bounds the input ParseCSR reads. A CSR for a P-256 key is
 	// under 1 KiB and one for an RSA-8192 key under 3 KiB.
 	maxCSRSize = 64 << 10
-	// minRSABits is the smallest RSA key the CA signs for.
+	// minRSABits and maxRSABits bound the RSA keys the CA signs for.
 	minRSABits = 2048
+	maxRSABits = 4096
 
 	pemCSR       = "CERTIFICATE REQUEST"
 	pemCSRLegacy = "NEW CERTIFICATE REQUEST"
@@ -89,7 +90,7 @@ func NewCSR(id Identity) (key crypto.Signer, csrPEM []byte, err error) {
 }
 
 // checkKey reports whether the CA signs certificates for pub: ECDSA on P-256
-// or RSA of at least 2048 bits.
+// or RSA of 2048 to 4096 bits.
 func checkKey(pub crypto.PublicKey) error {
 	switch k := pub.(type) {
 	case *ecdsa.PublicKey:
@@ -97,11 +98,14 @@ func checkKey(pub crypto.PublicKey) error {
 			return fmt.Errorf("ECDSA key on curve %s is not supported; use P-256", k.Curve.Params().Name)
 		}
 	case *rsa.PublicKey:
-		if n := k.N.BitLen(); n < minRSABits {
+		switch n := k.N.BitLen(); {
+		case n < minRSABits:
 			return fmt.Errorf("RSA key of %d bits is too small; use at least %d", n, minRSABits)
+		case n > maxRSABits:
+			return fmt.Errorf("RSA key of %d bits is too large; use at most %d", n, maxRSABits)
 		}
 	default:
-		return fmt.Errorf("%T keys are not supported; use ECDSA P-256 or RSA of at least %d bits", pub, minRSABits)
+		return fmt.Errorf("%T keys are not supported; use ECDSA P-256 or RSA of %d to %d bits", pub, minRSABits, maxRSABits)
 	}
 	return nil
 }

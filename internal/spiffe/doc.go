@@ -34,7 +34,8 @@
 // # Certificates in the mesh
 //
 // Istio's CA API returns a chain with the leaf first and the root last; the
-// default workload certificate lifetime is 24 hours and the maximum 90 days,
+// default workload certificate lifetime is 24 hours and the maximum 7 days
+// (Istio's 90 days at most, when configured so),
 // and ztunnel refreshes a certificate at half its lifetime, backing off
 // exponentially (to at most 150 s) when the CA fails. [CA], [Source] and
 // [SVID.RefreshAt] follow those rules.

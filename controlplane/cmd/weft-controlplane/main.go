@@ -24,6 +24,8 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/controlplane"
+	"github.com/weftmesh/weft/controlplane/ca"
+	"github.com/weftmesh/weft/internal/spiffe"
 )
 
 // options are the command's settings beyond controlplane.Config.
@@ -117,6 +119,28 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 		}
 		return d
 	}
+	envInt := func(name string, def int) int {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return n
+	}
+	envFloat := func(name string, def float64) float64 {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
+		}
+		return f
+	}
 	envBool := func(name string, def bool) bool {
 		v := getenv(name)
 		if v == "" {
@@ -141,9 +165,17 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs.StringVar(&trusted, "trusted-node-accounts", env("CA_TRUSTED_NODE_ACCOUNTS", ""), "comma-separated <namespace>/<service account> of node proxies (they may request their pods' identities and are the only callers served workload discovery); default <namespace>/ztunnel (env CA_TRUSTED_NODE_ACCOUNTS)")
 	fs.StringVar(&cfg.TokenAudience, "token-audience", env("TOKEN_AUDIENCE", "istio-ca"), "audience of callers' tokens (env TOKEN_AUDIENCE)")
 	fs.DurationVar(&cfg.TokenReviewCacheTTL, "token-review-cache", envDur("TOKEN_REVIEW_CACHE", 10*time.Second), "reuse a TokenReview for the same token this long; negative disables (env TOKEN_REVIEW_CACHE)")
+	fs.DurationVar(&cfg.TokenReviewFailureCacheTTL, "token-review-failure-cache", envDur("TOKEN_REVIEW_FAILURE_CACHE", 5*time.Second), "refuse a token the API refused again for this long without asking; negative disables (env TOKEN_REVIEW_FAILURE_CACHE)")
+	lim := &cfg.CALimits
+	fs.IntVar(&lim.MaxInFlight, "ca-max-in-flight", envInt("CA_MAX_IN_FLIGHT", ca.DefaultMaxInFlight), "certificate requests in progress at once; -1: no limit (env CA_MAX_IN_FLIGHT)")
+	fs.Float64Var(&lim.Rate, "ca-rate", envFloat("CA_RATE", ca.DefaultRate), "certificate requests per second; -1: no limit (env CA_RATE)")
+	fs.IntVar(&lim.Burst, "ca-burst", envInt("CA_BURST", ca.DefaultBurst), "certificate requests at once above the rate (env CA_BURST)")
+	fs.IntVar(&lim.PerCallerMaxInFlight, "ca-caller-max-in-flight", envInt("CA_CALLER_MAX_IN_FLIGHT", ca.DefaultPerCallerMaxInFlight), "one caller pod's certificate requests in progress; -1: no limit (env CA_CALLER_MAX_IN_FLIGHT)")
+	fs.Float64Var(&lim.PerCallerRate, "ca-caller-rate", envFloat("CA_CALLER_RATE", ca.DefaultPerCallerRate), "one caller pod's certificate requests per second; -1: no limit (env CA_CALLER_RATE)")
+	fs.IntVar(&lim.PerCallerBurst, "ca-caller-burst", envInt("CA_CALLER_BURST", ca.DefaultPerCallerBurst), "one caller pod's burst above its rate (env CA_CALLER_BURST)")
 	fs.BoolVar(&xdsAuth, "xds-auth", envBool("XDS_AUTH", true), "require a token on TLS xDS streams (env XDS_AUTH)")
 	fs.DurationVar(&cfg.DefaultCertTTL, "default-cert-ttl", envDur("DEFAULT_WORKLOAD_CERT_TTL", 24*time.Hour), "workload certificate lifetime when none is asked (env DEFAULT_WORKLOAD_CERT_TTL)")
-	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", envDur("MAX_WORKLOAD_CERT_TTL", 90*24*time.Hour), "longest workload certificate (env MAX_WORKLOAD_CERT_TTL)")
+	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", envDur("MAX_WORKLOAD_CERT_TTL", spiffe.DefaultMaxCertTTL), "longest workload certificate, at most 90 days (env MAX_WORKLOAD_CERT_TTL)")
 	fs.StringVar(&cfg.CASecret, "ca-secret", env("CA_SECRET", "istio-ca-secret"), "Secret of the self-signed root (env CA_SECRET)")
 	fs.StringVar(&cfg.PluginCASecret, "plugin-ca-secret", env("PLUGIN_CA_SECRET", "cacerts"), "Secret of a user-supplied CA, used when it exists (env PLUGIN_CA_SECRET)")
 	fs.StringVar(&cfg.SecureAddr, "secure-addr", env("SECURE_ADDR", ":15012"), "CA and xDS over TLS (env SECURE_ADDR)")

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/weftmesh/weft/controlplane/ca"
 )
 
 func TestParse(t *testing.T) {
@@ -14,6 +16,7 @@ func TestParse(t *testing.T) {
 		cfg, opts, err := parse(nil, env(map[string]string{
 			"POD_NAMESPACE": "weft-system", "CA_TRUSTED_NODE_ACCOUNTS": "weft-system/ztunnel, infra/node-proxy",
 			"PILOT_DEBOUNCE_AFTER": "5ms", "LOG_FORMAT": "text", "XDS_AUTH": "false",
+			"CA_RATE": "-1", "CA_CALLER_BURST": "20", "TOKEN_REVIEW_FAILURE_CACHE": "2s",
 		}))
 		if err != nil {
 			t.Fatal(err)
@@ -23,6 +26,13 @@ func TestParse(t *testing.T) {
 		}
 		if cfg.RootNamespace != "weft-system" || cfg.DebounceQuiet != 5*time.Millisecond || *cfg.XDSAuth || opts.logFormat != "text" {
 			t.Errorf("cfg %+v opts %+v", cfg, opts)
+		}
+		wantLimits := ca.Limits{MaxInFlight: 512, Rate: -1, Burst: 1000, PerCallerMaxInFlight: 128, PerCallerRate: 50, PerCallerBurst: 20}
+		if diff := cmp.Diff(wantLimits, cfg.CALimits); diff != "" {
+			t.Errorf("CA limits (-want +got):\n%s", diff)
+		}
+		if cfg.TokenReviewFailureCacheTTL != 2*time.Second || cfg.MaxCertTTL != 7*24*time.Hour {
+			t.Errorf("failure cache %v, max TTL %v", cfg.TokenReviewFailureCacheTTL, cfg.MaxCertTTL)
 		}
 		if cfg.SecureAddr != ":15012" || cfg.MonitorAddr != ":15014" || cfg.PlaintextAddr != "" {
 			t.Errorf("addresses %q %q %q", cfg.SecureAddr, cfg.MonitorAddr, cfg.PlaintextAddr)
@@ -46,6 +56,7 @@ func TestParse(t *testing.T) {
 		{"no namespace", nil, nil, "no namespace"},
 		{"bad duration", nil, map[string]string{"POD_NAMESPACE": "x", "MAX_WORKLOAD_CERT_TTL": "soon"}, "MAX_WORKLOAD_CERT_TTL"},
 		{"ttl above 90 days", []string{"--namespace", "x", "--max-cert-ttl", "2200h"}, nil, "above 90 days"},
+		{"bad number", nil, map[string]string{"POD_NAMESPACE": "x", "CA_CALLER_RATE": "lots"}, "CA_CALLER_RATE"},
 		{"bad trusted account", []string{"--namespace", "x", "--trusted-node-accounts", "ztunnel"}, nil, "trusted node account"},
 		{"bad trust domain", []string{"--namespace", "x", "--trust-domain", "Bad Domain"}, nil, "trust domain"},
 		{"unknown flag", []string{"--nope"}, nil, "nope"},

@@ -100,7 +100,7 @@ func TestChart(t *testing.T) {
 	if _, err := newLogger(format, level); err != nil {
 		t.Fatal(err)
 	}
-	cfg.NodeName, cfg.PodNamespace, cfg.APIServer = "node1", "weft-system", "https://10.96.0.1:443"
+	cfg.NodeName, cfg.PodNamespace = "node1", "weft-system"
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the chart's configuration does not validate: %v", err)
 	}

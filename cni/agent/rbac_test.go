@@ -112,6 +112,73 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("pods/status changes nothing but the annotation", func(t *testing.T) {
+		// The agent's token as its pod on node1 holds it: bound to the pod,
+		// so the API server knows the node it was issued on.
+		if _, err := c.Kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node1"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		agentPod, err := c.RunPod(ctx, apitest.PodOnNode{Namespace: ns, Name: "weft-cni-agent-x7k2p", ServiceAccount: "weft-cni-agent", Node: "node1"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := c.PodToken(ctx, agentPod, "https://kubernetes.default.svc.cluster.local")
+		if err != nil {
+			t.Fatal(err)
+		}
+		onNode, err := kubernetes.NewForConfig(&rest.Config{Host: c.Config.Host, TLSClientConfig: rest.TLSClientConfig{CAFile: c.Config.CAFile}, BearerToken: tok})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.RunPod(ctx, apitest.PodOnNode{Namespace: "app", Name: "elsewhere", Node: "node2", IP: "10.0.1.5"}); err != nil {
+			t.Fatal(err)
+		}
+		statusPatch := func(kube kubernetes.Interface, name, patch string) error {
+			_, err := kube.CoreV1().Pods("app").Patch(ctx, name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}, "status")
+			return err
+		}
+		// The policy takes effect shortly after it is created.
+		deadline := time.Now().Add(10 * time.Second)
+		for statusPatch(agent, "web", `{"metadata":{"labels":{"app":"payments"}}}`) == nil && time.Now().Before(deadline) {
+			statusPatch(c.Kube, "web", `{"metadata":{"labels":{"app":"web"}}}`)
+			time.Sleep(100 * time.Millisecond)
+		}
+		refused := map[string]string{
+			"add a label":             `{"metadata":{"labels":{"app":"payments"}}}`,
+			"remove a label":          `{"metadata":{"labels":{"app":null}}}`,
+			"add another annotation":  `{"metadata":{"annotations":{"evil":"1"}}}`,
+			"add a finalizer":         `{"metadata":{"finalizers":["evil.example/hold"]}}`,
+			"mark the pod unready":    `{"status":{"conditions":[{"type":"Ready","status":"False"}]}}`,
+			"move the pod's address":  `{"status":{"podIP":"10.0.9.9","podIPs":[{"ip":"10.0.9.9"}]}}`,
+			"annotation and a label":  `{"metadata":{"annotations":{"` + RedirectionAnnotation + `":"enabled"},"labels":{"app":"payments"}}}`,
+			"annotation and a status": `{"metadata":{"annotations":{"` + RedirectionAnnotation + `":"enabled"}},"status":{"phase":"Failed"}}`,
+		}
+		for name, kube := range map[string]kubernetes.Interface{"weft-cni-agent": agent, "weft-cni-agent on node1": onNode, "weft-cni-cleanup": cleanup} {
+			for what, patch := range refused {
+				if err := statusPatch(kube, "web", patch); !apierrors.IsForbidden(err) {
+					t.Errorf("%s: %s: err = %v, want Forbidden", name, what, err)
+				}
+			}
+		}
+		p, err := c.Kube.CoreV1().Pods("app").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Labels["app"] != "web" || len(p.Finalizers) != 0 || p.Annotations["evil"] != "" || p.Status.PodIP != "10.0.0.5" || p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("the pod changed: labels %v finalizers %v annotations %v status %s %s", p.Labels, p.Finalizers, p.Annotations, p.Status.PodIP, p.Status.Phase)
+		}
+		// The agent's pod token reaches only its own node's pods.
+		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "web", RedirectionEnabled); err != nil {
+			t.Errorf("the agent on node1 annotating a pod on node1: %v", err)
+		}
+		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "elsewhere", RedirectionEnabled); !apierrors.IsForbidden(err) {
+			t.Errorf("the agent on node1 annotating a pod on node2: err = %v, want Forbidden", err)
+		}
+		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "web", ""); err != nil {
+			t.Errorf("the agent on node1 removing its annotation: %v", err)
+		}
+	})
+
 	for name, kube := range map[string]kubernetes.Interface{"weft-cni-agent": agent, "weft-cni-cleanup": cleanup} {
 		t.Run(name+" cannot change a pod", func(t *testing.T) {
 			pods := kube.CoreV1().Pods("app")
@@ -180,8 +247,8 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 	}
 }
 
-// rbacDocs returns the service accounts and RBAC objects of a rendered
-// chart.
+// rbacDocs returns the service accounts, RBAC objects and admission
+// policies of a rendered chart.
 func rbacDocs(t *testing.T, path string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(path)
@@ -195,7 +262,7 @@ func rbacDocs(t *testing.T, path string) []byte {
 			t.Fatalf("%s: %v", path, err)
 		}
 		switch head.Kind {
-		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+		case "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			out.Write(doc)
 			out.WriteString("\n---")
 		}

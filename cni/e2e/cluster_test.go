@@ -189,7 +189,7 @@ func TestCNIInLocalCluster(t *testing.T) {
 	// chart's. hostPath volumes are node paths under node.Root here, so the
 	// plugin (run by the node runner on the machine) finds the run dir there.
 	manifests, err := c.Helm(ctx, "template", "weft", "charts/weft", "--namespace", agentNS, "--kube-version", "1.37.2",
-		"--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-agent.yaml",
+		"--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-agent.yaml", "--show-only", "templates/cni-admission-policy.yaml",
 		"--set", "cni.hostRunDir="+filepath.Join(node.Root, "var/run/weft-cni"))
 	if err != nil {
 		t.Fatal(err)

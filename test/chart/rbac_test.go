@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
@@ -140,4 +141,48 @@ func boundRules(o *objects, sa string) map[string][]rbacv1.PolicyRule {
 		}
 	}
 	return out
+}
+
+// TestCNIAdmissionPolicy checks that wherever the CNI accounts hold
+// pods/status patch, an admission policy that fails closed, and is bound
+// to deny, narrows it to the redirection annotation for both accounts.
+func TestCNIAdmissionPolicy(t *testing.T) {
+	h := newHelm(t)
+	for _, r := range renders {
+		t.Run(r.name, func(t *testing.T) {
+			var args []string
+			if r.values != "" {
+				args = []string{"--values", valuesFile(t, r.values)}
+			}
+			o := decode(t, h.mustTemplate(t, args...))
+			if len(boundRules(o, "weft-cni-agent")) == 0 {
+				if len(o.policies) != 0 {
+					t.Errorf("admission policies without the CNI agent: %d", len(o.policies))
+				}
+				return
+			}
+			if len(o.policies) != 1 || len(o.policyBindings) != 1 {
+				t.Fatalf("%d admission policies and %d bindings, want one of each", len(o.policies), len(o.policyBindings))
+			}
+			p, b := o.policies[0], o.policyBindings[0]
+			if p.Spec.FailurePolicy == nil || *p.Spec.FailurePolicy != admissionregistrationv1.Fail {
+				t.Errorf("policy %s does not fail closed", p.Name)
+			}
+			rules := p.Spec.MatchConstraints.ResourceRules
+			if len(rules) != 1 || !slices.Equal(rules[0].Resources, []string{"pods/status"}) || !slices.Equal(rules[0].APIGroups, []string{""}) {
+				t.Errorf("policy %s matches %+v, want pods/status", p.Name, rules)
+			}
+			if len(p.Spec.MatchConditions) != 1 {
+				t.Fatalf("policy %s has match conditions %+v", p.Name, p.Spec.MatchConditions)
+			}
+			for _, sa := range cniAccounts {
+				if !strings.Contains(p.Spec.MatchConditions[0].Expression, "'system:serviceaccount:"+namespace+":"+sa+"'") {
+					t.Errorf("policy %s does not apply to %s", p.Name, sa)
+				}
+			}
+			if b.Spec.PolicyName != p.Name || !slices.Equal(b.Spec.ValidationActions, []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}) || b.Spec.MatchResources != nil {
+				t.Errorf("binding %s: %+v, want Deny for every match of %s", b.Name, b.Spec, p.Name)
+			}
+		})
+	}
 }

@@ -49,7 +49,7 @@ func TestChart(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	cmd := exec.Command(helm, "template", "weft", "../../../charts/weft", "--namespace", "weft-system", "--kube-version", "1.37.2",
-		"--show-only", "templates/cni-agent.yaml", "--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-cleanup.yaml")
+		"--show-only", "templates/cni-agent.yaml", "--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-cleanup.yaml", "--show-only", "templates/cni-admission-policy.yaml")
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+tmp, "HELM_CONFIG_HOME="+tmp, "HELM_DATA_HOME="+tmp)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

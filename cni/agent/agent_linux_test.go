@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/weftmesh/weft/cni/enablement"
@@ -160,6 +161,11 @@ func TestAgentLifecycle(t *testing.T) {
 	})
 
 	t.Run("malformed and stale events are refused clearly", func(t *testing.T) {
+		remote := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "remote", Namespace: "shop", UID: "uid-shop-remote"}, Spec: corev1.PodSpec{NodeName: "node2"}}
+		if _, err := c.kube.CoreV1().Pods("shop").Create(ctx, remote, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer c.kube.CoreV1().Pods("shop").Delete(ctx, "remote", metav1.DeleteOptions{})
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", filepath.Join(c.cfg.RunDir, event.SocketName))
 		}}}
@@ -171,6 +177,8 @@ func TestAgentLifecycle(t *testing.T) {
 			{`{"Netns":`, http.StatusBadRequest, "decoding event"},
 			{`{"Netns":"/var/run/netns/gone-0","PodName":"new","PodNamespace":"shop"}`, http.StatusInternalServerError, "was the sandbox removed?"},
 			{`{"Netns":"` + newNS.Path() + `","PodName":"ghost","PodNamespace":"shop"}`, http.StatusInternalServerError, "not found"},
+			// Another node's pod is not this agent's to enroll.
+			{`{"Netns":"` + newNS.Path() + `","PodName":"remote","PodNamespace":"shop"}`, http.StatusInternalServerError, `bound to node "node2"`},
 		} {
 			resp, err := hc.Post("http://unix"+event.Path, "application/json", strings.NewReader(tt.body))
 			if err != nil {

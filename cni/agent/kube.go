@@ -15,7 +15,9 @@ import (
 // pods/status subresource. The API server keeps a pod's metadata changes
 // made there but puts its spec (and owner references) back, so the agent
 // and the cleanup Job need only pods/status patch, never pods patch, with
-// which a token taken from a node could change any pod's image.
+// which a token taken from a node could change any pod's image. The chart's
+// admission policy holds them, through pods/status, to this one annotation
+// (and the agent to its node's pods).
 type podAnnotator struct {
 	kube kubernetes.Interface
 }

@@ -15,8 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/weftmesh/weft/controlplane"
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
+	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/spiffe"
 )

@@ -34,8 +34,8 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/controlplane/ca"
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
+	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/capb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"

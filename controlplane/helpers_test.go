@@ -16,7 +16,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/controlplane"
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
+	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/caclient"
 	"github.com/weftmesh/weft/internal/spiffe"
 )

@@ -1,11 +1,14 @@
 // Package agent is Weft's CNI node agent (weft-cni-agent), one per node. It
 //
 //   - installs the weft-cni plugin and chains it into the node's primary CNI
-//     configuration, with a kubeconfig the plugin uses to read pods;
-//   - receives the plugin's event for each new ambient pod and enrolls the
-//     pod before its containers start: ztunnel gets the pod's netns over ZDS
-//     and acks, then the in-pod redirection goes in, then the node's probe
-//     addresses, then the annotation ambient.istio.io/redirection=enabled;
+//     configuration; the plugin gets no Kubernetes credential, it asks the
+//     agent;
+//   - receives the plugin's event for each new pod, decides from its watch
+//     whether the pod is ambient and, if so, enrolls it before its
+//     containers start: ztunnel gets the pod's netns over ZDS and acks, then
+//     the in-pod redirection goes in, then the node's probe addresses, then
+//     the annotation ambient.istio.io/redirection=enabled (written through
+//     pods/status, which cannot change a pod's spec);
 //   - watches this node's pods and all namespaces: running pods that become
 //     ambient are enrolled (their netns found by pod IP), pods that stop
 //     being ambient or go away are un-enrolled, rules are re-checked;
@@ -26,7 +29,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -43,7 +45,6 @@ import (
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
 	"github.com/weftmesh/weft/cni/install"
-	"github.com/weftmesh/weft/cni/kubeconfig"
 	"github.com/weftmesh/weft/cni/redirect"
 	"github.com/weftmesh/weft/internal/netns"
 )
@@ -141,7 +142,6 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	g.Go(func() error { return zts.Run(gctx) })
 	g.Go(func() error { return events.Run(gctx) })
-	g.Go(func() error { return a.refreshKubeconfig(gctx) })
 	g.Go(func() error {
 		if !cache.WaitForCacheSync(gctx.Done(), podInf.Informer().HasSynced, nsInf.Informer().HasSynced) {
 			return nil
@@ -159,8 +159,10 @@ func (a *Agent) Run(ctx context.Context) error {
 				return nil
 			}
 		}
-		if err := a.writeKubeconfig(); err != nil {
-			return err
+		if err := a.removeKubeconfig(); err != nil {
+			// The token in it is bound to an earlier agent pod, which is
+			// gone: it is no longer valid.
+			a.log.Error("the old plugin kubeconfig remains on the node", "error", err)
 		}
 		return inst.Run(gctx, cfg.InstallInterval, installed)
 	})
@@ -214,9 +216,7 @@ func (a *Agent) shutdown(msh *mesh, kr kernelRules, inst *install.Installer) {
 	a.log.Info("uninstalling: removing the CNI plugin and all redirection", "reason", why)
 	var errs []error
 	errs = append(errs, inst.Uninstall())
-	if err := os.Remove(filepath.Join(a.cfg.RunDir, kubeconfig.FileName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
-	}
+	errs = append(errs, a.removeKubeconfig())
 	errs = append(errs, msh.RemoveAll(ctx))
 	if a.cfg.HostProbeRules {
 		errs = append(errs, kr.removeHost())
@@ -245,43 +245,22 @@ func (a *Agent) uninstalling(ctx context.Context) (bool, string) {
 	return false, "the DaemonSet " + a.cfg.DaemonSetName + " remains (upgrade or restart)"
 }
 
-// writeKubeconfig writes the plugin's kubeconfig from the agent's token.
-func (a *Agent) writeKubeconfig() error {
-	tok, err := os.ReadFile(a.cfg.TokenFile)
-	if err != nil {
-		return fmt.Errorf("reading the service-account token for the plugin: %w", err)
-	}
-	ca, err := os.ReadFile(a.cfg.CAFile)
-	if err != nil {
-		return fmt.Errorf("reading the API server CA for the plugin: %w", err)
-	}
-	if err := os.MkdirAll(a.cfg.RunDir, 0o750); err != nil {
-		return err
-	}
-	changed, err := kubeconfig.Write(filepath.Join(a.cfg.RunDir, kubeconfig.FileName), kubeconfig.Config{Server: a.cfg.APIServer, CAData: ca, Token: strings.TrimSpace(string(tok))})
-	if err != nil {
-		return err
-	}
-	if changed {
-		a.log.Info("wrote the plugin's kubeconfig", "path", filepath.Join(a.cfg.RunDir, kubeconfig.FileName))
+// oldKubeconfig is the file in the run dir through which earlier versions
+// gave the plugin the agent's token.
+const oldKubeconfig = "weft-cni-kubeconfig"
+
+// removeKubeconfig removes the agent's token an earlier version left on the
+// node for the plugin, which needs none now.
+func (a *Agent) removeKubeconfig() error {
+	path := filepath.Join(a.cfg.RunDir, oldKubeconfig)
+	err := os.Remove(path)
+	switch {
+	case err == nil:
+		a.log.Info("removed the kubeconfig an earlier version wrote for the plugin", "path", path)
+	case !errors.Is(err, os.ErrNotExist):
+		return fmt.Errorf("removing the old plugin kubeconfig, which holds the agent's token: %w", err)
 	}
 	return nil
-}
-
-// refreshKubeconfig follows token rotation.
-func (a *Agent) refreshKubeconfig(ctx context.Context) error {
-	t := time.NewTicker(a.cfg.KubeconfigRefresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-			if err := a.writeKubeconfig(); err != nil {
-				a.log.Error("refreshing the plugin's kubeconfig failed", "error", err)
-			}
-		}
-	}
 }
 
 // serveHTTP serves /metrics and /readyz.

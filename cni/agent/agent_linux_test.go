@@ -14,11 +14,11 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
-	"github.com/weftmesh/weft/cni/kubeconfig"
 	"github.com/weftmesh/weft/cni/plugin"
 	"github.com/weftmesh/weft/cni/redirect"
 	"github.com/weftmesh/weft/internal/netns"
@@ -47,10 +47,15 @@ func TestAgentLifecycle(t *testing.T) {
 	podWithIP(t, c.node, other, netip.MustParseAddr("10.77.0.3"), "voth")
 	otherPod := c.addPod("plain", "other", netip.MustParseAddr("10.77.0.3"))
 
+	// An earlier version left the agent's token on the node for the plugin.
+	stale := filepath.Join(c.cfg.RunDir, "weft-cni-kubeconfig")
+	if err := os.WriteFile(stale, []byte(`{"users":[{"name":"agent","user":{"token":"old-agent-token"}}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ag := c.startAgent()
 	conf := filepath.Join(c.cfg.CNIConfDir, "10-test.conflist")
 
-	t.Run("install", func(t *testing.T) {
+	t.Run("install: the plugin gets no credential", func(t *testing.T) {
 		b, err := os.ReadFile(conf)
 		if err != nil {
 			t.Fatal(err)
@@ -61,9 +66,18 @@ func TestAgentLifecycle(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(c.cfg.CNIBinDir, plugin.Type)); err != nil {
 			t.Fatal(err)
 		}
-		kc, err := kubeconfig.Read(filepath.Join(c.cfg.RunDir, kubeconfig.FileName))
-		if err != nil || kc.Token != testToken || kc.Server != c.api.URL {
-			t.Fatalf("plugin kubeconfig = %+v, %v", kc, err)
+		// The run dir is on the node: it holds the event socket, and no
+		// token of the agent's, not even an old one.
+		ents, err := os.ReadDir(c.cfg.RunDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		if !slices.Equal(names, []string{event.SocketName}) {
+			t.Fatalf("the agent's run dir on the node holds %v, want only %s", names, event.SocketName)
 		}
 	})
 
@@ -147,6 +161,11 @@ func TestAgentLifecycle(t *testing.T) {
 	})
 
 	t.Run("malformed and stale events are refused clearly", func(t *testing.T) {
+		remote := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "remote", Namespace: "shop", UID: "uid-shop-remote"}, Spec: corev1.PodSpec{NodeName: "node2"}}
+		if _, err := c.kube.CoreV1().Pods("shop").Create(ctx, remote, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		defer c.kube.CoreV1().Pods("shop").Delete(ctx, "remote", metav1.DeleteOptions{})
 		hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", filepath.Join(c.cfg.RunDir, event.SocketName))
 		}}}
@@ -158,6 +177,8 @@ func TestAgentLifecycle(t *testing.T) {
 			{`{"Netns":`, http.StatusBadRequest, "decoding event"},
 			{`{"Netns":"/var/run/netns/gone-0","PodName":"new","PodNamespace":"shop"}`, http.StatusInternalServerError, "was the sandbox removed?"},
 			{`{"Netns":"` + newNS.Path() + `","PodName":"ghost","PodNamespace":"shop"}`, http.StatusInternalServerError, "not found"},
+			// Another node's pod is not this agent's to enroll.
+			{`{"Netns":"` + newNS.Path() + `","PodName":"remote","PodNamespace":"shop"}`, http.StatusInternalServerError, `bound to node "node2"`},
 		} {
 			resp, err := hc.Post("http://unix"+event.Path, "application/json", strings.NewReader(tt.body))
 			if err != nil {
@@ -200,7 +221,7 @@ func TestAgentLifecycle(t *testing.T) {
 			t.Fatalf("enrolled pods lost their rules on an agent restart: %v", err)
 		}
 		_, err := c.cniAdd(latePod, lateNS)
-		if err == nil || !strings.Contains(err.Error(), "cannot start until the node agent enrolls it") {
+		if err == nil || !strings.Contains(err.Error(), "cannot start until the node agent has enrolled it or found it is not ambient") {
 			t.Fatalf("CNI ADD of an ambient pod with the agent down = %v", err)
 		}
 		if got := rulesIn(t, lateNS); got != "" {
@@ -209,10 +230,14 @@ func TestAgentLifecycle(t *testing.T) {
 		// The runtime tears the failed sandbox down and retries with a new one.
 		c.cniDel(latePod, lateNS)
 		lateNS = c.podNetns("late2")
+		// Only the agent can tell whether a pod is ambient: a plain pod
+		// waits too.
 		plainNS := c.podNetns("misc")
-		if _, err := c.cniAdd(c.addPod("misc", "web", netip.Addr{}), plainNS); err != nil {
-			t.Fatalf("CNI ADD of a non-ambient pod with the agent down: %v", err)
+		plainPod := c.addPod("misc", "web", netip.Addr{})
+		if _, err := c.cniAdd(plainPod, plainNS); err == nil {
+			t.Fatal("CNI ADD of a non-ambient pod succeeded with the agent down")
 		}
+		c.cniDel(plainPod, plainNS)
 	})
 
 	ag = c.startAgent()
@@ -237,6 +262,19 @@ func TestAgentLifecycle(t *testing.T) {
 			t.Fatal(err)
 		}
 		z.next(t)
+	})
+
+	t.Run("the agent passes a new non-ambient pod", func(t *testing.T) {
+		ns := c.podNetns("misc2")
+		if _, err := c.cniAdd(c.addPod("misc", "web2", netip.Addr{}), ns); err != nil {
+			t.Fatalf("CNI ADD of a non-ambient pod: %v", err)
+		}
+		if got := rulesIn(t, ns); got != "" {
+			t.Fatalf("a non-ambient pod got rules:\n%s", got)
+		}
+		if a := c.annotation("misc", "web2"); a != "" {
+			t.Fatalf("a non-ambient pod is annotated %q", a)
+		}
 	})
 
 	t.Run("removing the label un-enrolls: rules, annotation and probe IPs go", func(t *testing.T) {
@@ -301,9 +339,6 @@ func TestAgentLifecycle(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(c.cfg.CNIBinDir, plugin.Type)); !os.IsNotExist(err) {
 			t.Fatalf("plugin binary left: %v", err)
-		}
-		if _, err := os.Stat(filepath.Join(c.cfg.RunDir, kubeconfig.FileName)); !os.IsNotExist(err) {
-			t.Fatalf("plugin kubeconfig left: %v", err)
 		}
 		if got := rulesIn(t, ns); got != "" {
 			t.Fatalf("rules left after uninstall:\n%s", got)

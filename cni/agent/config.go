@@ -3,8 +3,6 @@ package agent
 import (
 	"errors"
 	"fmt"
-	"net"
-	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -45,23 +43,12 @@ type Config struct {
 	// may rewrite its file). Default 5s.
 	InstallInterval time.Duration
 
-	// RunDir holds the event socket and the plugin's kubeconfig. Default
-	// /var/run/weft-cni.
+	// RunDir holds the event socket. Default /var/run/weft-cni.
 	RunDir string
 	// HostRunDir is RunDir's path on the node, as the container runtime
 	// (which runs the plugin) sees it; it goes into the plugin's entry.
 	// Default: RunDir.
 	HostRunDir string
-	// APIServer is the URL the plugin uses to reach the API server.
-	// Default https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.
-	APIServer string
-	// TokenFile and CAFile are the credentials written into the plugin's
-	// kubeconfig. Defaults: the service-account token and CA.
-	TokenFile string
-	CAFile    string
-	// KubeconfigRefresh is how often the plugin's kubeconfig is checked
-	// against a rotated token. Default 1m.
-	KubeconfigRefresh time.Duration
 
 	// ZtunnelSocket is the ZDS socket. Default /var/run/ztunnel/ztunnel.sock.
 	ZtunnelSocket string
@@ -114,9 +101,6 @@ func Defaults() Config {
 		PluginLogLevel:     "info",
 		InstallInterval:    5 * time.Second,
 		RunDir:             plugin.DefaultRunDir,
-		TokenFile:          "/var/run/secrets/kubernetes.io/serviceaccount/token",
-		CAFile:             "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-		KubeconfigRefresh:  time.Minute,
 		ZtunnelSocket:      zdspb.DefaultSocketPath,
 		NetnsDir:           "/var/run/netns",
 		ExcludedNamespaces: []string{"kube-system"},
@@ -148,20 +132,9 @@ func (c *Config) Validate() error {
 			c.PluginBinary = filepath.Join(filepath.Dir(exe), plugin.Type)
 		}
 	}
-	if c.APIServer == "" {
-		if h, p := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT"); h != "" && p != "" {
-			c.APIServer = "https://" + net.JoinHostPort(h, p)
-		}
-	}
-	if c.APIServer == "" {
-		errs = append(errs, errors.New("the API server URL for the plugin is unknown: set --api-server or KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT"))
-	} else if u, err := url.Parse(c.APIServer); err != nil || u.Scheme != "https" || u.Host == "" {
-		errs = append(errs, fmt.Errorf("--api-server %q is not an https URL", c.APIServer))
-	}
 	paths := map[string]string{
 		"--cni-bin-dir": c.CNIBinDir, "--cni-conf-dir": c.CNIConfDir, "--run-dir": c.RunDir, "--host-run-dir": c.HostRunDir,
 		"--ztunnel-socket": c.ZtunnelSocket, "--netns-dir": c.NetnsDir, "--plugin-binary": c.PluginBinary,
-		"--token-file": c.TokenFile, "--ca-file": c.CAFile,
 	}
 	for flag, p := range paths {
 		if !filepath.IsAbs(p) {
@@ -180,7 +153,7 @@ func (c *Config) Validate() error {
 	if _, err := plugin.ParseLevel(c.PluginLogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("--plugin-log-level: %w", err))
 	}
-	for name, d := range map[string]time.Duration{"--install-interval": c.InstallInterval, "--kubeconfig-refresh": c.KubeconfigRefresh, "--resync-period": c.ResyncPeriod, "--enroll-timeout": c.EnrollTimeout} {
+	for name, d := range map[string]time.Duration{"--install-interval": c.InstallInterval, "--resync-period": c.ResyncPeriod, "--enroll-timeout": c.EnrollTimeout} {
 		if d <= 0 {
 			errs = append(errs, fmt.Errorf("%s must be positive", name))
 		}

@@ -273,7 +273,8 @@ func (c *controller) reconcile(ctx context.Context, key string) error {
 	return c.mesh.Enroll(ctx, pod, path, ips, sourceWatch)
 }
 
-// handleCNIAdd enrolls a new pod from the plugin's event.
+// handleCNIAdd decides for the plugin, which has no access to the API,
+// whether a new pod is ambient, and enrolls it if so.
 func (c *controller) handleCNIAdd(ctx context.Context, ev *event.Add) error {
 	select {
 	case <-c.synced:

@@ -4,12 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"net"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -26,7 +21,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
@@ -147,11 +141,10 @@ func eventually(t testing.TB, what string, cond func() bool) {
 }
 
 // cluster is the agent's world in a test: a fake API (client-go's fake
-// clientset, served to the plugin over TLS too), a node netns, CNI dirs.
+// clientset), a node netns, CNI dirs.
 type cluster struct {
 	t        testing.TB
 	kube     *fake.Clientset
-	api      *httptest.Server
 	node     *netns.NS
 	netnsDir string // symlinks to this test's pod netns only
 	cfg      Config
@@ -160,36 +153,18 @@ type cluster struct {
 	origConf string // the primary conflist before install
 }
 
-const testToken = "agent-token"
-
 func newCluster(t testing.TB) *cluster {
 	t.Helper()
 	requireRoot(t)
 	c := &cluster{t: t, kube: fake.NewClientset()}
 	c.kube.AppsV1().DaemonSets("weft-system").Create(context.Background(), &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "weft-cni-agent", Namespace: "weft-system"}}, metav1.CreateOptions{})
 	c.node = testNetns(t, "node")
-	// The runtime runs the plugin in the node's netns: the API listens
-	// there, as a real API server is reachable from a node.
-	c.api = httptest.NewUnstartedServer(http.HandlerFunc(c.serveAPI))
-	if err := c.node.Do(func() (err error) {
-		c.api.Listener.Close()
-		c.api.Listener, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	c.api.EnableHTTP2 = true // as kube-apiserver
-	c.api.StartTLS()
-	t.Cleanup(c.api.Close)
 	dir := t.TempDir()
 	c.netnsDir = filepath.Join(dir, "netns")
 	c.cacheDir = filepath.Join(dir, "cni-cache")
-	for _, d := range []string{"netns", "bin", "net.d", "run", "sa", "ztunnel", "ipam"} {
+	for _, d := range []string{"netns", "bin", "net.d", "run", "ztunnel", "ipam"} {
 		os.MkdirAll(filepath.Join(dir, d), 0o755)
 	}
-	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.api.Certificate().Raw})
-	os.WriteFile(filepath.Join(dir, "sa", "token"), []byte(testToken+"\n"), 0o600)
-	os.WriteFile(filepath.Join(dir, "sa", "ca.crt"), ca, 0o644)
 	c.origConf = `{
   "cniVersion": "1.0.0",
   "name": "test-net",
@@ -208,8 +183,6 @@ func newCluster(t testing.TB) *cluster {
 	cfg.PluginBinary = pluginBin
 	cfg.InstallInterval = 50 * time.Millisecond
 	cfg.RunDir = filepath.Join(dir, "run")
-	cfg.APIServer = c.api.URL
-	cfg.TokenFile, cfg.CAFile = filepath.Join(dir, "sa", "token"), filepath.Join(dir, "sa", "ca.crt")
 	cfg.ZtunnelSocket = filepath.Join(dir, "ztunnel", "ztunnel.sock")
 	cfg.ZtunnelUID = os.Getuid()
 	cfg.NetnsDir = c.netnsDir
@@ -220,37 +193,6 @@ func newCluster(t testing.TB) *cluster {
 		c.addNamespace(ns, nil)
 	}
 	return c
-}
-
-// serveAPI serves GET namespace and GET pod from the fake clientset, as
-// the API server would, for the plugin.
-func (c *cluster) serveAPI(w http.ResponseWriter, r *http.Request) {
-	if r.Header.Get("Authorization") != "Bearer "+testToken {
-		http.Error(w, "unauthorized", http.StatusUnauthorized)
-		return
-	}
-	parts := strings.Split(strings.Trim(r.URL.Path, "/"), "/")
-	var obj any
-	var err error
-	switch {
-	case len(parts) == 4 && parts[2] == "namespaces":
-		obj, err = c.kube.CoreV1().Namespaces().Get(r.Context(), parts[3], metav1.GetOptions{})
-	case len(parts) == 6 && parts[2] == "namespaces" && parts[4] == "pods":
-		obj, err = c.kube.CoreV1().Pods(parts[3]).Get(r.Context(), parts[5], metav1.GetOptions{})
-	default:
-		http.NotFound(w, r)
-		return
-	}
-	if apierrors.IsNotFound(err) {
-		http.Error(w, err.Error(), http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	json.NewEncoder(w).Encode(obj)
 }
 
 func (c *cluster) addNamespace(name string, labels map[string]string) {

@@ -11,7 +11,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 )
 
-// podAnnotator patches the redirection annotation onto pods.
+// podAnnotator patches the redirection annotation onto pods through the
+// pods/status subresource. The API server keeps a pod's metadata changes
+// made there but puts its spec (and owner references) back, so the agent
+// and the cleanup Job need only pods/status patch, never pods patch, with
+// which a token taken from a node could change any pod's image. The chart's
+// admission policy holds them, through pods/status, to this one annotation
+// (and the agent to its node's pods).
 type podAnnotator struct {
 	kube kubernetes.Interface
 }
@@ -29,7 +35,7 @@ func (a podAnnotator) annotate(ctx context.Context, ns, name, value string) erro
 	if err != nil {
 		return err
 	}
-	_, err = a.kube.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "weft-cni-agent"})
+	_, err = a.kube.CoreV1().Pods(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "weft-cni-agent"}, "status")
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

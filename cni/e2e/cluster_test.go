@@ -189,7 +189,7 @@ func TestCNIInLocalCluster(t *testing.T) {
 	// chart's. hostPath volumes are node paths under node.Root here, so the
 	// plugin (run by the node runner on the machine) finds the run dir there.
 	manifests, err := c.Helm(ctx, "template", "weft", "charts/weft", "--namespace", agentNS, "--kube-version", "1.37.2",
-		"--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-agent.yaml",
+		"--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-agent.yaml", "--show-only", "templates/cni-admission-policy.yaml",
 		"--set", "cni.hostRunDir="+filepath.Join(node.Root, "var/run/weft-cni"))
 	if err != nil {
 		t.Fatal(err)
@@ -205,6 +205,11 @@ func TestCNIInLocalCluster(t *testing.T) {
 	})
 	if _, err := c.WaitDaemonSet(ctx, agentNS, "weft-cni-agent"); err != nil {
 		t.Fatal(err)
+	}
+	// The plugin gets no credential: the run dir on the node holds the
+	// event socket only.
+	if ents, err := os.ReadDir(filepath.Join(node.Root, "var/run/weft-cni")); err != nil || len(ents) != 1 || ents[0].Name() != "pluginevent.sock" {
+		t.Fatalf("the agent's run dir on the node holds %v (%v), want only pluginevent.sock", ents, err)
 	}
 	zt := runZtunnel(ctx, t, filepath.Join(node.Root, "var/run/ztunnel/ztunnel.sock"))
 
@@ -308,7 +313,7 @@ func TestCNIInLocalCluster(t *testing.T) {
 				return false
 			}
 			for _, e := range evs.Items {
-				if e.Reason == "FailedCreatePodSandBox" && strings.Contains(e.Message, "cannot start until the node agent enrolls it") {
+				if e.Reason == "FailedCreatePodSandBox" && strings.Contains(e.Message, "cannot start until the node agent has enrolled it") {
 					return true
 				}
 			}

@@ -1,9 +1,9 @@
-// Package event is the message the CNI plugin sends the node agent when an
-// ambient pod's sandbox is created: Istio's CNIPluginAddEvent, POSTed as
-// JSON to /cmdadd over the unix stream socket pluginevent.sock in the
-// agent's run directory (protocols.md §4.2). The keys are Go field names, as
-// in Istio, and addresses use Go's net.IPNet encoding
-// ({"IP":"10.0.0.5","Mask":"////AA=="}).
+// Package event is the message the CNI plugin sends the node agent when a
+// pod's sandbox is created (the agent decides whether the pod is ambient):
+// Istio's CNIPluginAddEvent, POSTed as JSON to /cmdadd over the unix stream
+// socket pluginevent.sock in the agent's run directory (protocols.md §4.2).
+// The keys are Go field names, as in Istio, and addresses use Go's
+// net.IPNet encoding ({"IP":"10.0.0.5","Mask":"////AA=="}).
 package event
 
 import (

@@ -27,7 +27,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/weftmesh/weft/cni/kubeconfig"
 	"github.com/weftmesh/weft/cni/plugin"
 )
 
@@ -163,7 +162,7 @@ func (i *Installer) InstallConfig() (string, bool, error) {
 	}
 	// Keep the original once, before our first edit of this file.
 	if !hasType(orig, plugin.Type) {
-		if err := kubeconfig.WriteFileAtomic(backupPath(path), orig, 0o600); err != nil {
+		if err := writeFileAtomic(backupPath(path), orig, 0o600); err != nil {
 			return "", false, fmt.Errorf("saving the original of %s: %w", path, err)
 		}
 	}
@@ -174,7 +173,7 @@ func (i *Installer) InstallConfig() (string, bool, error) {
 			target = strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
 		}
 	}
-	if err := kubeconfig.WriteFileAtomic(target, out, fi.Mode().Perm()); err != nil {
+	if err := writeFileAtomic(target, out, fi.Mode().Perm()); err != nil {
 		return "", false, fmt.Errorf("writing %s: %w", target, err)
 	}
 	if target != path {
@@ -255,7 +254,7 @@ func (i *Installer) uninstallFile(path string) error {
 				continue
 			}
 			if rest := restOfConverted(out); rest != nil && sameJSON(rest, bk) {
-				if err := kubeconfig.WriteFileAtomic(orig, bk, fi.Mode().Perm()); err != nil {
+				if err := writeFileAtomic(orig, bk, fi.Mode().Perm()); err != nil {
 					return fmt.Errorf("restoring %s: %w", orig, err)
 				}
 				os.Remove(path)
@@ -268,7 +267,7 @@ func (i *Installer) uninstallFile(path string) error {
 	if bk, err := os.ReadFile(backupPath(path)); err == nil && sameJSON(out, bk) {
 		out = bk
 	}
-	if err := kubeconfig.WriteFileAtomic(path, out, fi.Mode().Perm()); err != nil {
+	if err := writeFileAtomic(path, out, fi.Mode().Perm()); err != nil {
 		return fmt.Errorf("writing %s: %w", path, err)
 	}
 	os.Remove(backupPath(path))
@@ -304,7 +303,7 @@ func (i *Installer) InstallBinary() (bool, error) {
 	if err := os.MkdirAll(i.cfg.BinDir, 0o755); err != nil {
 		return false, fmt.Errorf("creating the CNI bin dir: %w", err)
 	}
-	if err := kubeconfig.WriteFileAtomic(dst, src, 0o755); err != nil {
+	if err := writeFileAtomic(dst, src, 0o755); err != nil {
 		return false, fmt.Errorf("installing %s: %w", dst, err)
 	}
 	i.log.Info("installed the weft-cni plugin", "path", dst)

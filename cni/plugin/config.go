@@ -11,7 +11,6 @@ import (
 
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
-	"github.com/weftmesh/weft/cni/kubeconfig"
 )
 
 // Names of the plugin and of its conflist entry.
@@ -40,13 +39,14 @@ type Config struct {
 	// info, warn or error. Default info.
 	PluginLogLevel string `json:"plugin_log_level,omitempty"`
 	// AgentRunDir is the node agent's run directory on the node; the event
-	// socket and the kubeconfig live there. Default /var/run/weft-cni.
+	// socket lives there. Default /var/run/weft-cni.
 	AgentRunDir string `json:"cni_agent_run_dir,omitempty"`
 	// AmbientEnabled turns the plugin on; when false it only passes the
 	// previous result through.
 	AmbientEnabled bool `json:"ambient_enabled"`
-	// EnablementSelectors decide which pods are ambient. Default: Istio's
-	// (enablement.Default).
+	// EnablementSelectors are accepted (and checked) for Istio's shape; the
+	// node agent, not the plugin, decides which pods are ambient. Default:
+	// Istio's (enablement.Default).
 	EnablementSelectors []enablement.Selector `json:"enablement_selectors,omitempty"`
 	// ExcludeNamespaces are never enrolled and never looked up.
 	ExcludeNamespaces []string `json:"exclude_namespaces,omitempty"`
@@ -123,6 +123,3 @@ func (c *Config) Excluded(ns string) bool { return slices.Contains(c.ExcludeName
 
 // EventSocket is the agent's event socket path.
 func (c *Config) EventSocket() string { return filepath.Join(c.AgentRunDir, event.SocketName) }
-
-// KubeconfigPath is the path of the kubeconfig the agent writes.
-func (c *Config) KubeconfigPath() string { return filepath.Join(c.AgentRunDir, kubeconfig.FileName) }

@@ -1,16 +1,18 @@
 // Package plugin is the chained CNI plugin weft-cni. The container runtime
-// runs it after the primary plugins for every pod sandbox; it decides from
-// the pod's and its namespace's labels whether the pod is ambient and, if
-// so, tells the node agent (which installs the redirection and hands the
-// netns to ztunnel) before the pod's containers start.
+// runs it after the primary plugins for every pod sandbox; it hands the pod
+// to the node agent over the agent's unix socket before the pod's
+// containers start. The agent decides from the pod's and its namespace's
+// labels (from its own watch) whether the pod is ambient and, if so,
+// installs the redirection and hands the netns to ztunnel.
 //
-// It fails closed: when a pod is or may be ambient and the agent or the API
-// server cannot be reached, ADD fails and the runtime retries, so no
-// ambient pod starts unredirected. Pods in excluded namespaces and the
-// agent's own pods are passed without any lookup. The previous plugin's
-// result is passed through byte for byte; DEL and CHECK do nothing, since
-// the agent un-enrolls pods from its pod watch. Only the CNI result (or
-// error) is written to stdout; logs go to stderr.
+// The plugin holds no Kubernetes credential: nothing it runs with on the
+// node reaches the API server. It fails closed: when the agent cannot be
+// reached or refuses, ADD fails and the runtime retries, so no ambient pod
+// starts unredirected. Pods in excluded namespaces and the agent's own pods
+// are passed without asking. The previous plugin's result is passed
+// through byte for byte; DEL and CHECK do nothing, since the agent
+// un-enrolls pods from its pod watch. Only the CNI result (or error) is
+// written to stdout; logs go to stderr.
 package plugin
 
 import (
@@ -30,9 +32,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
-	"github.com/weftmesh/weft/cni/kubeconfig"
 )
 
 // EventTimeout bounds the wait for the agent, which includes its wait for
@@ -48,11 +48,6 @@ type K8sArgs struct {
 	K8S_POD_UID                types.UnmarshallableString //nolint:revive
 }
 
-// podSource looks a pod and its namespace up (the API server).
-type podSource interface {
-	PodAndNamespace(ctx context.Context, ns, name string) (enablement.Pod, map[string]string, error)
-}
-
 // notifier delivers the add event to the agent.
 type notifier interface {
 	Notify(ctx context.Context, socket string, ev *event.Add) error
@@ -60,16 +55,15 @@ type notifier interface {
 
 // Plugin runs the CNI commands. The zero value is not usable; see New.
 type Plugin struct {
-	stdout    io.Writer
-	stderr    io.Writer
-	newSource func(c *Config) (podSource, func(), error)
-	notifier  notifier
+	stdout   io.Writer
+	stderr   io.Writer
+	notifier notifier
 }
 
 // New returns the plugin writing its result to stdout and its log to
-// stderr, talking to the real API server and agent.
+// stderr, talking to the node agent.
 func New(stdout, stderr io.Writer) *Plugin {
-	return &Plugin{stdout: stdout, stderr: stderr, newSource: apiSource, notifier: socketNotifier{}}
+	return &Plugin{stdout: stdout, stderr: stderr, notifier: socketNotifier{}}
 }
 
 // Funcs are the plugin's CNI commands for skel.
@@ -77,25 +71,13 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check}
 }
 
-func apiSource(c *Config) (podSource, func(), error) {
-	kc, err := kubeconfig.Read(c.KubeconfigPath())
-	if err != nil {
-		return nil, nil, err
-	}
-	ac, err := newAPIClient(kc)
-	if err != nil {
-		return nil, nil, fmt.Errorf("kubeconfig %s: %w", c.KubeconfigPath(), err)
-	}
-	return ac, ac.close, nil
-}
-
 func (p *Plugin) logger(c *Config) *slog.Logger {
 	lvl, _ := ParseLevel(c.PluginLogLevel)
 	return slog.New(slog.NewJSONHandler(p.stderr, &slog.HandlerOptions{Level: lvl})).With("plugin", Type)
 }
 
-// Add handles ADD: decide, notify the agent for ambient pods, pass the
-// previous result through.
+// Add handles ADD: hand the pod to the agent, which enrolls it if it is
+// ambient, then pass the previous result through.
 func (p *Plugin) Add(args *skel.CmdArgs) error {
 	conf, err := ParseConfig(args.StdinData)
 	if err != nil {
@@ -136,32 +118,16 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs, conf *Config) erro
 		log.Info("node agent pod, passing through")
 		return nil
 	}
-
-	src, closeSrc, err := p.newSource(conf)
-	if err != nil {
-		return fmt.Errorf("weft-cni: cannot tell whether pod %s/%s is ambient, so it is held back: %w; check that weft-cni-agent runs on this node", ns, name, err)
-	}
-	defer closeSrc()
-	actx, cancel := context.WithTimeout(ctx, apiTimeout)
-	pod, nsLabels, err := src.PodAndNamespace(actx, ns, name)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("weft-cni: cannot tell whether pod %s/%s is ambient, so it is held back: %w", ns, name, err)
-	}
-	if !enablement.Enrolled(conf.EnablementSelectors, pod, nsLabels) {
-		log.Debug("not ambient, passing through")
-		return nil
-	}
 	if args.Netns == "" {
-		return fmt.Errorf("weft-cni: ambient pod %s/%s has no network namespace (CNI_NETNS is empty)", ns, name)
+		return fmt.Errorf("weft-cni: pod %s/%s has no network namespace (CNI_NETNS is empty), so the node agent cannot enroll it if it is ambient", ns, name)
 	}
 	ev := &event.Add{Netns: args.Netns, PodName: name, PodNamespace: ns, IPs: prevIPs(conf)}
 	ectx, cancel := context.WithTimeout(ctx, EventTimeout)
 	defer cancel()
 	if err := p.notifier.Notify(ectx, conf.EventSocket(), ev); err != nil {
-		return fmt.Errorf("weft-cni: ambient pod %s/%s cannot start until the node agent enrolls it: %w", ns, name, err)
+		return fmt.Errorf("weft-cni: pod %s/%s cannot start until the node agent has enrolled it or found it is not ambient: %w", ns, name, err)
 	}
-	log.Info("ambient pod enrolled")
+	log.Debug("the node agent took the pod")
 	return nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
 )
 
@@ -23,22 +22,6 @@ func conf(extra string) []byte {
 	return []byte(`{"cniVersion":"1.0.0","name":"k8s-pod-network","type":"weft-cni","ambient_enabled":true,` +
 		`"exclude_namespaces":["kube-system"],"pod_namespace":"weft-system","cni_agent_run_dir":"/run/weft-test",` +
 		`"prevResult":` + prevResult + extra + `}`)
-}
-
-// fakeSource serves pods and namespaces from maps: pure decision logic.
-type fakeSource struct {
-	pods    map[string]enablement.Pod
-	ns      map[string]map[string]string
-	err     error
-	lookups int
-}
-
-func (f *fakeSource) PodAndNamespace(_ context.Context, ns, name string) (enablement.Pod, map[string]string, error) {
-	f.lookups++
-	if f.err != nil {
-		return enablement.Pod{}, nil, f.err
-	}
-	return f.pods[ns+"/"+name], f.ns[ns], nil
 }
 
 type fakeNotifier struct {
@@ -61,38 +44,27 @@ func args(ns, name string, stdin []byte) *skel.CmdArgs {
 	return &skel.CmdArgs{ContainerID: "abc", Netns: "/var/run/netns/p1", IfName: "eth0", Args: a, StdinData: stdin}
 }
 
+// TestAdd checks that the plugin hands every pod it does not skip to the
+// agent, which decides, and fails the ADD when the agent cannot be asked.
 func TestAdd(t *testing.T) {
-	ambientNS := map[string]string{enablement.DataplaneModeLabel: enablement.ModeAmbient}
-	src := &fakeSource{
-		pods: map[string]enablement.Pod{
-			"shop/web":      {},
-			"shop/opt-out":  {Labels: map[string]string{enablement.DataplaneModeLabel: "none"}},
-			"plain/web":     {},
-			"plain/labeled": {Labels: ambientNS},
-		},
-		ns: map[string]map[string]string{"shop": ambientNS, "plain": {}},
-	}
 	tests := []struct {
 		name       string
 		ns, pod    string
+		netns      string
 		stdin      []byte
-		srcErr     error
 		notifyErr  error
 		wantNotify bool
-		wantLookup bool
 		wantErr    string
 	}{
-		{name: "ambient namespace", ns: "shop", pod: "web", stdin: conf(""), wantNotify: true, wantLookup: true},
-		{name: "ambient pod label", ns: "plain", pod: "labeled", stdin: conf(""), wantNotify: true, wantLookup: true},
-		{name: "opted out", ns: "shop", pod: "opt-out", stdin: conf(""), wantLookup: true},
-		{name: "not ambient", ns: "plain", pod: "web", stdin: conf(""), wantLookup: true},
-		{name: "excluded namespace, never looked up", ns: "kube-system", pod: "coredns", stdin: conf(""), srcErr: errors.New("API down")},
-		{name: "agent pod while the API is down", ns: "weft-system", pod: "weft-cni-agent-x7k2p", stdin: conf(""), srcErr: errors.New("API down")},
+		{name: "pod goes to the agent", ns: "shop", pod: "web", stdin: conf(""), wantNotify: true},
+		{name: "agent decides, even with the selectors in the entry", ns: "plain", pod: "web", stdin: conf(`,"enablement_selectors":[{"podSelector":{"matchLabels":{"a":"b"}}}]`), wantNotify: true},
+		{name: "excluded namespace, agent not asked", ns: "kube-system", pod: "coredns", stdin: conf(""), notifyErr: errors.New("unreachable")},
+		{name: "agent pod while the agent is down", ns: "weft-system", pod: "weft-cni-agent-x7k2p", stdin: conf(""), notifyErr: errors.New("unreachable")},
+		{name: "an agent-like pod elsewhere is asked about", ns: "shop", pod: "weft-cni-agent-x7k2p", stdin: conf(""), wantNotify: true},
 		{name: "not a kubernetes pod", stdin: conf("")},
 		{name: "ambient disabled", ns: "shop", pod: "web", stdin: bytes.Replace(conf(""), []byte(`"ambient_enabled":true`), []byte(`"ambient_enabled":false`), 1)},
-		{name: "API down fails closed", ns: "plain", pod: "web", stdin: conf(""), srcErr: errors.New("connection refused"), wantLookup: true, wantErr: "held back: connection refused"},
-		{name: "agent down fails closed for ambient", ns: "shop", pod: "web", stdin: conf(""), notifyErr: errors.New("the node agent at x is unreachable"), wantNotify: true, wantLookup: true, wantErr: "cannot start until the node agent enrolls it"},
-		{name: "agent down is fine for others", ns: "plain", pod: "web", stdin: conf(""), notifyErr: errors.New("unreachable"), wantLookup: true},
+		{name: "agent down fails closed", ns: "plain", pod: "web", stdin: conf(""), notifyErr: errors.New("the node agent at x is unreachable"), wantNotify: true, wantErr: "cannot start until the node agent has enrolled it or found it is not ambient: the node agent at x is unreachable"},
+		{name: "no netns fails closed", ns: "shop", pod: "web", netns: "-", stdin: conf(""), wantErr: "has no network namespace"},
 		{name: "unknown config key", ns: "shop", pod: "web", stdin: conf(`,"ambient_enabeld":true`), wantErr: `unknown field "ambient_enabeld"`},
 		{name: "wrong type", ns: "shop", pod: "web", stdin: bytes.Replace(conf(""), []byte(`"type":"weft-cni"`), []byte(`"type":"istio-cni"`), 1), wantErr: `want "weft-cni"`},
 		{name: "malformed json", ns: "shop", pod: "web", stdin: []byte(`{"type":`), wantErr: "parsing the network configuration"},
@@ -101,12 +73,14 @@ func TestAdd(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			src.err, src.lookups = tt.srcErr, 0
 			n := &fakeNotifier{err: tt.notifyErr}
 			var stdout, stderr bytes.Buffer
-			p := &Plugin{stdout: &stdout, stderr: &stderr, notifier: n,
-				newSource: func(*Config) (podSource, func(), error) { return src, func() {}, nil }}
-			err := p.Add(args(tt.ns, tt.pod, tt.stdin))
+			p := &Plugin{stdout: &stdout, stderr: &stderr, notifier: n}
+			a := args(tt.ns, tt.pod, tt.stdin)
+			if tt.netns == "-" {
+				a.Netns = ""
+			}
+			err := p.Add(a)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("Add = %v, want an error containing %q", err, tt.wantErr)
@@ -125,9 +99,6 @@ func TestAdd(t *testing.T) {
 			}
 			if got := len(n.events) > 0; got != tt.wantNotify {
 				t.Fatalf("notified = %v, want %v", got, tt.wantNotify)
-			}
-			if got := src.lookups > 0; got != tt.wantLookup {
-				t.Fatalf("looked up = %v, want %v", got, tt.wantLookup)
 			}
 			if tt.wantNotify {
 				ev := n.events[0]

@@ -20,8 +20,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
+	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/caclient"
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"

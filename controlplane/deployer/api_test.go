@@ -24,7 +24,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/controlplane/ambient"
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
+	"github.com/weftmesh/weft/internal/apitest"
 )
 
 var nsSeq atomic.Int32

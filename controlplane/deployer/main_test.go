@@ -16,7 +16,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
+	"github.com/weftmesh/weft/internal/apitest"
 )
 
 // api is the package's API server, with the chart's Gateway API CRDs.

@@ -38,6 +38,8 @@ type objects struct {
 	pdbs                []*policyv1.PodDisruptionBudget
 	validating          []*admissionregistrationv1.ValidatingWebhookConfiguration
 	mutating            []*admissionregistrationv1.MutatingWebhookConfiguration
+	policies            []*admissionregistrationv1.ValidatingAdmissionPolicy
+	policyBindings      []*admissionregistrationv1.ValidatingAdmissionPolicyBinding
 	gatewayClasses      []*gwv1.GatewayClass
 	networkPolicies     []*networkingv1.NetworkPolicy
 	configMaps          []*corev1.ConfigMap
@@ -103,6 +105,10 @@ func decode(t *testing.T, manifest string) *objects {
 			o.validating = append(o.validating, into(&obj, &admissionregistrationv1.ValidatingWebhookConfiguration{}))
 		case "admissionregistration.k8s.io/v1 MutatingWebhookConfiguration":
 			o.mutating = append(o.mutating, into(&obj, &admissionregistrationv1.MutatingWebhookConfiguration{}))
+		case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy":
+			o.policies = append(o.policies, into(&obj, &admissionregistrationv1.ValidatingAdmissionPolicy{}))
+		case "admissionregistration.k8s.io/v1 ValidatingAdmissionPolicyBinding":
+			o.policyBindings = append(o.policyBindings, into(&obj, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{}))
 		case "gateway.networking.k8s.io/v1 GatewayClass":
 			o.gatewayClasses = append(o.gatewayClasses, into(&obj, &gwv1.GatewayClass{}))
 		default:

@@ -35,9 +35,10 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
-// TestChart renders the chart's CNI templates (golden) and runs the agent's
-// flag parser and validation on the DaemonSet's arguments, so the chart and
-// the binary cannot drift apart.
+// TestChart renders the chart's CNI templates (golden; the agent's RBAC
+// test in cni/agent applies its roles to a real API server) and runs the
+// agent's flag parser and validation on the DaemonSet's arguments, so the
+// chart and the binary cannot drift apart.
 func TestChart(t *testing.T) {
 	helm, err := filepath.Abs("../../../bin/helm")
 	if err != nil {
@@ -48,7 +49,7 @@ func TestChart(t *testing.T) {
 	}
 	tmp := t.TempDir()
 	cmd := exec.Command(helm, "template", "weft", "../../../charts/weft", "--namespace", "weft-system", "--kube-version", "1.37.2",
-		"--show-only", "templates/cni-agent.yaml", "--show-only", "templates/cni-rbac.yaml")
+		"--show-only", "templates/cni-agent.yaml", "--show-only", "templates/cni-rbac.yaml", "--show-only", "templates/cni-cleanup.yaml", "--show-only", "templates/cni-admission-policy.yaml")
 	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+tmp, "HELM_CONFIG_HOME="+tmp, "HELM_DATA_HOME="+tmp)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -99,7 +100,7 @@ func TestChart(t *testing.T) {
 	if _, err := newLogger(format, level); err != nil {
 		t.Fatal(err)
 	}
-	cfg.NodeName, cfg.PodNamespace, cfg.APIServer = "node1", "weft-system", "https://10.96.0.1:443"
+	cfg.NodeName, cfg.PodNamespace = "node1", "weft-system"
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("the chart's configuration does not validate: %v", err)
 	}

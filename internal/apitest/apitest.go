@@ -1,13 +1,14 @@
 // Package apitest runs a real Kubernetes API server (etcd and kube-apiserver
-// on loopback ports, with certificates made here) for the control plane's
-// integration tests and benchmarks: TokenReview, TokenRequest, informers,
-// status writes and CRDs all behave as in a cluster. There is no scheduler,
+// on loopback ports, with certificates made here) for integration tests and
+// benchmarks (the control plane's, the CNI agent's RBAC): TokenReview,
+// TokenRequest, RBAC, informers, status writes and CRDs all behave as in a
+// cluster. There is no scheduler,
 // controller manager or kubelet: tests create pods with spec.nodeName set,
 // write their status themselves and create EndpointSlices.
 //
 // Start skips the test unless WEFT_ROOT_TESTS=1 (which `make test` sets) and
-// the binaries are present: kube-apiserver from the repository's bin/ (made
-// by `make`) or PATH, and etcd from PATH.
+// the binaries are present: kube-apiserver and etcd from the repository's
+// bin/ (made by `make tools`) or PATH.
 package apitest
 
 import (
@@ -70,7 +71,7 @@ func Available() (bool, string) {
 		return false, fmt.Sprintf("real API server tests run with %s=1 (make test sets it)", Env)
 	}
 	if findBinary("kube-apiserver") == "" || findBinary("etcd") == "" {
-		return false, "kube-apiserver (in bin/ or PATH) and etcd (in PATH) are needed; run make deps and make"
+		return false, "kube-apiserver and etcd (in bin/ or PATH) are needed; run make tools"
 	}
 	return true, ""
 }

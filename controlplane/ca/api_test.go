@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/weftmesh/weft/controlplane/internal/apitest"
+	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/capb"
 	"github.com/weftmesh/weft/internal/spiffe"
 )

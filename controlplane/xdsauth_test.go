@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/controlplane/xdsserver"
+	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )

@@ -149,8 +149,8 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 	defer wg.Wait()
 	sem := make(chan struct{}, maxInFlight)
 	var backoff accept.Backoff
+	buf := make([]byte, dns.MaxMsgSize)
 	for {
-		buf := make([]byte, dns.MaxMsgSize)
 		n, from, err := pc.ReadFrom(buf)
 		if err != nil {
 			if ctx.Err() != nil || accept.Closed(err) {
@@ -171,11 +171,12 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 		default:
 			continue // over the limit: dropped, the client retries
 		}
+		raw := append([]byte(nil), buf[:n]...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "udp", Raw: buf[:n], Exchange: s.exchange})
+			out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "udp", Raw: raw, Exchange: s.exchange})
 			if out != nil {
 				pc.WriteTo(out, from)
 			}

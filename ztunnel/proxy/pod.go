@@ -224,21 +224,29 @@ func (p *Pod) Run(ctx context.Context) error {
 			ln.Close()
 		}
 	}
-	for _, port := range []uint16{OutboundPort, InboundPort, HBONEPort} {
-		ln, err := p.cfg.Sockets.Listen(ctx, netip.AddrPortFrom(any, port))
-		if err != nil {
-			closeAll()
-			return fmt.Errorf("listening on %d in pod %s/%s: %w", port, p.cfg.Namespace, p.cfg.Name, err)
-		}
-		lns = append(lns, ln)
-	}
+	// DNS first: once a successor listens on the capture ports it listens
+	// on 15053 too, so the handoff, which counts listeners per port, need
+	// not tell its 15053 sockets (one per family) from ours.
 	var dns *dnsproxy.Server
 	if p.cfg.DNS != nil {
 		var err error
 		if dns, err = p.openDNS(ctx); err != nil {
-			closeAll()
 			return err
 		}
+	}
+	closeDNS := func() {
+		if dns != nil {
+			dns.Close()
+		}
+	}
+	for _, port := range []uint16{OutboundPort, InboundPort, HBONEPort} {
+		ln, err := p.cfg.Sockets.Listen(ctx, netip.AddrPortFrom(any, port))
+		if err != nil {
+			closeAll()
+			closeDNS()
+			return fmt.Errorf("listening on %d in pod %s/%s: %w", port, p.cfg.Namespace, p.cfg.Name, err)
+		}
+		lns = append(lns, ln)
 	}
 	srv, err := hbone.NewServer(hbone.ServerConfig{
 		TLS:     spiffe.ServerConfig(p.cfg.Credentials.Certificate, p.cfg.Credentials.Roots(), p.cfg.TrustDomain),
@@ -247,9 +255,7 @@ func (p *Pod) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		closeAll()
-		if dns != nil {
-			dns.Close()
-		}
+		closeDNS()
 		return err
 	}
 	p.server = srv

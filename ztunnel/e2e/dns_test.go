@@ -142,6 +142,10 @@ spec:
 		}
 		time.Sleep(time.Second)
 	}
+	for _, name := range names {
+		r := got[name]
+		t.Logf("%s -> %s %v ttl %d via %s (%d ms)", name, r.Rcode, r.Addrs, r.TTL, r.FQDN, r.MS)
+	}
 
 	// Capture off: the cluster DNS answers (its TTL is 5), ztunnel is not asked.
 	got, err = resolveIn(ctx, c, ns, nocapture[0].Name, "echo", missing)

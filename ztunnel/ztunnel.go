@@ -29,6 +29,7 @@ import (
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/internal/xdsclient"
 	"github.com/weftmesh/weft/ztunnel/admin"
+	"github.com/weftmesh/weft/ztunnel/dnsproxy"
 	"github.com/weftmesh/weft/ztunnel/identity"
 	"github.com/weftmesh/weft/ztunnel/inpod"
 	"github.com/weftmesh/weft/ztunnel/proxy"
@@ -81,6 +82,17 @@ type Config struct {
 	// holds about four times as many sockets: keep the product of the cap
 	// and the pods per node well below ztunnel's RLIMIT_NOFILE.
 	MaxConnectionsPerPod int
+	// ClusterDomain is the Services' DNS suffix (CLUSTER_DOMAIN); default
+	// cluster.local.
+	ClusterDomain string
+	// DNSProxyOff turns the DNS proxy off (DNS_PROXY=false); by default
+	// every pod gets one on 127.0.0.1:15053, where its rules send its DNS
+	// when DNS capture is on.
+	DNSProxyOff bool
+	// ResolvConf names the DNS proxy's upstream nameservers; default
+	// /etc/resolv.conf, ztunnel's own, which in Kubernetes points at the
+	// cluster DNS (as Istio's ztunnel does). It is read once, at start.
+	ResolvConf string
 }
 
 // SetDefaults fills the documented defaults.
@@ -102,6 +114,8 @@ func (c *Config) SetDefaults() {
 	def(&c.AdminAddr, "127.0.0.1:15000")
 	def(&c.MetricsAddr, ":15020")
 	def(&c.ReadyAddr, ":15021")
+	def(&c.ClusterDomain, "cluster.local")
+	def(&c.ResolvConf, "/etc/resolv.conf")
 	if c.CertTTL == 0 {
 		c.CertTTL = 24 * time.Hour
 	}
@@ -141,9 +155,15 @@ func (c *Config) Validate() error {
 // agent's ZDS request timeout (5 s): the Add is acknowledged after it.
 const certWait = 3 * time.Second
 
-// capturePorts are the ports a pod's proxy listens on; a successor holds a
-// pod once it listens on all of them.
-var capturePorts = []uint16{proxy.OutboundPort, proxy.InboundPort, proxy.HBONEPort}
+// capturePorts are the TCP ports a pod's proxy listens on; a successor
+// holds a pod once it listens on all of them.
+func (c *Config) capturePorts() []uint16 {
+	ports := []uint16{proxy.OutboundPort, proxy.InboundPort, proxy.HBONEPort}
+	if !c.DNSProxyOff {
+		ports = append(ports, proxy.DNSPort)
+	}
+	return ports
+}
 
 // Ztunnel is the node proxy.
 type Ztunnel struct {
@@ -179,6 +199,20 @@ func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
 	z := &Ztunnel{cfg: cfg, log: log, store: state.NewStore(), registry: prometheus.NewRegistry()}
 	z.registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := proxy.NewMetrics(z.registry)
+	var resolver *dnsproxy.Resolver
+	if !cfg.DNSProxyOff {
+		upstreams, err := dnsproxy.ReadResolvConf(cfg.ResolvConf)
+		if err != nil {
+			return nil, fmt.Errorf("DNS proxy upstreams (DNS_PROXY=false turns the proxy off): %w", err)
+		}
+		resolver, err = dnsproxy.NewResolver(dnsproxy.Config{
+			Store: z.store, Node: cfg.NodeName, ClusterDomain: cfg.ClusterDomain, Upstreams: upstreams,
+			Metrics: dnsproxy.NewMetrics(z.registry), Logger: log,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
 
 	token := caclient.TokenFile(cfg.TokenFile)
 	z.ca, err = caclient.New(caclient.Config{
@@ -235,10 +269,11 @@ func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
 			p, err := proxy.NewPod(proxy.PodConfig{
 				Namespace: info.Namespace, Name: info.Name, ServiceAccount: info.ServiceAccount, Node: cfg.NodeName,
 				TrustDomain: td, Store: z.store,
-				Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst,
+				Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst, DNSSockets: inpod.Sockets{NS: ns},
 				Credentials: creds, Metrics: metrics, Logger: log, AccessLog: access,
 				DrainTimeout: cfg.DrainTimeout, ClusterID: cfg.ClusterID,
 				MaxConnections: cfg.MaxConnectionsPerPod,
+				DNS:            resolver,
 			})
 			if err != nil {
 				creds.Release()
@@ -307,7 +342,7 @@ func (z *Ztunnel) handoff(ctx context.Context) {
 	n := len(z.pods.Pods())
 	ctx, cancel := context.WithTimeout(ctx, z.cfg.HandoffTimeout)
 	defer cancel()
-	left := z.pods.WaitTakenOver(ctx, capturePorts)
+	left := z.pods.WaitTakenOver(ctx, z.cfg.capturePorts())
 	waited := time.Since(start).Milliseconds()
 	if len(left) == 0 {
 		z.log.Info("pods handed over", "pods", n, "waited_ms", waited)

@@ -16,6 +16,8 @@ type EchoOptions struct {
 	Labels map[string]string
 	// Image runs the echo server. Default weft/echo:latest.
 	Image string
+	// Annotations are the pods' annotations.
+	Annotations map[string]string
 }
 
 var echoTmpl = template.Must(template.New("echo").Parse(`apiVersion: v1
@@ -40,6 +42,12 @@ spec:
         app: {{.Name}}
 {{- range $k, $v := .Labels}}
         {{$k}}: "{{$v}}"
+{{- end}}
+{{- if .Annotations}}
+      annotations:
+{{- range $k, $v := .Annotations}}
+        {{$k}}: "{{$v}}"
+{{- end}}
 {{- end}}
     spec:
       serviceAccountName: {{.Name}}

@@ -41,6 +41,32 @@ func (s Sockets) Listen(ctx context.Context, addr netip.AddrPort) (net.Listener,
 	return ln, err
 }
 
+// ListenPacket opens a UDP socket on addr inside the pod (the DNS proxy's).
+func (s Sockets) ListenPacket(ctx context.Context, addr netip.AddrPort) (net.PacketConn, error) {
+	var pc net.PacketConn
+	err := s.NS.Do(func() error {
+		lc := net.ListenConfig{Control: control(true)}
+		var err error
+		pc, err = lc.ListenPacket(ctx, "udp", addr.String())
+		return err
+	})
+	return pc, err
+}
+
+// DialNetwork connects to dst over network ("tcp" or "udp") from inside
+// the pod, with the mark: the DNS proxy's upstream queries, which the
+// pod's rules then neither redirect nor mix with the app's own DNS flows.
+func (s Sockets) DialNetwork(ctx context.Context, network string, dst netip.AddrPort) (net.Conn, error) {
+	var c net.Conn
+	err := s.NS.Do(func() error {
+		d := net.Dialer{Control: control(false)}
+		var err error
+		c, err = d.DialContext(ctx, network, dst.String())
+		return err
+	})
+	return c, err
+}
+
 // Dial connects to dst from inside the pod. The thread stays in the pod's
 // namespace only while the socket is made and connected.
 func (s Sockets) Dial(ctx context.Context, dst, _ netip.AddrPort) (net.Conn, error) {

@@ -5,12 +5,13 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/weftmesh/weft/ztunnel/dnsproxy"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
 
 // DNSPort is where ztunnel's DNS proxy listens in a pod when DNS capture
 // is on.
-const DNSPort = 15053
+const DNSPort = dnsproxy.Port
 
 // A connection that reaches one of ztunnel's listeners without being
 // redirected reads that listener as its original destination. Connecting

@@ -18,6 +18,7 @@ import (
 	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/ztunnel/dnsproxy"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
 
@@ -84,6 +85,12 @@ type PodConfig struct {
 	// every pod. A pod at both caps holds about four times as many sockets
 	// (one to each side of each connection). Default DefaultMaxConnections.
 	MaxConnections int
+	// DNS, when set, gives the pod a DNS proxy on 127.0.0.1:15053 (and
+	// [::1]:15053 when the pod has IPv6), UDP and TCP, where the pod's
+	// redirection rules send its DNS when DNS capture is on. DNSSockets
+	// opens its sockets in the pod (required with DNS).
+	DNS        *dnsproxy.Resolver
+	DNSSockets dnsproxy.Sockets
 
 	// loopbackPods lets this package's tests run pods on 127.0.0.x: those
 	// addresses (but 127.0.0.1) count as ordinary ones.
@@ -129,6 +136,8 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 		return nil, errors.New("pod proxy: Credentials are required")
 	case cfg.Metrics == nil:
 		return nil, errors.New("pod proxy: Metrics are required")
+	case cfg.DNS != nil && cfg.DNSSockets == nil:
+		return nil, errors.New("pod proxy: DNSSockets are required with DNS")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -215,10 +224,26 @@ func (p *Pod) Run(ctx context.Context) error {
 			ln.Close()
 		}
 	}
+	// DNS first: once a successor listens on the capture ports it listens
+	// on 15053 too, so the handoff, which counts listeners per port, need
+	// not tell its 15053 sockets (one per family) from ours.
+	var dns *dnsproxy.Server
+	if p.cfg.DNS != nil {
+		var err error
+		if dns, err = p.openDNS(ctx); err != nil {
+			return err
+		}
+	}
+	closeDNS := func() {
+		if dns != nil {
+			dns.Close()
+		}
+	}
 	for _, port := range []uint16{OutboundPort, InboundPort, HBONEPort} {
 		ln, err := p.cfg.Sockets.Listen(ctx, netip.AddrPortFrom(any, port))
 		if err != nil {
 			closeAll()
+			closeDNS()
 			return fmt.Errorf("listening on %d in pod %s/%s: %w", port, p.cfg.Namespace, p.cfg.Name, err)
 		}
 		lns = append(lns, ln)
@@ -230,6 +255,7 @@ func (p *Pod) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		closeAll()
+		closeDNS()
 		return err
 	}
 	p.server = srv
@@ -240,6 +266,17 @@ func (p *Pod) Run(ctx context.Context) error {
 	loops.Add(3)
 	go func() { defer loops.Done(); p.acceptLoop(ctx, OutboundPort, lns[0], &p.out, p.serveOutbound) }()
 	go func() { defer loops.Done(); p.acceptLoop(ctx, InboundPort, lns[1], &p.in, p.servePlaintext) }()
+	if dns != nil {
+		// Queries being answered finish (within the upstream timeout)
+		// once the sockets close with ctx.
+		loops.Add(1)
+		go func() {
+			defer loops.Done()
+			if err := dns.Serve(ctx); err != nil {
+				p.listenerDied(DNSPort, err)
+			}
+		}()
+	}
 	go func() {
 		defer loops.Done()
 		if err := srv.Serve(serveCtx, &limitListener{Listener: lns[2], p: p, s: &p.in}); err != nil {
@@ -271,6 +308,22 @@ func (p *Pod) Run(ctx context.Context) error {
 	p.conns.Wait()
 	p.dialer.Close()
 	return nil
+}
+
+// openDNS opens the pod's DNS proxy sockets.
+func (p *Pod) openDNS(ctx context.Context) (*dnsproxy.Server, error) {
+	c := &p.cfg
+	srv, err := dnsproxy.NewServer(dnsproxy.ServerConfig{
+		Resolver: c.DNS, Sockets: c.DNSSockets, Logger: c.Logger,
+		Client: dnsproxy.Client{Namespace: c.Namespace, Name: c.Name, ServiceAccount: c.ServiceAccount},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Listen(ctx); err != nil {
+		return nil, fmt.Errorf("pod %s/%s: %w", c.Namespace, c.Name, err)
+	}
+	return srv, nil
 }
 
 // acceptLoop serves ln until it is closed, each connection holding a slot

@@ -426,3 +426,34 @@ func FuzzApplyPolicies(f *testing.F) {
 			Conn{Src: netip.MustParseAddrPort("10.0.0.1:1"), Dst: netip.MustParseAddrPort("10.0.0.2:80")})
 	})
 }
+
+func TestServicesByHostname(t *testing.T) {
+	s := load(t, service("b", "echo", "10.96.0.2"), service("a", "echo", "10.96.0.1"))
+	s.ApplyAddresses(map[string]*workloadpb.Address{"x/Echo.Other": {Type: &workloadpb.Address_Service{Service: &workloadpb.Service{
+		Name: "e", Namespace: "x", Hostname: "Echo.Other",
+	}}}}, nil)
+	nsOf := func(host string) []string {
+		var out []string
+		for _, svc := range s.ServicesByHostname(host) {
+			out = append(out, svc.Namespace)
+		}
+		return out
+	}
+	got := nsOf("echo.b.svc.cluster.local")
+	if len(got) != 1 || got[0] != "b" {
+		t.Errorf("echo.b = %v", got)
+	}
+	if got := nsOf("echo.other"); len(got) != 1 || got[0] != "x" {
+		t.Errorf("a hostname is indexed in lower case: %v", got)
+	}
+	held := s.ServicesByHostname("echo.b.svc.cluster.local")
+	if err := s.ApplyAddresses(nil, []string{"b/echo.b.svc.cluster.local"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := nsOf("echo.b.svc.cluster.local"); len(got) != 0 {
+		t.Errorf("removed service still found: %v", got)
+	}
+	if len(held) != 1 || held[0].Namespace != "b" {
+		t.Errorf("a slice handed out changed under its reader: %v", held)
+	}
+}

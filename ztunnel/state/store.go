@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"github.com/weftmesh/weft/internal/pb/securitypb"
@@ -22,6 +23,7 @@ type Store struct {
 	byName    map[string]*Workload       // guarded by mu: by namespace/name
 	services  map[string]*Service        // guarded by mu: by namespace/hostname
 	byVIP     map[netip.Addr][]*Service  // guarded by mu
+	byHost    map[string][]*Service      // guarded by mu: by hostname, sorted by namespace
 	endpoints map[string]map[string]bool // guarded by mu: service key -> workload uids
 	policies  map[string]*Policy         // guarded by mu: by namespace/name
 	byNS      map[string]map[string]bool // guarded by mu: namespace ("" = global) -> policy keys
@@ -38,6 +40,7 @@ func NewStore() *Store {
 		byName:    map[string]*Workload{},
 		services:  map[string]*Service{},
 		byVIP:     map[netip.Addr][]*Service{},
+		byHost:    map[string][]*Service{},
 		endpoints: map[string]map[string]bool{},
 		policies:  map[string]*Policy{},
 		byNS:      map[string]map[string]bool{},
@@ -172,6 +175,12 @@ func (s *Store) removeLocked(name string) {
 	case kindService:
 		if svc := s.services[key[2:]]; svc != nil {
 			delete(s.services, svc.Key)
+			// Copied, not changed in place: readers hold the old slice.
+			host := strings.ToLower(svc.Hostname)
+			s.byHost[host] = slices.DeleteFunc(slices.Clone(s.byHost[host]), func(x *Service) bool { return x == svc })
+			if len(s.byHost[host]) == 0 {
+				delete(s.byHost, host)
+			}
 			for _, vip := range svc.VIPs {
 				s.byVIP[vip] = slices.DeleteFunc(s.byVIP[vip], func(x *Service) bool { return x == svc })
 				if len(s.byVIP[vip]) == 0 {
@@ -222,6 +231,10 @@ func (s *Store) insertServiceLocked(svc *Service) {
 		}
 	}
 	s.services[svc.Key] = svc
+	host := strings.ToLower(svc.Hostname)
+	hosts := append(slices.Clone(s.byHost[host]), svc) // readers hold the old slice
+	slices.SortFunc(hosts, func(a, b *Service) int { return strings.Compare(a.Namespace, b.Namespace) })
+	s.byHost[host] = hosts
 	for _, vip := range svc.VIPs {
 		s.byVIP[vip] = append(s.byVIP[vip], svc)
 	}
@@ -297,6 +310,15 @@ func (s *Store) Service(namespace, hostname string) *Service {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.services[namespace+"/"+hostname]
+}
+
+// ServicesByHostname returns the services named hostname (lower case),
+// one per namespace that has one, sorted by namespace. The caller must not
+// change the slice.
+func (s *Store) ServicesByHostname(hostname string) []*Service {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.byHost[hostname]
 }
 
 // Endpoints returns the workloads that back service key, sorted by uid.

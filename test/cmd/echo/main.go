@@ -3,6 +3,7 @@
 //
 //	echo [-http 8080] [-grpc 7070] [-tcp 9090]
 //	echo client [-n 10 | -every 20ms -for 30s] [-keepalive] [-timeout 5s] [-H 'Name: value'] [-json] TARGET
+//	echo resolve [-conf /etc/resolv.conf] NAME...
 //
 // TARGET is http://host:port/path, h2c://host:port/path, grpc://host:port or
 // tcp://host:port. -n sends requests one after the other; -every with -for
@@ -34,9 +35,12 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	if len(os.Args) > 1 && os.Args[1] == "client" {
+	switch {
+	case len(os.Args) > 1 && os.Args[1] == "client":
 		err = client(ctx, os.Args[2:])
-	} else {
+	case len(os.Args) > 1 && os.Args[1] == "resolve":
+		err = resolve(ctx, os.Args[2:])
+	default:
 		err = serve(ctx, os.Args[1:])
 	}
 	if err != nil {

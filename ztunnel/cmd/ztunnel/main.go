@@ -60,6 +60,14 @@ func configFromEnv() (ztunnel.Config, error) {
 		AdminAddr:        os.Getenv("ADMIN_ADDR"),
 		MetricsAddr:      os.Getenv("METRICS_ADDR"),
 		ReadyAddr:        os.Getenv("READINESS_ADDR"),
+		ClusterDomain:    os.Getenv("CLUSTER_DOMAIN"),
+	}
+	if v := os.Getenv("DNS_PROXY"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return cfg, fmt.Errorf("DNS_PROXY=%q: want true or false", v)
+		}
+		cfg.DNSProxyOff = !on
 	}
 	for env, dst := range map[string]*time.Duration{
 		"SECRET_TTL": &cfg.CertTTL, "CONNECTION_TERMINATION_DEADLINE": &cfg.DrainTimeout, "HANDOFF_TIMEOUT": &cfg.HandoffTimeout,

@@ -1,0 +1,252 @@
+package dnsproxy
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/weftmesh/weft/internal/accept"
+)
+
+// Sockets opens the proxy's sockets in the pod's network.
+type Sockets interface {
+	Listen(ctx context.Context, addr netip.AddrPort) (net.Listener, error)
+	ListenPacket(ctx context.Context, addr netip.AddrPort) (net.PacketConn, error)
+	// DialNetwork connects to an upstream ("udp" or "tcp") with the
+	// packet mark that keeps it from being captured again.
+	DialNetwork(ctx context.Context, network string, dst netip.AddrPort) (net.Conn, error)
+}
+
+// Limits of one pod's server: a pod that floods its DNS proxy uses up its
+// own share and no more.
+const (
+	// maxInFlight bounds the UDP queries being answered at once; more are
+	// dropped (the client retries).
+	maxInFlight = 256
+	// maxTCPConns bounds the TCP connections open at once; more are closed.
+	maxTCPConns = 64
+	// tcpIdle closes a TCP connection without a query for that long.
+	tcpIdle = 5 * time.Second
+)
+
+// ServerConfig configures the server of one pod.
+type ServerConfig struct {
+	Resolver *Resolver
+	Client   Client
+	Sockets  Sockets
+	// Addrs are where it listens, UDP and TCP; default 127.0.0.1:15053,
+	// and [::1]:15053 when the pod has IPv6 loopback (the redirection
+	// rules send DNS to the loopback address of the query's family).
+	Addrs []netip.AddrPort
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Port is where the redirection rules send a pod's DNS.
+const Port = 15053
+
+// Server is the DNS proxy of one pod.
+type Server struct {
+	cfg      ServerConfig
+	exchange Exchanger
+	pcs      []net.PacketConn
+	lns      []net.Listener
+}
+
+// NewServer returns a pod's server; it opens nothing.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	if cfg.Resolver == nil || cfg.Sockets == nil {
+		return nil, errors.New("dns proxy: Resolver and Sockets are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return &Server{cfg: cfg, exchange: Exchange(cfg.Sockets.DialNetwork)}, nil
+}
+
+// Listen opens the UDP and TCP sockets. The IPv6 ones are skipped when
+// the pod has no IPv6 loopback and Addrs was left to its default.
+func (s *Server) Listen(ctx context.Context) error {
+	addrs, optional := s.cfg.Addrs, false
+	if len(addrs) == 0 {
+		addrs = []netip.AddrPort{netip.AddrPortFrom(netip.IPv6Loopback(), Port), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), Port)}
+		optional = true
+	}
+	for _, a := range addrs {
+		pc, err := s.cfg.Sockets.ListenPacket(ctx, a)
+		if err != nil && optional && a.Addr().Is6() {
+			continue // no IPv6 in the pod
+		}
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("dns proxy: listening on udp %s: %w", a, err)
+		}
+		s.pcs = append(s.pcs, pc)
+		ln, err := s.cfg.Sockets.Listen(ctx, a)
+		if err != nil {
+			s.Close()
+			return fmt.Errorf("dns proxy: listening on tcp %s: %w", a, err)
+		}
+		s.lns = append(s.lns, ln)
+	}
+	return nil
+}
+
+// UDPAddr and TCPAddr are the addresses listened on (the last of Addrs),
+// for tests.
+func (s *Server) UDPAddr() net.Addr { return s.pcs[len(s.pcs)-1].LocalAddr() }
+func (s *Server) TCPAddr() net.Addr { return s.lns[len(s.lns)-1].Addr() }
+
+func (s *Server) pod() string { return s.cfg.Client.Namespace + "/" + s.cfg.Client.Name }
+
+// Close closes the sockets; Serve returns once their queries are done.
+func (s *Server) Close() {
+	for _, pc := range s.pcs {
+		pc.Close()
+	}
+	for _, ln := range s.lns {
+		ln.Close()
+	}
+}
+
+// Serve answers queries until ctx ends (or Close), then waits for those
+// being answered. It returns an error when a socket failed otherwise.
+func (s *Server) Serve(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, s.Close)
+	defer stop()
+	var wg sync.WaitGroup
+	errs := make(chan error, len(s.pcs)+len(s.lns))
+	for _, pc := range s.pcs {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- s.serveUDP(ctx, pc) }()
+	}
+	for _, ln := range s.lns {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- s.serveTCP(ctx, ln) }()
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
+}
+
+// serveUDP reads queries and answers each on its own goroutine, at most
+// maxInFlight at once.
+func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, maxInFlight)
+	var backoff accept.Backoff
+	buf := make([]byte, dns.MaxMsgSize)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			if ctx.Err() != nil || accept.Closed(err) {
+				return nil
+			}
+			if accept.Temporary(err) {
+				if backoff.Wait(ctx) {
+					s.cfg.Logger.Warn("DNS proxy: reading queries failed; retrying", "pod", s.pod(), "error", err.Error())
+				}
+				continue
+			}
+			s.Close()
+			return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
+		}
+		backoff.Reset()
+		select {
+		case sem <- struct{}{}:
+		default:
+			continue // over the limit: dropped, the client retries
+		}
+		raw := append([]byte(nil), buf[:n]...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "udp", Raw: raw, Exchange: s.exchange})
+			if out != nil {
+				pc.WriteTo(out, from)
+			}
+		}()
+	}
+}
+
+// serveTCP accepts connections, at most maxTCPConns at once.
+func (s *Server) serveTCP(ctx context.Context, ln net.Listener) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, maxTCPConns)
+	var backoff accept.Backoff
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || accept.Closed(err) {
+				return nil
+			}
+			if accept.Temporary(err) {
+				if backoff.Wait(ctx) {
+					s.cfg.Logger.Warn("DNS proxy: accepting connections failed; retrying", "pod", s.pod(), "error", err.Error())
+				}
+				continue
+			}
+			s.Close()
+			return fmt.Errorf("dns proxy: accepting on tcp %s: %w", ln.Addr(), err)
+		}
+		backoff.Reset()
+		select {
+		case sem <- struct{}{}:
+		default:
+			c.Close()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			defer c.Close()
+			stop := context.AfterFunc(ctx, func() { c.Close() })
+			defer stop()
+			s.serveConn(ctx, c)
+		}()
+	}
+}
+
+// serveConn answers the queries of one TCP connection in turn, each
+// framed with its two-byte length (RFC 1035 §4.2.2, RFC 7766).
+func (s *Server) serveConn(ctx context.Context, c net.Conn) {
+	var l [2]byte
+	for {
+		c.SetReadDeadline(time.Now().Add(tcpIdle))
+		if _, err := io.ReadFull(c, l[:]); err != nil {
+			return
+		}
+		raw := make([]byte, binary.BigEndian.Uint16(l[:]))
+		if _, err := io.ReadFull(c, raw); err != nil {
+			return
+		}
+		out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "tcp", Raw: raw, Exchange: s.exchange})
+		if out == nil {
+			return
+		}
+		msg := make([]byte, 2+len(out))
+		binary.BigEndian.PutUint16(msg, uint16(len(out)))
+		copy(msg[2:], out)
+		c.SetWriteDeadline(time.Now().Add(tcpIdle))
+		if _, err := c.Write(msg); err != nil {
+			return
+		}
+	}
+}

@@ -43,4 +43,14 @@
 // Fields the waypoint cannot evaluate (requestPrincipals, request.auth
 // conditions) make an ALLOW rule allow nothing and are dropped from a DENY
 // rule, so that a policy is never less strict than written.
+//
+// # Paths
+//
+// Every HTTP chain's http_connection_manager carries the mesh's path
+// normalization (Istio's meshConfig.pathNormalization) as Istio writes it:
+// NONE is normalize_path false; BASE normalize_path true; MERGE_SLASHES
+// adds merge_slashes; DECODE_AND_MERGE_SLASHES adds
+// path_with_escaped_slashes_action UNESCAPE_AND_FORWARD (otherwise
+// KEEP_UNCHANGED). The waypoint normalizes once, before policy and
+// routing, and forwards the normalized path.
 package waypointxds

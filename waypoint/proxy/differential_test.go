@@ -37,8 +37,9 @@ import (
 //     absent Host field from an empty one), and forwards that as Host.
 //   - An HTTP/1.1 request with an empty Host: net/http accepts it; the
 //     waypoint refuses it (400), as it routes by authority.
-//   - A path that normalization refuses (%00, a bad escape after
-//     normalization rules): the waypoint answers 400.
+//   - A path that normalization refuses (%00), or an absolute-form target
+//     whose scheme is not http or https ("x:y", "a:/b", which net/url
+//     takes): the waypoint answers 400.
 
 // exchange is what a net/http server handler saw of one request.
 type exchange struct {
@@ -148,6 +149,11 @@ func wantTarget(uri string) (string, bool) {
 		return uri, true
 	}
 	if !strings.HasPrefix(uri, "/") {
+		// The waypoint takes an absolute form of an http(s) URI only.
+		scheme, _, ok := strings.Cut(uri, "://")
+		if s := strings.ToLower(scheme); !ok || (s != "http" && s != "https") {
+			return "", false
+		}
 		uri = originForm(uri)
 	}
 	uri, _, _ = strings.Cut(uri, "#")
@@ -209,6 +215,10 @@ func FuzzHTTP1Differential(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\nx",
 		"GET / HTTP/1.1\r\nHost: a\r\nExpect: nope\r\n\r\n",
 		"A * HTTP/1.0\r\nHost:0\n\r\n",
+		"GET a:/deny HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET x:deny HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET HTTP://a/%64eny HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET https://a?x HTTP/1.1\r\nHost: a\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}

@@ -52,6 +52,13 @@ func sanitize(r *http.Request, o urlpath.Options) sanitized {
 		return sanitized{}
 	}
 	if !strings.HasPrefix(target, "/") {
+		// Absolute form (HTTP/1.1; RFC 9112 section 3.2.2) of an http or
+		// https URI only: net/url also takes "x:y", "mailto:a" or "a:/b",
+		// which name no path to normalize or authorize (Envoy refuses them
+		// too).
+		if s := strings.ToLower(r.URL.Scheme); r.URL.Opaque != "" || (s != "http" && s != "https") || !strings.Contains(target, "://") {
+			return sanitized{code: http.StatusBadRequest, text: "invalid request target"}
+		}
 		target = originForm(target)
 	}
 	target, _, _ = strings.Cut(target, "#")

@@ -27,6 +27,7 @@ import (
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/rbac"
 )
 
 // Config configures a Proxy.
@@ -203,12 +204,30 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	case sniffedH1:
 		s.serveH1(st, br, hl)
 	default:
+		if httpPolicy(ch.HTTP) {
+			// Bytes that are not HTTP cannot be held to the chain's HTTP
+			// policy (a lower-case method is one an application's server
+			// takes): they are refused, not relayed past it.
+			p.cfg.AccessLog.Warn("connection refused", "dst_addr", target.String(), "src_identity", s.peer, "error", "not HTTP on a chain with HTTP authorization policy")
+			return
+		}
 		fb := ch.HTTP.FallbackCluster
 		if fb == "" {
 			fb = fallbackCluster(ch, target)
 		}
 		s.serveTCP(conn, nil, fb)
 	}
+}
+
+// httpPolicy reports whether h has an RBAC filter that can deny: an ALLOW,
+// or a DENY with a policy.
+func httpPolicy(h *config.HTTP) bool {
+	for _, f := range h.RBAC {
+		if f.Action == rbac.Allow || f.Action == rbac.Deny && len(f.Policies) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // fallbackCluster is where a service chain's non-HTTP bytes go.

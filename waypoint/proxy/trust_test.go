@@ -337,3 +337,23 @@ func TestPathNormalizationForms(t *testing.T) {
 		}
 	}
 }
+
+// TestNonHTTPBytesDoNotPassHTTPPolicy: bytes the waypoint does not take
+// for HTTP (here a lower-case method, which applications' servers accept)
+// are not relayed past a chain's HTTP policy to the Service.
+func TestNonHTTPBytesDoNotPassHTTPPolicy(t *testing.T) {
+	up := uriBackend(t)
+	m := newMesh(t)
+	m.hcm = pathModes["BASE"]
+	fallback := "outbound|80||" + svcHost
+	routes := []*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster(fallback)}}
+	for _, f := range []*hcmv3.HttpFilter{denyAdmin(t), allowPublic(t)} {
+		m.apply(routes, map[string][]netip.AddrPort{fallback: {up}}, f)
+		c := m.raw(t)
+		c.send("get /admin HTTP/1.1\r\nHost: " + svcHost + "\r\nConnection: close\r\n\r\n")
+		if resp, err := http.ReadResponse(c.br, &http.Request{Method: "GET"}); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			t.Errorf("%s: a lower-case request for /admin got through: %d %q", f.GetName(), resp.StatusCode, b)
+		}
+	}
+}

@@ -92,6 +92,10 @@ type Config struct {
 	Network string
 	// RootNamespace holds mesh-wide AuthorizationPolicies. Default Namespace.
 	RootNamespace string
+	// PathNormalization is how waypoints normalize request paths before
+	// policy and routing (Istio's meshConfig.pathNormalization): NONE,
+	// BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES. Default BASE.
+	PathNormalization string
 	// TrustedNodeAccounts are the node proxies: they may request the
 	// identities of pods on their node, and only they are served workload
 	// discovery. Default ["<Namespace>/ztunnel"].
@@ -183,6 +187,11 @@ func (c *Config) Validate() error {
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 5 * time.Second
 	}
+	pn, err := waypointxds.ParsePathNormalization(c.PathNormalization)
+	if err != nil {
+		return fmt.Errorf("%w (meshConfig.pathNormalization.normalization)", err)
+	}
+	c.PathNormalization = string(pn)
 	if _, err := spiffeid.TrustDomainFromString(c.TrustDomain); err != nil {
 		return fmt.Errorf("trust domain %q: %w", c.TrustDomain, err)
 	}
@@ -386,7 +395,8 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	}
 	if wpInf.Gateways != nil {
 		wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
-			Mesh:   waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace},
+			Mesh: waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace,
+				PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization)},
 			Logger: log.With("part", "waypoint-config"), Registerer: cp.reg,
 		}, wpInf, xds)
 		if err != nil {
@@ -490,7 +500,7 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 		close(cp.readyCh)
 		log.Info("control plane ready", "secure", secureLn.Addr().String(), "monitor", monLn.Addr().String(),
 			"plaintext", cfg.PlaintextAddr != "", "trust_domain", cfg.TrustDomain, "cluster_id", cfg.ClusterID,
-			"trusted_node_accounts", cfg.TrustedNodeAccounts)
+			"trusted_node_accounts", cfg.TrustedNodeAccounts, "path_normalization", cfg.PathNormalization)
 		return nil
 	})
 	g.Go(func() error {

@@ -62,4 +62,14 @@
 // ALLOW rule with any of them never matches on TCP, and a DENY or AUDIT
 // rule is kept without them, so it matches more (a DENY on a path alone
 // denies every stream of a TCP port).
+//
+// # Paths
+//
+// Every HTTP chain's http_connection_manager carries the mesh's path
+// normalization (Istio's meshConfig.pathNormalization) as Istio writes it:
+// NONE is normalize_path false; BASE normalize_path true; MERGE_SLASHES
+// adds merge_slashes; DECODE_AND_MERGE_SLASHES adds
+// path_with_escaped_slashes_action UNESCAPE_AND_FORWARD (otherwise
+// KEEP_UNCHANGED). The waypoint normalizes once, before policy and
+// routing, and forwards the normalized path.
 package waypointxds

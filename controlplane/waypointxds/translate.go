@@ -62,6 +62,8 @@ type Mesh struct {
 	// RootNamespace holds mesh-wide policies (which never bind to a
 	// waypoint here: only targetRefs do).
 	RootNamespace string
+	// PathNormalization of every HTTP chain. Default PathBase.
+	PathNormalization PathNormalization
 }
 
 func (m Mesh) withDefaults() Mesh {
@@ -70,6 +72,9 @@ func (m Mesh) withDefaults() Mesh {
 	}
 	if m.ClusterDomain == "" {
 		m.ClusterDomain = "cluster.local"
+	}
+	if m.PathNormalization == "" {
+		m.PathNormalization = PathBase
 	}
 	return m
 }
@@ -314,7 +319,7 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 		if kind == portDetect {
 			protos = detected
 		}
-		b.chains = append(b.chains, &listenerv3.FilterChain{Name: name, FilterChainMatch: match(protos), Filters: []*listenerv3.Filter{httpManager(name, filters)}})
+		b.chains = append(b.chains, &listenerv3.FilterChain{Name: name, FilterChainMatch: match(protos), Filters: []*listenerv3.Filter{b.httpManager(name, filters)}})
 		b.res.add(RouteType, name, b.routeConfig(name, svc, p, cname))
 	}
 }
@@ -362,7 +367,7 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 		b.chains = append(b.chains, &listenerv3.FilterChain{
 			Name:             name,
 			FilterChainMatch: &listenerv3.FilterChainMatch{PrefixRanges: ranges, ApplicationProtocols: detected},
-			Filters: []*listenerv3.Filter{httpManagerInline(name, filters, &routev3.RouteConfiguration{
+			Filters: []*listenerv3.Filter{b.httpManagerInline(name, filters, &routev3.RouteConfiguration{
 				Name: name,
 				VirtualHosts: []*routev3.VirtualHost{{Name: name, Domains: []string{"*"}, Routes: []*routev3.Route{{
 					Name:   "default",
@@ -392,8 +397,8 @@ func router() *hcmv3.HttpFilter {
 	return &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(&routerv3.Router{})}}
 }
 
-func httpManager(routeName string, filters []*hcmv3.HttpFilter) *listenerv3.Filter {
-	return hcmFilter(&hcmv3.HttpConnectionManager{
+func (b *builder) httpManager(routeName string, filters []*hcmv3.HttpFilter) *listenerv3.Filter {
+	return b.hcmFilter(&hcmv3.HttpConnectionManager{
 		StatPrefix:     routeName,
 		CodecType:      hcmv3.HttpConnectionManager_AUTO,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: routeName}},
@@ -401,8 +406,8 @@ func httpManager(routeName string, filters []*hcmv3.HttpFilter) *listenerv3.Filt
 	})
 }
 
-func httpManagerInline(name string, filters []*hcmv3.HttpFilter, rc *routev3.RouteConfiguration) *listenerv3.Filter {
-	return hcmFilter(&hcmv3.HttpConnectionManager{
+func (b *builder) httpManagerInline(name string, filters []*hcmv3.HttpFilter, rc *routev3.RouteConfiguration) *listenerv3.Filter {
+	return b.hcmFilter(&hcmv3.HttpConnectionManager{
 		StatPrefix:     name,
 		CodecType:      hcmv3.HttpConnectionManager_AUTO,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: rc},
@@ -410,7 +415,10 @@ func httpManagerInline(name string, filters []*hcmv3.HttpFilter, rc *routev3.Rou
 	})
 }
 
-func hcmFilter(m *hcmv3.HttpConnectionManager) *listenerv3.Filter {
+// hcmFilter wraps m, with the mesh's path normalization, as a listener
+// filter.
+func (b *builder) hcmFilter(m *hcmv3.HttpConnectionManager) *listenerv3.Filter {
+	b.mesh.PathNormalization.apply(m)
 	return &listenerv3.Filter{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(m)}}
 }
 

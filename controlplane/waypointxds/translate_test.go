@@ -31,6 +31,7 @@ import (
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/rbac"
 	"github.com/weftmesh/weft/waypoint/route"
+	"github.com/weftmesh/weft/waypoint/urlpath"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -542,6 +543,50 @@ func TestTCPPolicy(t *testing.T) {
 		got, why := allowed(c.r)
 		if got != c.want {
 			t.Errorf("%s: allowed %v (%s), want %v", c.name, got, why, c.want)
+		}
+	}
+}
+
+// TestPathNormalization: every HTTP chain (Service and workload) carries
+// the mesh's setting as Istio writes it, and the waypoint compiles it to
+// the normalization it names.
+func TestPathNormalization(t *testing.T) {
+	f := load(t, "testdata/basic.yaml")
+	for in, want := range map[string]urlpath.Options{
+		"":                         {RFC3986: true},
+		"DEFAULT":                  {RFC3986: true},
+		"NONE":                     {},
+		"BASE":                     {RFC3986: true},
+		"merge_slashes":            {RFC3986: true, MergeSlashes: true},
+		"DECODE_AND_MERGE_SLASHES": {RFC3986: true, MergeSlashes: true, EscapedSlashes: urlpath.UnescapeAndForward},
+	} {
+		p, err := ParsePathNormalization(in)
+		if err != nil {
+			t.Fatalf("%q: %v", in, err)
+		}
+		mesh := testMesh
+		mesh.PathNormalization = p
+		wp := ambient.NewWaypoint(f.gateways[0], "")
+		wp.For = ambient.ForAll
+		res, _ := Build(mesh, wp, f.st)
+		snap := compiled(t, res)
+		n := 0
+		for _, ch := range snap.Listener.Chains {
+			if ch.HTTP == nil {
+				continue
+			}
+			n++
+			if ch.HTTP.Path != want {
+				t.Errorf("%q: chain %s normalizes %+v, want %+v", in, ch.Name, ch.HTTP.Path, want)
+			}
+		}
+		if n == 0 {
+			t.Fatalf("%q: no HTTP chain", in)
+		}
+	}
+	for _, bad := range []string{"MERGE", "base64", "NONE,BASE"} {
+		if _, err := ParsePathNormalization(bad); err == nil {
+			t.Errorf("%q was accepted", bad)
 		}
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/weftmesh/weft/waypoint/internal/pbcheck"
 	"github.com/weftmesh/weft/waypoint/rbac"
 	"github.com/weftmesh/weft/waypoint/route"
+	"github.com/weftmesh/weft/waypoint/urlpath"
 )
 
 // Type URLs the waypoint subscribes to.
@@ -86,6 +87,10 @@ type HTTP struct {
 	RBAC           []*rbac.Filter
 	RequestTimeout time.Duration
 	IdleTimeout    time.Duration
+	// Path is how request paths are normalized before policy and routing
+	// (normalize_path, merge_slashes, path_with_escaped_slashes_action;
+	// unset: none, as in Envoy).
+	Path urlpath.Options
 }
 
 // Listener is the compiled `waypoint` Listener.
@@ -306,13 +311,27 @@ func unmarshalTyped(a *anypb.Any, where string) (proto.Message, error) {
 }
 
 func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
-	if err := pbcheck.Only(m, w, "codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout"); err != nil {
+	if err := pbcheck.Only(m, w, "codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout",
+		"normalize_path", "merge_slashes", "path_with_escaped_slashes_action"); err != nil {
 		return nil, err
 	}
 	if m.GetCodecType() != hcmv3.HttpConnectionManager_AUTO {
 		return nil, fmt.Errorf("%s.codec_type %v is not supported (AUTO only)", w, m.GetCodecType())
 	}
 	h := &HTTP{RequestTimeout: m.GetRequestTimeout().AsDuration(), IdleTimeout: m.GetStreamIdleTimeout().AsDuration()}
+	h.Path = urlpath.Options{RFC3986: m.GetNormalizePath().GetValue(), MergeSlashes: m.GetMergeSlashes()}
+	switch a := m.GetPathWithEscapedSlashesAction(); a {
+	case hcmv3.HttpConnectionManager_IMPLEMENTATION_SPECIFIC_DEFAULT, hcmv3.HttpConnectionManager_KEEP_UNCHANGED:
+		h.Path.EscapedSlashes = urlpath.KeepEscapedSlashes
+	case hcmv3.HttpConnectionManager_REJECT_REQUEST:
+		h.Path.EscapedSlashes = urlpath.RejectEscapedSlashes
+	case hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT:
+		h.Path.EscapedSlashes = urlpath.UnescapeAndRedirect
+	case hcmv3.HttpConnectionManager_UNESCAPE_AND_FORWARD:
+		h.Path.EscapedSlashes = urlpath.UnescapeAndForward
+	default:
+		return nil, fmt.Errorf("%s.path_with_escaped_slashes_action %v is not supported", w, a)
+	}
 	switch rs := m.GetRouteSpecifier().(type) {
 	case *hcmv3.HttpConnectionManager_Rds:
 		if err := pbcheck.Only(rs.Rds, w+".rds", "route_config_name", "config_source"); err != nil {

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/weftmesh/weft/waypoint/urlpath"
 )
 
 func TestNACKNamesField(t *testing.T) {
@@ -145,6 +147,63 @@ func TestApplicationProtocols(t *testing.T) {
 	} {
 		if _, err := CompileListener(tc.l); err == nil || !strings.Contains(err.Error(), tc.err) {
 			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.err)
+		}
+	}
+}
+
+// TestCompilePathNormalization: the http_connection_manager's path fields
+// as Istio's meshConfig.pathNormalization settings write them, and those
+// the waypoint refuses.
+func TestCompilePathNormalization(t *testing.T) {
+	router := &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAnyT(t, &routerv3.Router{})}}
+	hcm := func(tweak func(*hcmv3.HttpConnectionManager)) *hcmv3.HttpConnectionManager {
+		m := &hcmv3.HttpConnectionManager{RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: "r"}}, HttpFilters: []*hcmv3.HttpFilter{router}}
+		tweak(m)
+		return m
+	}
+	for _, tc := range []struct {
+		name  string
+		tweak func(*hcmv3.HttpConnectionManager)
+		want  urlpath.Options
+		err   string
+	}{
+		{"unset", func(*hcmv3.HttpConnectionManager) {}, urlpath.Options{}, ""},
+		{"NONE", func(m *hcmv3.HttpConnectionManager) {
+			m.NormalizePath = wrapperspb.Bool(false)
+			m.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_KEEP_UNCHANGED
+		}, urlpath.Options{}, ""},
+		{"BASE", func(m *hcmv3.HttpConnectionManager) { m.NormalizePath = wrapperspb.Bool(true) }, urlpath.Options{RFC3986: true}, ""},
+		{"MERGE_SLASHES", func(m *hcmv3.HttpConnectionManager) { m.NormalizePath, m.MergeSlashes = wrapperspb.Bool(true), true }, urlpath.Options{RFC3986: true, MergeSlashes: true}, ""},
+		{"DECODE_AND_MERGE_SLASHES", func(m *hcmv3.HttpConnectionManager) {
+			m.NormalizePath, m.MergeSlashes = wrapperspb.Bool(true), true
+			m.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_UNESCAPE_AND_FORWARD
+		}, urlpath.Options{RFC3986: true, MergeSlashes: true, EscapedSlashes: urlpath.UnescapeAndForward}, ""},
+		{"reject", func(m *hcmv3.HttpConnectionManager) {
+			m.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_REJECT_REQUEST
+		}, urlpath.Options{EscapedSlashes: urlpath.RejectEscapedSlashes}, ""},
+		{"redirect", func(m *hcmv3.HttpConnectionManager) {
+			m.PathWithEscapedSlashesAction = hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT
+		}, urlpath.Options{EscapedSlashes: urlpath.UnescapeAndRedirect}, ""},
+		{"unknown action", func(m *hcmv3.HttpConnectionManager) {
+			m.PathWithEscapedSlashesAction = 99
+		}, urlpath.Options{}, "path_with_escaped_slashes_action 99 is not supported"},
+		{"path_normalization_options", func(m *hcmv3.HttpConnectionManager) {
+			m.PathNormalizationOptions = &hcmv3.HttpConnectionManager_PathNormalizationOptions{}
+		}, urlpath.Options{}, "path_normalization_options is not supported"},
+		{"forward_client_cert_details", func(m *hcmv3.HttpConnectionManager) {
+			m.ForwardClientCertDetails = hcmv3.HttpConnectionManager_APPEND_FORWARD
+		}, urlpath.Options{}, "forward_client_cert_details is not supported"},
+	} {
+		h, err := compileHCM(hcm(tc.tweak), "hcm")
+		switch {
+		case tc.err != "":
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: got %v, want an error with %q", tc.name, err, tc.err)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case h.Path != tc.want:
+			t.Errorf("%s: got %+v, want %+v", tc.name, h.Path, tc.want)
 		}
 	}
 }

@@ -148,6 +148,15 @@ func fail(w http.ResponseWriter, code int, body string) {
 func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *reqInfo) {
 	snap := s.p.cfg.Store.Snapshot()
 	hc := s.httpConfig(snap)
+	if sr := sanitize(r, hc.Path); sr.code != 0 {
+		if sr.location != "" {
+			w.Header().Set("Location", sr.location)
+			w.WriteHeader(sr.code)
+			return
+		}
+		fail(w, sr.code, sr.text)
+		return
+	}
 	rq := route.FromHTTP(r)
 	rr := &rbac.Request{HTTP: &rq, Principal: s.peer, RemoteIP: s.remote.Addr(), DstPort: uint32(s.target.Port())}
 	if s.remote.IsValid() {
@@ -472,7 +481,7 @@ func redirect(w http.ResponseWriter, r *http.Request, rt *route.Route) {
 	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") || (rd.Scheme != "" && rd.Port == 0) {
 		port = ""
 	}
-	path := r.URL.Path
+	path := r.URL.EscapedPath()
 	if rd.Path != "" {
 		path = rd.Path
 	} else if rd.PrefixRewrite != nil {

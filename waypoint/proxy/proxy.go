@@ -176,13 +176,13 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 		return
 	}
 	s := &session{p: p, target: target, peer: r.Peer.String(), baggage: map[string]string{}, seen: snap}
+	// The source address of IP policy (ipBlocks and remoteIpBlocks alike)
+	// is the connection's peer: ztunnel connects from the client pod's own
+	// address. The CONNECT's Forwarded for= is written by whoever holds a
+	// mesh certificate and decides nothing (ztunnel does not read it
+	// either).
 	if ta, ok := r.RemoteAddr.(*net.TCPAddr); ok {
-		s.remote = ta.AddrPort()
-	}
-	if fw, err := hbone.ParseForwarded(r.Header.Get(hbone.HeaderForwarded)); err == nil && len(fw) > 0 {
-		if fw[0].For.IsValid() {
-			s.remote = fw[0].For
-		}
+		s.remote = netip.AddrPortFrom(ta.AddrPort().Addr().Unmap(), ta.AddrPort().Port())
 	}
 	if ms, err := hbone.ParseBaggage(r.Header.Get(hbone.HeaderBaggage)); err == nil {
 		for _, m := range ms {

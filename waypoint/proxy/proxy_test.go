@@ -54,6 +54,8 @@ type mesh struct {
 	wpID   spiffeid.ID
 	reg    *prometheus.Registry
 	p      *Proxy
+	// hcm adjusts the listener's http_connection_manager, when set.
+	hcm func(*hcmv3.HttpConnectionManager)
 }
 
 func mustAny(t testing.TB, m proto.Message) *anypb.Any {
@@ -140,13 +142,17 @@ func serveHTTP(t testing.TB, h http.Handler, tweak func(*http.Server)) netip.Add
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
-func hcm(t testing.TB, filters ...*hcmv3.HttpFilter) *anypb.Any {
+func hcm(t testing.TB, tweak func(*hcmv3.HttpConnectionManager), filters ...*hcmv3.HttpFilter) *anypb.Any {
 	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}})
-	return mustAny(t, &hcmv3.HttpConnectionManager{
+	m := &hcmv3.HttpConnectionManager{
 		StatPrefix:     "x",
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: svcHost + ":80"}},
 		HttpFilters:    filters,
-	})
+	}
+	if tweak != nil {
+		tweak(m)
+	}
+	return mustAny(t, m)
 }
 
 func (m *mesh) apply(routes []*routev3.Route, backends map[string][]netip.AddrPort, filters ...*hcmv3.HttpFilter) {
@@ -186,7 +192,7 @@ func (m *mesh) applyClusters(routes []*routev3.Route, clusters map[string]cluste
 			PrefixRanges:    []*corev3.CidrRange{{AddressPrefix: vip.Addr().String(), PrefixLen: wrapperspb.UInt32(32)}},
 			DestinationPort: wrapperspb.UInt32(80),
 		},
-		Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm(t, filters...)}}},
+		Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm(t, m.hcm, filters...)}}},
 	}}}
 	if err := m.store.ApplyListeners(map[string]*anypb.Any{"waypoint": mustAny(t, l)}, nil); err != nil {
 		t.Fatal(err)

@@ -322,7 +322,7 @@ func (m *mesh) applySniffed(httpFilters []*hcmv3.HttpFilter, tcpRules []*rbacv3.
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(t, &httpinspector.HttpInspector{})}}},
 		FilterChains: []*listenerv3.FilterChain{
 			{Name: svcHost + ":80", FilterChainMatch: httpMatch, Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.http_connection_manager",
-				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm(t, httpFilters...)}}}},
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: hcm(t, nil, httpFilters...)}}}},
 			{Name: svcHost + ":80/tcp", FilterChainMatch: vipMatch(), Filters: append(fs, tcpProxyFilter(t, cluster))},
 		}}
 	if err := m.store.ApplyListeners(map[string]*anypb.Any{"waypoint": mustAny(t, l)}, nil); err != nil {

@@ -162,6 +162,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", env("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Service hostnames (env CLUSTER_DOMAIN)")
 	fs.StringVar(&cfg.Network, "network", env("NETWORK", ""), "network of every workload (env NETWORK)")
 	fs.StringVar(&cfg.RootNamespace, "root-namespace", env("ROOT_NAMESPACE", ""), "namespace of mesh-wide policies; default the release namespace (env ROOT_NAMESPACE)")
+	fs.StringVar(&cfg.PathNormalization, "path-normalization", env("PATH_NORMALIZATION", "BASE"), "how waypoints normalize request paths before policy and routing: NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES (env PATH_NORMALIZATION)")
 	fs.StringVar(&trusted, "trusted-node-accounts", env("CA_TRUSTED_NODE_ACCOUNTS", ""), "comma-separated <namespace>/<service account> of node proxies (they may request their pods' identities and are the only callers served workload discovery); default <namespace>/ztunnel (env CA_TRUSTED_NODE_ACCOUNTS)")
 	fs.StringVar(&cfg.TokenAudience, "token-audience", env("TOKEN_AUDIENCE", "istio-ca"), "audience of callers' tokens (env TOKEN_AUDIENCE)")
 	fs.DurationVar(&cfg.TokenReviewCacheTTL, "token-review-cache", envDur("TOKEN_REVIEW_CACHE", 10*time.Second), "reuse a TokenReview for the same token this long; negative disables (env TOKEN_REVIEW_CACHE)")

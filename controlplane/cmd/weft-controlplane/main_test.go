@@ -34,16 +34,19 @@ func TestParse(t *testing.T) {
 		if cfg.TokenReviewFailureCacheTTL != 2*time.Second || cfg.MaxCertTTL != 7*24*time.Hour {
 			t.Errorf("failure cache %v, max TTL %v", cfg.TokenReviewFailureCacheTTL, cfg.MaxCertTTL)
 		}
+		if cfg.PathNormalization != "BASE" {
+			t.Errorf("path normalization %q, want BASE", cfg.PathNormalization)
+		}
 		if cfg.SecureAddr != ":15012" || cfg.MonitorAddr != ":15014" || cfg.PlaintextAddr != "" {
 			t.Errorf("addresses %q %q %q", cfg.SecureAddr, cfg.MonitorAddr, cfg.PlaintextAddr)
 		}
 	})
 	t.Run("flags win", func(t *testing.T) {
-		cfg, _, err := parse([]string{"--namespace", "a", "--trust-domain", "example.org"}, env(map[string]string{"POD_NAMESPACE": "b"}))
+		cfg, _, err := parse([]string{"--namespace", "a", "--trust-domain", "example.org", "--path-normalization", "decode_and_merge_slashes"}, env(map[string]string{"POD_NAMESPACE": "b", "PATH_NORMALIZATION": "NONE"}))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cfg.Namespace != "a" || cfg.TrustDomain != "example.org" || cfg.TrustedNodeAccounts[0] != "a/ztunnel" {
+		if cfg.Namespace != "a" || cfg.TrustDomain != "example.org" || cfg.TrustedNodeAccounts[0] != "a/ztunnel" || cfg.PathNormalization != "DECODE_AND_MERGE_SLASHES" {
 			t.Errorf("cfg %+v", cfg)
 		}
 	})
@@ -62,6 +65,7 @@ func TestParse(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, nil, "nope"},
 		{"stray argument", []string{"--namespace", "x", "extra"}, nil, "unexpected arguments"},
 		{"bad address", []string{"--namespace", "x", "--monitor-addr", "15014"}, nil, "listen address"},
+		{"bad path normalization", nil, map[string]string{"POD_NAMESPACE": "x", "PATH_NORMALIZATION": "MERGE"}, `path normalization "MERGE" is not one of NONE, BASE, MERGE_SLASHES, DECODE_AND_MERGE_SLASHES`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, _, err := parse(tc.args, env(tc.env))

@@ -1,0 +1,114 @@
+package proxy
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/weftmesh/weft/waypoint/urlpath"
+)
+
+// What the waypoint takes from a client's request, before policy and
+// routing look at it. It runs once per request; policy, routing, the
+// access log and the upstream all see its result.
+//
+//   - The path is normalized as the chain's http_connection_manager asks
+//     (package urlpath), and the normalized path is the one forwarded. A
+//     fragment is removed from the target in every mode, as Envoy does
+//     (RFC 9110 section 7.1: a client does not send one). The query is
+//     left as it is.
+//   - x-forwarded-client-cert is removed (Envoy's default
+//     forward_client_cert_details, SANITIZE): only a proxy that verified a
+//     certificate may write it, and the waypoint writes none.
+//   - Every x-envoy-* field is removed: those are Envoy's internal
+//     headers (retry and timeout controls, x-envoy-internal,
+//     x-envoy-original-path, x-envoy-external-address, ...), which Envoy
+//     strips from requests it does not trust; the waypoint acts on none of
+//     them, and no application behind it should take a mesh client's
+//     word for them.
+//
+// The source address that IP policy sees is not the request's: it is the
+// HBONE connection's peer (see serveConnect). X-Forwarded-For, X-Real-IP
+// and Forwarded are passed on untouched and decide nothing.
+
+// sanitized is the outcome of sanitize for a request refused or
+// redirected.
+type sanitized struct {
+	code     int    // 0: go on
+	location string // for a redirect
+	text     string
+}
+
+// sanitize rewrites r's target and header in place; see above.
+func sanitize(r *http.Request, o urlpath.Options) sanitized {
+	for k := range r.Header {
+		if k == "X-Forwarded-Client-Cert" || strings.HasPrefix(k, "X-Envoy-") {
+			delete(r.Header, k)
+		}
+	}
+	target := r.RequestURI
+	if target == "*" || r.Method == "CONNECT" {
+		return sanitized{}
+	}
+	if !strings.HasPrefix(target, "/") {
+		// Absolute form (HTTP/1.1; RFC 9112 section 3.2.2) of an http or
+		// https URI only: net/url also takes "x:y", "mailto:a" or "a:/b",
+		// which name no path to normalize or authorize (Envoy refuses them
+		// too).
+		if s := strings.ToLower(r.URL.Scheme); r.URL.Opaque != "" || (s != "http" && s != "https") || !strings.Contains(target, "://") {
+			return sanitized{code: http.StatusBadRequest, text: "invalid request target"}
+		}
+		target = originForm(target)
+	}
+	target, _, _ = strings.Cut(target, "#")
+	path, query, hasQuery := strings.Cut(target, "?")
+	np, err := urlpath.Normalize(path, o)
+	switch {
+	case errors.Is(err, urlpath.ErrEscapedSlash):
+		return sanitized{code: http.StatusBadRequest, text: "escaped slash in the path"}
+	case err != nil:
+		return sanitized{code: http.StatusBadRequest, text: "invalid path"}
+	}
+	if o.EscapedSlashes == urlpath.UnescapeAndRedirect && urlpath.HasEscapedSlash(path) {
+		// Envoy answers a gRPC call 400 rather than a redirect it cannot
+		// follow.
+		if strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc") {
+			return sanitized{code: http.StatusBadRequest, text: "escaped slash in the path"}
+		}
+		loc := np
+		if hasQuery {
+			loc += "?" + query
+		}
+		return sanitized{code: http.StatusTemporaryRedirect, location: loc}
+	}
+	decoded, err := url.PathUnescape(np)
+	if err != nil {
+		// Only without RFC 3986 normalization, of a path http.ReadRequest
+		// would not have let through.
+		return sanitized{code: http.StatusBadRequest, text: "invalid path"}
+	}
+	r.URL.Path, r.URL.RawPath = decoded, np
+	r.URL.RawQuery, r.URL.ForceQuery = query, hasQuery && query == ""
+	r.URL.Fragment, r.URL.RawFragment = "", ""
+	r.RequestURI = r.URL.RequestURI()
+	return sanitized{}
+}
+
+// originForm is the path and query of an absolute-form target (HTTP/1.1
+// only; http.ReadRequest accepted it), as written.
+func originForm(target string) string {
+	_, rest, ok := strings.Cut(target, "://")
+	if !ok {
+		return "/"
+	}
+	if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+		rest = rest[i:]
+	} else {
+		rest = ""
+	}
+	if !strings.HasPrefix(rest, "/") {
+		rest = "/" + rest
+	}
+	return rest
+}

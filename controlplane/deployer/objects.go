@@ -1,9 +1,20 @@
 // Package deployer deploys a waypoint for each Gateway of class
 // istio-waypoint: a ServiceAccount, a Deployment of the waypoint proxy and
-// a ClusterIP Service, all named after the Gateway, owned by it (so the
-// garbage collector deletes them with it) and applied server-side. It
-// writes the Gateway's status (Accepted, Programmed, the Service's hostname
-// and IP as addresses, the listeners) and the GatewayClass's Accepted.
+// a ClusterIP Service, all named after the Gateway, labelled
+// gateway.istio.io/managed=<controller name with "/" as "-">, owned by it
+// (so the garbage collector deletes them with it) and applied server-side.
+// It writes the Gateway's status (Accepted, Programmed, the Service's
+// hostname and IP as addresses, the listeners) and the GatewayClass's
+// Accepted.
+//
+// It takes over nothing: an existing object of a waypoint's name is
+// written only if it is controlled by the Gateway, or carries the managed
+// label and is controlled by nothing else (Istio's rule). Otherwise the
+// Gateway is Accepted=False (Invalid) with a message naming the object,
+// none of the three is written, and the Gateway is looked at again every
+// Config.Recheck. A new object is created (which fails if the name was
+// taken meanwhile); an existing one is applied with its uid and
+// resourceVersion as preconditions (see ownership.go).
 //
 // A Gateway's spec.infrastructure.parametersRef may name a ConfigMap in its
 // namespace whose keys deployment, service and serviceAccount hold YAML
@@ -23,6 +34,7 @@ import (
 	"maps"
 	"net"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +64,20 @@ const (
 	KeyServiceAccount = "serviceAccount"
 )
 
+// Labels the deployer sets (Istio's names).
+const (
+	// labelManaged marks an object the deployer may manage: it takes
+	// over no object that exists without it (see manageable). Its value
+	// is the controller's name with "/" turned into "-", as Istio's.
+	labelManaged       = "gateway.istio.io/managed"
+	labelDataplaneMode = "istio.io/dataplane-mode"
+	labelCanonicalName = "service.istio.io/canonical-name"
+	labelSidecarInject = "sidecar.istio.io/inject"
+)
+
+// managedValue is the value of labelManaged on the objects of a controller.
+func managedValue(controller string) string { return strings.ReplaceAll(controller, "/", "-") }
+
 // Config configures the deployer.
 type Config struct {
 	// Image of the waypoint proxy. Required.
@@ -72,6 +98,10 @@ type Config struct {
 	// ControllerName of the GatewayClass. Default
 	// "weft.dev/waypoint-controller".
 	ControllerName string
+	// Recheck is how long a Gateway whose objects' names are taken by
+	// objects the deployer does not manage waits before it is looked at
+	// again (their deletion may not be watched). Default 30s.
+	Recheck time.Duration
 }
 
 // DefaultControllerName is the GatewayClass controller of waypoints.
@@ -95,6 +125,9 @@ func (c *Config) defaults() error {
 	def(&c.TrustDomain, "cluster.local")
 	def(&c.ClusterDomain, "cluster.local")
 	def(&c.ControllerName, DefaultControllerName)
+	if c.Recheck <= 0 {
+		c.Recheck = 30 * time.Second
+	}
 	return nil
 }
 
@@ -168,10 +201,12 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 				Controller: ptr(true), BlockOwnerDeletion: ptr(true),
 			}}}
 	}
+	labels[labelManaged] = managedValue(cfg.ControllerName)
 	podLabels := maps.Clone(labels)
-	podLabels["istio.io/dataplane-mode"] = "none"
-	podLabels["service.istio.io/canonical-name"] = name
-	podLabels["sidecar.istio.io/inject"] = "false"
+	delete(podLabels, labelManaged) // the pods are the Deployment's
+	podLabels[labelDataplaneMode] = "none"
+	podLabels[labelCanonicalName] = name
+	podLabels[labelSidecarInject] = "false"
 	env := func(k, v string) corev1.EnvVar { return corev1.EnvVar{Name: k, Value: v} }
 	field := func(k, path string) corev1.EnvVar {
 		return corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
@@ -273,6 +308,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			m.Labels = map[string]string{}
 		}
 		m.Labels[ambient.LabelGatewayName] = name
+		m.Labels[labelManaged] = labels[labelManaged]
 	}
 	own(&o.ServiceAccount.TypeMeta, &o.ServiceAccount.ObjectMeta, "v1", "ServiceAccount")
 	own(&o.Deployment.TypeMeta, &o.Deployment.ObjectMeta, "apps/v1", "Deployment")

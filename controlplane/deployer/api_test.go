@@ -382,7 +382,7 @@ func TestAPIServer(t *testing.T) {
 		// The ConfigMap appears: deployed with its patches.
 		patches := func(replicas int) map[string]string {
 			return map[string]string{
-				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: LOG_LEVEL, value: debug}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
+				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: GOGC, value: \"50\"}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
 				KeyService:        "metadata:\n  annotations:\n    example.com/internal: \"true\"\n",
 				KeyServiceAccount: "metadata:\n  annotations:\n    iam.example.com/role: waypoint\n",
 			}
@@ -393,8 +393,8 @@ func TestAPIServer(t *testing.T) {
 		dep := a.waitDeployment(ns, "tuned", "patched to 2 replicas", func(d *appsv1.Deployment) (bool, string) {
 			return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
 		})
-		if e, _ := envOf(container(dep), "LOG_LEVEL"); e.Value != "debug" {
-			t.Errorf("patched env LOG_LEVEL = %q, want debug", e.Value)
+		if e, _ := envOf(container(dep), "GOGC"); e.Value != "50" {
+			t.Errorf("patched env GOGC = %q, want 50", e.Value)
 		}
 		if m := container(dep).Resources.Limits[corev1.ResourceMemory]; m.String() != "256Mi" {
 			t.Errorf("patched memory limit %s, want 256Mi", m.String())
@@ -441,6 +441,16 @@ func TestAPIServer(t *testing.T) {
 		a.waitDeployment(ns, "tuned", "patched to 1 replica", func(d *appsv1.Deployment) (bool, string) {
 			return d.Spec.Replicas != nil && *d.Spec.Replicas == 1, fmt.Sprintf("replicas %v", d.Spec.Replicas)
 		})
+
+		// A patch that sets what it may not: refused, nothing of it
+		// applied.
+		bad := patches(2)
+		bad[KeyDeployment] = "spec:\n  replicas: 4\n  template:\n    spec:\n      hostNetwork: true\n"
+		a.applyConfigMap(ns, "tuned-params", bad)
+		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params key deployment sets spec.template.spec.hostNetwork, which may not be overridden; allowed: ")
+		if d, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "tuned", metav1.GetOptions{}); err != nil || d.Spec.Template.Spec.HostNetwork || *d.Spec.Replicas != 1 {
+			t.Errorf("Deployment tuned after a refused patch: %v", err)
+		}
 
 		// A patch that does not parse.
 		a.applyConfigMap(ns, "tuned-params", map[string]string{KeyService: "spec: {tpye: NodePort}"})

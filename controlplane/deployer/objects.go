@@ -19,11 +19,21 @@
 // A Gateway's spec.infrastructure.parametersRef may name a ConfigMap in its
 // namespace whose keys deployment, service and serviceAccount hold YAML
 // strategic-merge patches applied to the generated objects (Istio's
-// convention). A patch may change labels, annotations and the spec; the
-// name, namespace, kind and owner of each object, its gateway-name label
-// and the selectors stay the deployer's. A missing ConfigMap or a patch
-// that does not apply sets Accepted=False (InvalidParameters) and applies
-// nothing; so does an object the API server rejects, which stops the
+// convention). Unlike Istio's, a patch may set only what an allow-list
+// names (overlays; Allowed lists it): labels and annotations of each object
+// and of the pods (not the ones the deployer sets), the Deployment's
+// replicas, the pods' affinity, tolerations, nodeSelector and
+// topologySpreadConstraints, the proxy container's resource limits and
+// requests and its tuning variables ACCESS_LOG, GOGC and GOMEMLIMIT as
+// literal values, and the ServiceAccount's automountServiceAccountToken.
+// Anything else (image, command, service account, host namespaces,
+// security contexts, volumes, containers, ports, selectors, the Service's
+// type, owners, names, strategic-merge directives) makes the Gateway
+// Accepted=False (InvalidParameters) with the field's path named, as does
+// an AppArmor, seccomp or ambient.istio.io/ annotation in
+// spec.infrastructure.annotations (which go on the pods too). So does
+// a missing ConfigMap or a patch that does not apply, and nothing is
+// applied; so does an object the API server rejects, which stops the
 // apply there (ServiceAccount, Deployment, Service, in that order).
 package deployer
 
@@ -189,6 +199,9 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		if len(inf.Annotations) > 0 {
 			annotations = map[string]string{}
 			for k, v := range inf.Annotations {
+				if deniedPodAnnotation(string(k)) {
+					return nil, &ParamsError{fmt.Sprintf("spec.infrastructure.annotations sets %s, which may not be set on the waypoint's pods", k)}
+				}
 				annotations[string(k)] = string(v)
 			}
 		}
@@ -286,14 +299,14 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	if params == nil {
 		return o, nil
 	}
-	where := "ConfigMap " + params.Namespace + "/" + params.Name
-	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, where+" key "+KeyServiceAccount); err != nil {
+	where := "parametersRef ConfigMap " + params.Namespace + "/" + params.Name + " key "
+	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, KeyServiceAccount, where); err != nil {
 		return nil, err
 	}
-	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, where+" key "+KeyDeployment); err != nil {
+	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, KeyDeployment, where); err != nil {
 		return nil, err
 	}
-	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, where+" key "+KeyService); err != nil {
+	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, KeyService, where); err != nil {
 		return nil, err
 	}
 	// A patch may not take an object away from its Gateway: of the
@@ -323,18 +336,27 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	return o, nil
 }
 
-// patch applies a YAML strategic-merge patch to obj in place. The result
-// is decoded strictly: an unknown, misspelt or duplicate field is an error.
-func patch[T any](obj *T, patchYAML string, schema *T, where string) error {
+// patch applies the YAML strategic-merge patch under key to obj in place.
+// It sets only what the key's allow-list (overlays) names; the result is
+// decoded strictly: an unknown, misspelt or duplicate field is an error.
+func patch[T any](obj *T, patchYAML string, schema *T, key, where string) error {
 	if strings.TrimSpace(patchYAML) == "" {
 		return nil
 	}
+	where += key
 	pj, err := yaml.YAMLToJSON([]byte(patchYAML))
 	if err != nil {
 		return &ParamsError{fmt.Sprintf("%s is not YAML: %v", where, err)}
 	}
-	if !strings.HasPrefix(strings.TrimSpace(string(pj)), "{") {
+	var doc any
+	if err := json.Unmarshal(pj, &doc); err != nil {
+		return &ParamsError{fmt.Sprintf("%s is not YAML: %v", where, err)}
+	}
+	if _, ok := doc.(map[string]any); !ok {
 		return &ParamsError{fmt.Sprintf("%s is not a YAML mapping (a partial object)", where)}
+	}
+	if bad := checkOverlay(overlays[key], doc, ""); bad != "" {
+		return &ParamsError{fmt.Sprintf("%s sets %s, which may not be overridden; allowed: %s", where, bad, strings.Join(Allowed(key), ", "))}
 	}
 	orig, err := json.Marshal(obj)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -333,6 +334,28 @@ func TestAPIServer(t *testing.T) {
 		})
 	})
 
+	t.Run("ManagedLabelRestored", func(t *testing.T) {
+		// A Service the Gateway controls is the deployer's even without
+		// the managed label (as an earlier deployer made them): the label
+		// comes back.
+		svc, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "waypoint", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		delete(svc.Labels, labelManaged)
+		if _, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, a.ctx, "the managed label back on Service waypoint", func(ctx context.Context) (bool, string) {
+			svc, err := c.Kube.CoreV1().Services(ns).Get(ctx, "waypoint", metav1.GetOptions{})
+			if err != nil {
+				return false, errState(err)
+			}
+			return svc.Labels[labelManaged] == "weft.dev-waypoint-controller", fmt.Sprintf("labels %v", svc.Labels)
+		})
+		a.waitProgrammed(ns, "waypoint")
+	})
+
 	t.Run("Parameters", func(t *testing.T) {
 		a.createGateway(ns, "tuned", ambient.WaypointClass, "tuned-params")
 		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params", "not found")
@@ -359,7 +382,7 @@ func TestAPIServer(t *testing.T) {
 		// The ConfigMap appears: deployed with its patches.
 		patches := func(replicas int) map[string]string {
 			return map[string]string{
-				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: LOG_LEVEL, value: debug}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
+				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: GOGC, value: \"50\"}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
 				KeyService:        "metadata:\n  annotations:\n    example.com/internal: \"true\"\n",
 				KeyServiceAccount: "metadata:\n  annotations:\n    iam.example.com/role: waypoint\n",
 			}
@@ -370,8 +393,8 @@ func TestAPIServer(t *testing.T) {
 		dep := a.waitDeployment(ns, "tuned", "patched to 2 replicas", func(d *appsv1.Deployment) (bool, string) {
 			return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
 		})
-		if e, _ := envOf(container(dep), "LOG_LEVEL"); e.Value != "debug" {
-			t.Errorf("patched env LOG_LEVEL = %q, want debug", e.Value)
+		if e, _ := envOf(container(dep), "GOGC"); e.Value != "50" {
+			t.Errorf("patched env GOGC = %q, want 50", e.Value)
 		}
 		if m := container(dep).Resources.Limits[corev1.ResourceMemory]; m.String() != "256Mi" {
 			t.Errorf("patched memory limit %s, want 256Mi", m.String())
@@ -384,6 +407,25 @@ func TestAPIServer(t *testing.T) {
 		if err != nil || sa.Annotations["iam.example.com/role"] != "waypoint" {
 			t.Errorf("patched ServiceAccount annotations: %v (%v)", sa.Annotations, err)
 		}
+
+		// Created objects are the apply manager's alone: a field the
+		// patches stop setting is removed, not kept by the create.
+		for _, mf := range sa.ManagedFields {
+			if mf.Manager == FieldManager && mf.Operation != metav1.ManagedFieldsOperationApply {
+				t.Errorf("ServiceAccount tuned: %s still owns fields by %s", FieldManager, mf.Operation)
+			}
+		}
+		dropped := patches(2)
+		dropped[KeyServiceAccount] = "metadata:\n  annotations:\n    iam.example.com/team: mesh\n"
+		a.applyConfigMap(ns, "tuned-params", dropped)
+		eventually(t, a.ctx, "the annotation the patch dropped removed", func(ctx context.Context) (bool, string) {
+			sa, err := c.Kube.CoreV1().ServiceAccounts(ns).Get(ctx, "tuned", metav1.GetOptions{})
+			if err != nil {
+				return false, errState(err)
+			}
+			_, old := sa.Annotations["iam.example.com/role"]
+			return !old && sa.Annotations["iam.example.com/team"] == "mesh", fmt.Sprintf("annotations %v", sa.Annotations)
+		})
 
 		// The ConfigMap changes: applied again.
 		a.applyConfigMap(ns, "tuned-params", patches(3))
@@ -399,6 +441,16 @@ func TestAPIServer(t *testing.T) {
 		a.waitDeployment(ns, "tuned", "patched to 1 replica", func(d *appsv1.Deployment) (bool, string) {
 			return d.Spec.Replicas != nil && *d.Spec.Replicas == 1, fmt.Sprintf("replicas %v", d.Spec.Replicas)
 		})
+
+		// A patch that sets what it may not: refused, nothing of it
+		// applied.
+		bad := patches(2)
+		bad[KeyDeployment] = "spec:\n  replicas: 4\n  template:\n    spec:\n      hostNetwork: true\n"
+		a.applyConfigMap(ns, "tuned-params", bad)
+		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params key deployment sets spec.template.spec.hostNetwork, which may not be overridden; allowed: ")
+		if d, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "tuned", metav1.GetOptions{}); err != nil || d.Spec.Template.Spec.HostNetwork || *d.Spec.Replicas != 1 {
+			t.Errorf("Deployment tuned after a refused patch: %v", err)
+		}
 
 		// A patch that does not parse.
 		a.applyConfigMap(ns, "tuned-params", map[string]string{KeyService: "spec: {tpye: NodePort}"})
@@ -482,15 +534,19 @@ var deployerAccess = []authorizationv1.ResourceAttributes{
 	{Verb: "update", Group: "gateway.networking.k8s.io", Resource: "gatewayclasses", Subresource: "status"},
 	{Verb: "list", Resource: "configmaps"},
 	{Verb: "watch", Resource: "configmaps"},
-	// Server-side apply: patch, and create when the object is new.
+	// Read an object of a waypoint's name it did not make (to check it may
+	// manage it), create a new one, server-side apply (patch) its own.
+	{Verb: "get", Resource: "serviceaccounts"},
 	{Verb: "list", Resource: "serviceaccounts"},
 	{Verb: "watch", Resource: "serviceaccounts"},
 	{Verb: "create", Resource: "serviceaccounts"},
 	{Verb: "patch", Resource: "serviceaccounts"},
+	{Verb: "get", Group: "apps", Resource: "deployments"},
 	{Verb: "list", Group: "apps", Resource: "deployments"},
 	{Verb: "watch", Group: "apps", Resource: "deployments"},
 	{Verb: "create", Group: "apps", Resource: "deployments"},
 	{Verb: "patch", Group: "apps", Resource: "deployments"},
+	{Verb: "get", Resource: "services"},
 	{Verb: "list", Resource: "services"},
 	{Verb: "watch", Resource: "services"},
 	{Verb: "create", Resource: "services"},
@@ -622,5 +678,304 @@ func TestChartRBAC(t *testing.T) {
 	})
 	if n := r.count(t, resultError); n != 0 {
 		t.Logf("%v reconciles failed with the chart's permissions (retried); run with WEFT_TEST_LOG=1 to see why", n)
+	}
+}
+
+// appObjects are an application's own ServiceAccount, Deployment and
+// Service, which a waypoint Gateway given the same name must not take.
+func appObjects(ns, name string) (*corev1.ServiceAccount, *appsv1.Deployment, *corev1.Service) {
+	labels := map[string]string{"app": name}
+	meta := metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels, Annotations: map[string]string{"example.com/owner": "app-team"}}
+	sa := &corev1.ServiceAccount{ObjectMeta: meta}
+	dep := &appsv1.Deployment{ObjectMeta: meta, Spec: appsv1.DeploymentSpec{
+		Replicas: ptr(int32(3)),
+		Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+			ServiceAccountName: name,
+			Containers:         []corev1.Container{{Name: "app", Image: "example.com/app:1"}},
+		}},
+	}}
+	svc := &corev1.Service{ObjectMeta: meta, Spec: corev1.ServiceSpec{
+		Selector: labels,
+		Ports:    []corev1.ServicePort{{Name: "http", Port: 8080}},
+	}}
+	return sa, dep, svc
+}
+
+// appObject is one object of an application, as the API server has it.
+type appObject struct {
+	kind   string
+	get    func(ctx context.Context) (metav1.Object, error)
+	delete func(ctx context.Context) error
+}
+
+func (a *apiCheck) createAppObject(kind, ns, name string) appObject {
+	a.t.Helper()
+	sa, dep, svc := appObjects(ns, name)
+	var err error
+	o := appObject{kind: kind}
+	switch kind {
+	case "ServiceAccount":
+		api := a.c.Kube.CoreV1().ServiceAccounts(ns)
+		_, err = api.Create(a.ctx, sa, metav1.CreateOptions{})
+		o.get = func(ctx context.Context) (metav1.Object, error) { return api.Get(ctx, name, metav1.GetOptions{}) }
+		o.delete = func(ctx context.Context) error { return api.Delete(ctx, name, metav1.DeleteOptions{}) }
+	case "Deployment":
+		api := a.c.Kube.AppsV1().Deployments(ns)
+		_, err = api.Create(a.ctx, dep, metav1.CreateOptions{})
+		o.get = func(ctx context.Context) (metav1.Object, error) { return api.Get(ctx, name, metav1.GetOptions{}) }
+		o.delete = func(ctx context.Context) error { return api.Delete(ctx, name, metav1.DeleteOptions{}) }
+	case "Service":
+		api := a.c.Kube.CoreV1().Services(ns)
+		_, err = api.Create(a.ctx, svc, metav1.CreateOptions{})
+		o.get = func(ctx context.Context) (metav1.Object, error) { return api.Get(ctx, name, metav1.GetOptions{}) }
+		o.delete = func(ctx context.Context) error { return api.Delete(ctx, name, metav1.DeleteOptions{}) }
+	}
+	if err != nil {
+		a.t.Fatalf("creating the app's %s %s/%s: %v", kind, ns, name, err)
+	}
+	return o
+}
+
+// snapshot is an object as read, to compare later.
+func (a *apiCheck) snapshot(o appObject) metav1.Object {
+	a.t.Helper()
+	m, err := o.get(a.ctx)
+	if err != nil {
+		a.t.Fatalf("reading the app's %s: %v", o.kind, err)
+	}
+	return m
+}
+
+// checkUntouched checks that the object is still exactly as before (same
+// UID and resourceVersion) and has no owner the garbage collector could
+// delete it with.
+func (a *apiCheck) checkUntouched(o appObject, before metav1.Object) {
+	a.t.Helper()
+	now := a.snapshot(o)
+	if now.GetUID() != before.GetUID() || now.GetResourceVersion() != before.GetResourceVersion() {
+		a.t.Errorf("the app's %s %s/%s was written: resourceVersion %s -> %s, labels %v, owners %v", o.kind, now.GetNamespace(), now.GetName(),
+			before.GetResourceVersion(), now.GetResourceVersion(), now.GetLabels(), now.GetOwnerReferences())
+	}
+	if len(now.GetOwnerReferences()) > 0 {
+		a.t.Errorf("the app's %s %s/%s has owners %v: the garbage collector would delete it with them", o.kind, now.GetNamespace(), now.GetName(), now.GetOwnerReferences())
+	}
+}
+
+// checkBlocked waits for the deployer to decide on the Gateway (or 30 s),
+// then checks that the application's object is untouched and that the
+// Gateway is Accepted=False/Invalid saying all of want.
+func (a *apiCheck) checkBlocked(o appObject, before metav1.Object, ns, name string, want ...string) {
+	a.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	var gw *gwv1.Gateway
+	for {
+		gw = a.gateway(ns, name)
+		c := meta.FindStatusCondition(gw.Status.Conditions, "Accepted")
+		if (c != nil && c.ObservedGeneration == gw.Generation) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if o.get != nil {
+		a.checkUntouched(o, before)
+	}
+	c := meta.FindStatusCondition(gw.Status.Conditions, "Accepted")
+	ok := c != nil && c.Status == metav1.ConditionFalse && c.Reason == "Invalid"
+	for _, w := range want {
+		ok = ok && strings.Contains(c.Message, w)
+	}
+	if !ok {
+		a.t.Errorf("Gateway %s/%s: %s; want Accepted=False/Invalid saying %q", ns, name, condition(gw.Status.Conditions, "Accepted"), want)
+	}
+	if p := meta.FindStatusCondition(gw.Status.Conditions, "Programmed"); p == nil || p.Status != metav1.ConditionFalse {
+		a.t.Errorf("blocked Gateway %s/%s: %s, want Programmed=False", ns, name, condition(gw.Status.Conditions, "Programmed"))
+	}
+}
+
+// TestAPIServerNoTakeover: a waypoint Gateway named like an application's
+// ServiceAccount, Deployment or Service does not take the object over: the
+// object is left byte for byte, gains no owner (so deleting the Gateway
+// does not garbage-collect it), the Gateway's status says which object is
+// in the way, and once the application's object is gone the waypoint is
+// deployed.
+func TestAPIServerNoTakeover(t *testing.T) {
+	c := realAPI(t)
+	// Recheck: the deletion of an object without the label it watches
+	// is seen by looking again.
+	cfg := Config{Image: "weft/waypoint:takeover-test", ControlPlaneNamespace: "weft-system", Recheck: time.Second}
+	a := newAPICheck(t, c, cfg)
+	ns := uniqueNS("deployer-takeover")
+	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	if err := c.EnsureNamespace(a.ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	runDeployer(t, c.Config, cfg)
+
+	for _, kind := range []string{"Service", "Deployment", "ServiceAccount"} {
+		t.Run(kind, func(t *testing.T) {
+			a := *a
+			a.t, a.ctx = t, ctxFor(t, 2*time.Minute)
+			name := "app-" + strings.ToLower(kind)
+			app := a.createAppObject(kind, ns, name)
+			before := a.snapshot(app)
+			a.createGateway(ns, name, ambient.WaypointClass, "")
+			a.checkBlocked(app, before, ns, name, kind+" "+ns+"/"+name+" exists and is not managed by the waypoint controller",
+				"rename the Gateway or delete the "+kind)
+			if t.Failed() {
+				return
+			}
+
+			// The application deletes its object: the waypoint comes.
+			if err := app.delete(a.ctx); err != nil {
+				t.Fatal(err)
+			}
+			gw := a.waitProgrammed(ns, name)
+			a.checkDeployed(gw)
+		})
+	}
+
+	t.Run("LabelledLikeAWaypoint", func(t *testing.T) {
+		a := *a
+		a.t, a.ctx = t, ctxFor(t, 2*time.Minute)
+		// The gateway-name label (which the deployer watches) alone is
+		// not the managed label.
+		_, _, svc := appObjects(ns, "lookalike")
+		svc.Labels[ambient.LabelGatewayName] = "lookalike"
+		if _, err := c.Kube.CoreV1().Services(ns).Create(a.ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		app := appObject{kind: "Service", get: func(ctx context.Context) (metav1.Object, error) {
+			return c.Kube.CoreV1().Services(ns).Get(ctx, "lookalike", metav1.GetOptions{})
+		}}
+		before := a.snapshot(app)
+		a.createGateway(ns, "lookalike", ambient.WaypointClass, "")
+		a.checkBlocked(app, before, ns, "lookalike", "Service "+ns+"/lookalike exists and is not managed")
+	})
+
+	t.Run("OwnedByAnother", func(t *testing.T) {
+		a := *a
+		a.t, a.ctx = t, ctxFor(t, 2*time.Minute)
+		// Managed-looking, but controlled by another Gateway.
+		_, _, svc := appObjects(ns, "claimed")
+		svc.Labels["gateway.istio.io/managed"] = "weft.dev-waypoint-controller"
+		svc.OwnerReferences = []metav1.OwnerReference{{APIVersion: "gateway.networking.k8s.io/v1", Kind: "Gateway", Name: "elsewhere",
+			UID: "5b1b6a8e-0000-4000-8000-0000000000ff", Controller: ptr(true)}}
+		if _, err := c.Kube.CoreV1().Services(ns).Create(a.ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		before, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "claimed", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.createGateway(ns, "claimed", ambient.WaypointClass, "")
+		a.checkBlocked(appObject{}, nil, ns, "claimed", "Service "+ns+"/claimed exists and is controlled by Gateway elsewhere")
+		now, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "claimed", metav1.GetOptions{})
+		if err != nil || now.ResourceVersion != before.ResourceVersion {
+			t.Errorf("the Service controlled by another Gateway was written: resourceVersion %s -> %s (%v)", before.ResourceVersion, now.ResourceVersion, err)
+		}
+	})
+
+	t.Run("GatewayDeleted", func(t *testing.T) {
+		a := *a
+		a.t, a.ctx = t, ctxFor(t, 2*time.Minute)
+		app := a.createAppObject("Deployment", ns, "kept")
+		before := a.snapshot(app)
+		a.createGateway(ns, "kept", ambient.WaypointClass, "")
+		a.checkBlocked(appObject{}, nil, ns, "kept", "Deployment "+ns+"/kept exists")
+		if err := a.gw.GatewayV1().Gateways(ns).Delete(a.ctx, "kept", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, a.ctx, "the Gateway gone", func(ctx context.Context) (bool, string) {
+			_, err := a.gw.GatewayV1().Gateways(ns).Get(ctx, "kept", metav1.GetOptions{})
+			return apierrors.IsNotFound(err), errState(err)
+		})
+		// The collector deletes what has owners that are all gone; the
+		// app's Deployment never got one.
+		a.checkUntouched(app, before)
+		for _, get := range []func() error{
+			func() error {
+				_, err := c.Kube.CoreV1().ServiceAccounts(ns).Get(a.ctx, "kept", metav1.GetOptions{})
+				return err
+			},
+			func() error {
+				_, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "kept", metav1.GetOptions{})
+				return err
+			},
+		} {
+			if err := get(); !apierrors.IsNotFound(err) {
+				t.Errorf("an object of the refused Gateway: %v, want none made", err)
+			}
+		}
+	})
+}
+
+// TestAPIServerApplyPreconditions: the deployer applies over an object
+// only as it checked it. An object changed since (relabelled, say) or
+// deleted since is not written: the apply fails with a conflict, and a
+// deleted one is not brought back by the apply.
+func TestAPIServerApplyPreconditions(t *testing.T) {
+	c := realAPI(t)
+	cfg := Config{Image: "weft/waypoint:precondition-test", ControlPlaneNamespace: "weft-system"}
+	a := newAPICheck(t, c, cfg)
+	ns := uniqueNS("deployer-precondition")
+	if err := c.EnsureNamespace(a.ctx, ns, nil); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(cfg, c.Kube, a.gw, cache.NewSharedIndexInformer(nil, &gwv1.Gateway{}, 0, nil),
+		cache.NewSharedIndexInformer(nil, &gwv1.GatewayClass{}, 0, nil), testLogger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "pre", Namespace: ns, UID: "5b1b6a8e-0000-4000-8000-000000000007"},
+		Spec: gwv1.GatewaySpec{GatewayClassName: ambient.WaypointClass}}
+	build := func() *corev1.Service {
+		objs, err := Build(d.cfg, gw, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return objs.Service
+	}
+	if _, err := d.write(a.ctx, build(), nil); err != nil {
+		t.Fatalf("creating: %v", err)
+	}
+	checked, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "pre", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.write(a.ctx, build(), checked); err != nil {
+		t.Errorf("applying over the object as checked: %v", err)
+	}
+	if checked, err = c.Kube.CoreV1().Services(ns).Get(a.ctx, "pre", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.write(a.ctx, build(), nil); !apierrors.IsAlreadyExists(err) {
+		t.Errorf("creating again: %v, want already exists", err)
+	}
+
+	// Changed after the check: the managed label taken away.
+	svc := checked.DeepCopy()
+	delete(svc.Labels, labelManaged)
+	changed, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.write(a.ctx, build(), checked); !apierrors.IsConflict(err) {
+		t.Errorf("applying over a changed object: %v, want a conflict", err)
+	}
+	now, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "pre", metav1.GetOptions{})
+	if err != nil || now.ResourceVersion != changed.ResourceVersion {
+		t.Errorf("the changed Service was written: resourceVersion %s -> %s (%v)", changed.ResourceVersion, now.ResourceVersion, err)
+	}
+
+	// Deleted after the check: not created again by the apply.
+	if err := c.Kube.CoreV1().Services(ns).Delete(a.ctx, "pre", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.write(a.ctx, build(), now); !apierrors.IsConflict(err) {
+		t.Errorf("applying over a deleted object: %v, want a conflict", err)
+	}
+	if _, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "pre", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the deleted Service: %v, want not found", err)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -182,18 +181,22 @@ func (d *Deployer) next(ctx context.Context, queue workqueue.TypedRateLimitingIn
 	}
 	defer queue.Done(key)
 	var result string
+	var recheck bool
 	var err error
 	if key == classKey {
 		result, err = d.reconcileClasses(ctx)
 	} else {
-		result, err = d.reconcile(ctx, key)
+		result, recheck, err = d.reconcile(ctx, key)
 	}
 	switch {
 	case err == nil:
 		queue.Forget(key)
-	case apierrors.IsConflict(err):
-		// Stale cache: the informer brings the new version and the
-		// retry recomputes from it.
+		if recheck {
+			queue.AddAfter(key, d.cfg.Recheck)
+		}
+	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
+		// Stale cache, or an object changed or made since it was read:
+		// the retry recomputes from the newer version.
 		result = resultConflict
 		d.log.Debug("waypoint status conflict; retrying", "gateway", key, "error", err)
 		queue.AddRateLimited(key)
@@ -221,23 +224,24 @@ func paramsName(gw *gwv1.Gateway) string {
 type refusal struct{ reason, msg string }
 
 // reconcile applies a Gateway's objects and writes its status. The result
-// is "" for a Gateway that is not a waypoint's.
-func (d *Deployer) reconcile(ctx context.Context, key string) (string, error) {
+// is "" for a Gateway that is not a waypoint's; recheck says to look at it
+// again later (an object it does not manage has its name).
+func (d *Deployer) reconcile(ctx context.Context, key string) (result string, recheck bool, err error) {
 	obj, ok, err := d.gateways.GetIndexer().GetByKey(key)
 	if err != nil || !ok {
-		return "", err // deleted: the garbage collector removes what it owned
+		return "", false, err // deleted: the garbage collector removes what it owned
 	}
 	gw := obj.(*gwv1.Gateway)
 	if string(gw.Spec.GatewayClassName) != ambient.WaypointClass {
-		return "", nil
+		return "", false, nil
 	}
 	if gw.DeletionTimestamp != nil {
 		// Being deleted (its dependents first, in a foreground deletion):
 		// applying would bring back what the garbage collector removes.
-		return "", nil
+		return "", false, nil
 	}
 	if err := checkName(gw.Name); err != nil {
-		return resultRefused, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalid), err.Error()}, nil)
+		return resultRefused, false, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalid), err.Error()}, nil)
 	}
 	params, err := d.parameters(gw)
 	var objs *Objects
@@ -246,29 +250,44 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (string, error) {
 	}
 	if pe := (*ParamsError)(nil); errors.As(err, &pe) {
 		d.log.Warn("waypoint parameters refused", "gateway", key, "error", pe.msg)
-		return resultRefused, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), pe.msg}, nil)
+		return resultRefused, false, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), pe.msg}, nil)
 	} else if err != nil {
-		return "", err
+		return "", false, err
+	}
+	// Nothing is written unless every name is free or the deployer's.
+	order := []metav1.Object{objs.ServiceAccount, objs.Deployment, objs.Service}
+	lives := make([]metav1.Object, len(order))
+	for i, o := range order {
+		if lives[i], err = d.live(ctx, o); err != nil {
+			return "", false, err
+		}
+		if lives[i] == nil {
+			continue
+		}
+		if why := manageable(lives[i], kindOf(o), gw); why != "" {
+			d.log.Warn("waypoint blocked by an object it does not manage", "gateway", key, "reason", why)
+			return resultRefused, true, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalid), why}, nil)
+		}
 	}
 	var svc *corev1.Service
-	for _, o := range []any{objs.ServiceAccount, objs.Deployment, objs.Service} {
-		applied, err := d.apply(ctx, o)
+	for i, o := range order {
+		applied, err := d.write(ctx, o, lives[i])
 		if apierrors.IsInvalid(err) && params != nil {
 			// The patches made an object the API server refuses.
 			var st apierrors.APIStatus
 			errors.As(err, &st)
 			msg := fmt.Sprintf("ConfigMap %s/%s: the API server refuses the patched %s: %s", params.Namespace, params.Name, kindOf(o), st.Status().Message)
 			d.log.Warn("waypoint parameters refused", "gateway", key, "error", msg)
-			return resultRefused, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), msg}, nil)
+			return resultRefused, false, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), msg}, nil)
 		}
 		if err != nil {
-			return "", err
+			return "", false, err
 		}
 		if s, ok := applied.(*corev1.Service); ok {
 			svc = s
 		}
 	}
-	return resultOK, d.writeStatus(ctx, gw, nil, svc)
+	return resultOK, false, d.writeStatus(ctx, gw, nil, svc)
 }
 
 func kindOf(obj any) string {
@@ -300,31 +319,6 @@ func (d *Deployer) parameters(gw *gwv1.Gateway) (*corev1.ConfigMap, error) {
 		return nil, &ParamsError{fmt.Sprintf("parametersRef ConfigMap %s/%s not found", gw.Namespace, name)}
 	}
 	return o.(*corev1.ConfigMap), nil
-}
-
-// apply server-side-applies one object and returns it as the API server
-// has it.
-func (d *Deployer) apply(ctx context.Context, obj any) (any, error) {
-	data, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
-	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)}
-	var out any
-	switch o := obj.(type) {
-	case *corev1.ServiceAccount:
-		out, err = d.kube.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
-	case *appsv1.Deployment:
-		out, err = d.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
-	case *corev1.Service:
-		out, err = d.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
-	default:
-		return nil, fmt.Errorf("applying %T: not a waypoint object", obj)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("applying the %s: %w", kindOf(obj), err)
-	}
-	return out, nil
 }
 
 // writeStatus sets the Gateway's conditions, addresses and listeners.

@@ -1,18 +1,39 @@
 // Package deployer deploys a waypoint for each Gateway of class
 // istio-waypoint: a ServiceAccount, a Deployment of the waypoint proxy and
-// a ClusterIP Service, all named after the Gateway, owned by it (so the
-// garbage collector deletes them with it) and applied server-side. It
-// writes the Gateway's status (Accepted, Programmed, the Service's hostname
-// and IP as addresses, the listeners) and the GatewayClass's Accepted.
+// a ClusterIP Service, all named after the Gateway, labelled
+// gateway.istio.io/managed=<controller name with "/" as "-">, owned by it
+// (so the garbage collector deletes them with it) and applied server-side.
+// It writes the Gateway's status (Accepted, Programmed, the Service's
+// hostname and IP as addresses, the listeners) and the GatewayClass's
+// Accepted.
+//
+// It takes over nothing: an existing object of a waypoint's name is
+// written only if it is controlled by the Gateway, or carries the managed
+// label and is controlled by nothing else (Istio's rule). Otherwise the
+// Gateway is Accepted=False (Invalid) with a message naming the object,
+// none of the three is written, and the Gateway is looked at again every
+// Config.Recheck. A new object is created (which fails if the name was
+// taken meanwhile); an existing one is applied with its uid and
+// resourceVersion as preconditions (see ownership.go).
 //
 // A Gateway's spec.infrastructure.parametersRef may name a ConfigMap in its
 // namespace whose keys deployment, service and serviceAccount hold YAML
 // strategic-merge patches applied to the generated objects (Istio's
-// convention). A patch may change labels, annotations and the spec; the
-// name, namespace, kind and owner of each object, its gateway-name label
-// and the selectors stay the deployer's. A missing ConfigMap or a patch
-// that does not apply sets Accepted=False (InvalidParameters) and applies
-// nothing; so does an object the API server rejects, which stops the
+// convention). Unlike Istio's, a patch may set only what an allow-list
+// names (overlays; Allowed lists it): labels and annotations of each object
+// and of the pods (not the ones the deployer sets), the Deployment's
+// replicas, the pods' affinity, tolerations, nodeSelector and
+// topologySpreadConstraints, the proxy container's resource limits and
+// requests and its tuning variables ACCESS_LOG, GOGC and GOMEMLIMIT as
+// literal values, and the ServiceAccount's automountServiceAccountToken.
+// Anything else (image, command, service account, host namespaces,
+// security contexts, volumes, containers, ports, selectors, the Service's
+// type, owners, names, strategic-merge directives) makes the Gateway
+// Accepted=False (InvalidParameters) with the field's path named, as does
+// an AppArmor, seccomp or ambient.istio.io/ annotation in
+// spec.infrastructure.annotations (which go on the pods too). So does
+// a missing ConfigMap or a patch that does not apply, and nothing is
+// applied; so does an object the API server rejects, which stops the
 // apply there (ServiceAccount, Deployment, Service, in that order).
 package deployer
 
@@ -23,6 +44,7 @@ import (
 	"maps"
 	"net"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -52,6 +74,20 @@ const (
 	KeyServiceAccount = "serviceAccount"
 )
 
+// Labels the deployer sets (Istio's names).
+const (
+	// labelManaged marks an object the deployer may manage: it takes
+	// over no object that exists without it (see manageable). Its value
+	// is the controller's name with "/" turned into "-", as Istio's.
+	labelManaged       = "gateway.istio.io/managed"
+	labelDataplaneMode = "istio.io/dataplane-mode"
+	labelCanonicalName = "service.istio.io/canonical-name"
+	labelSidecarInject = "sidecar.istio.io/inject"
+)
+
+// managedValue is the value of labelManaged on the objects of a controller.
+func managedValue(controller string) string { return strings.ReplaceAll(controller, "/", "-") }
+
 // Config configures the deployer.
 type Config struct {
 	// Image of the waypoint proxy. Required.
@@ -72,6 +108,10 @@ type Config struct {
 	// ControllerName of the GatewayClass. Default
 	// "weft.dev/waypoint-controller".
 	ControllerName string
+	// Recheck is how long a Gateway whose objects' names are taken by
+	// objects the deployer does not manage waits before it is looked at
+	// again (their deletion may not be watched). Default 30s.
+	Recheck time.Duration
 }
 
 // DefaultControllerName is the GatewayClass controller of waypoints.
@@ -95,6 +135,9 @@ func (c *Config) defaults() error {
 	def(&c.TrustDomain, "cluster.local")
 	def(&c.ClusterDomain, "cluster.local")
 	def(&c.ControllerName, DefaultControllerName)
+	if c.Recheck <= 0 {
+		c.Recheck = 30 * time.Second
+	}
 	return nil
 }
 
@@ -156,6 +199,9 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		if len(inf.Annotations) > 0 {
 			annotations = map[string]string{}
 			for k, v := range inf.Annotations {
+				if deniedPodAnnotation(string(k)) {
+					return nil, &ParamsError{fmt.Sprintf("spec.infrastructure.annotations sets %s, which may not be set on the waypoint's pods", k)}
+				}
 				annotations[string(k)] = string(v)
 			}
 		}
@@ -168,10 +214,12 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 				Controller: ptr(true), BlockOwnerDeletion: ptr(true),
 			}}}
 	}
+	labels[labelManaged] = managedValue(cfg.ControllerName)
 	podLabels := maps.Clone(labels)
-	podLabels["istio.io/dataplane-mode"] = "none"
-	podLabels["service.istio.io/canonical-name"] = name
-	podLabels["sidecar.istio.io/inject"] = "false"
+	delete(podLabels, labelManaged) // the pods are the Deployment's
+	podLabels[labelDataplaneMode] = "none"
+	podLabels[labelCanonicalName] = name
+	podLabels[labelSidecarInject] = "false"
 	env := func(k, v string) corev1.EnvVar { return corev1.EnvVar{Name: k, Value: v} }
 	field := func(k, path string) corev1.EnvVar {
 		return corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
@@ -251,14 +299,14 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	if params == nil {
 		return o, nil
 	}
-	where := "ConfigMap " + params.Namespace + "/" + params.Name
-	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, where+" key "+KeyServiceAccount); err != nil {
+	where := "parametersRef ConfigMap " + params.Namespace + "/" + params.Name + " key "
+	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, KeyServiceAccount, where); err != nil {
 		return nil, err
 	}
-	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, where+" key "+KeyDeployment); err != nil {
+	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, KeyDeployment, where); err != nil {
 		return nil, err
 	}
-	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, where+" key "+KeyService); err != nil {
+	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, KeyService, where); err != nil {
 		return nil, err
 	}
 	// A patch may not take an object away from its Gateway: of the
@@ -273,6 +321,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			m.Labels = map[string]string{}
 		}
 		m.Labels[ambient.LabelGatewayName] = name
+		m.Labels[labelManaged] = labels[labelManaged]
 	}
 	own(&o.ServiceAccount.TypeMeta, &o.ServiceAccount.ObjectMeta, "v1", "ServiceAccount")
 	own(&o.Deployment.TypeMeta, &o.Deployment.ObjectMeta, "apps/v1", "Deployment")
@@ -287,18 +336,27 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	return o, nil
 }
 
-// patch applies a YAML strategic-merge patch to obj in place. The result
-// is decoded strictly: an unknown, misspelt or duplicate field is an error.
-func patch[T any](obj *T, patchYAML string, schema *T, where string) error {
+// patch applies the YAML strategic-merge patch under key to obj in place.
+// It sets only what the key's allow-list (overlays) names; the result is
+// decoded strictly: an unknown, misspelt or duplicate field is an error.
+func patch[T any](obj *T, patchYAML string, schema *T, key, where string) error {
 	if strings.TrimSpace(patchYAML) == "" {
 		return nil
 	}
+	where += key
 	pj, err := yaml.YAMLToJSON([]byte(patchYAML))
 	if err != nil {
 		return &ParamsError{fmt.Sprintf("%s is not YAML: %v", where, err)}
 	}
-	if !strings.HasPrefix(strings.TrimSpace(string(pj)), "{") {
+	var doc any
+	if err := json.Unmarshal(pj, &doc); err != nil {
+		return &ParamsError{fmt.Sprintf("%s is not YAML: %v", where, err)}
+	}
+	if _, ok := doc.(map[string]any); !ok {
 		return &ParamsError{fmt.Sprintf("%s is not a YAML mapping (a partial object)", where)}
+	}
+	if bad := checkOverlay(overlays[key], doc, ""); bad != "" {
+		return &ParamsError{fmt.Sprintf("%s sets %s, which may not be overridden; allowed: %s", where, bad, strings.Join(Allowed(key), ", "))}
 	}
 	orig, err := json.Marshal(obj)
 	if err != nil {

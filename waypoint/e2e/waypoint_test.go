@@ -419,3 +419,108 @@ spec:
 		t.Error(err)
 	}
 }
+
+// TestGatewayNoTakeover: a waypoint Gateway named like an application's
+// Service leaves that Service as it is, says so in its status, and
+// deleting the Gateway does not garbage-collect the Service (while the
+// objects of a Gateway deleted with it are collected).
+func TestGatewayNoTakeover(t *testing.T) {
+	m := setup(t)
+	c := m.c
+	const ns = "wp-takeover"
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	manifest := cluster.NamespaceManifest(ns, nil) + `---
+apiVersion: v1
+kind: Service
+metadata: {name: shop, namespace: ` + ns + `, labels: {app: shop}}
+spec:
+  selector: {app: shop}
+  ports: [{name: http, port: 8080}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: shop, namespace: ` + ns + `}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners:
+  - {name: mesh, port: 15008, protocol: HBONE}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: sentinel, namespace: ` + ns + `}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners:
+  - {name: mesh, port: 15008, protocol: HBONE}
+`
+	if err := c.Apply(ctx, manifest); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Delete(context.Background(), cluster.NamespaceManifest(ns, nil)) })
+	before, err := c.Client().CoreV1().Services(ns).Get(ctx, "shop", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.WaitFor(ctx, "Gateway shop Accepted=False naming Service "+ns+"/shop", func(ctx context.Context) (bool, error) {
+		gw, err := dyn.Resource(gatewayGVR).Namespace(ns).Get(ctx, "shop", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		conds, _, _ := unstructured.NestedSlice(gw.Object, "status", "conditions")
+		for _, cond := range conds {
+			m, _ := cond.(map[string]any)
+			msg, _ := m["message"].(string)
+			if m["type"] == "Accepted" && m["status"] == "False" && strings.Contains(msg, "Service "+ns+"/shop exists and is not managed") {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitProgrammed(ctx, c, ns, "sentinel"); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"shop", "sentinel"} {
+		if err := dyn.Resource(gatewayGVR).Namespace(ns).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Once the collector has removed the sentinel's Service, it has seen
+	// both deletions.
+	err = c.WaitFor(ctx, "the sentinel's Service collected", func(ctx context.Context) (bool, error) {
+		_, err := c.Client().CoreV1().Services(ns).Get(ctx, "sentinel", metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := c.Client().CoreV1().Services(ns).Get(ctx, "shop", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the application's Service after its namesake Gateway was deleted: %v", err)
+	}
+	if after.ResourceVersion != before.ResourceVersion || len(after.OwnerReferences) > 0 {
+		t.Errorf("the application's Service was written: resourceVersion %s -> %s, owners %v, selector %v",
+			before.ResourceVersion, after.ResourceVersion, after.OwnerReferences, after.Spec.Selector)
+	}
+	for _, get := range []func() error{
+		func() error {
+			_, err := c.Client().AppsV1().Deployments(ns).Get(ctx, "shop", metav1.GetOptions{})
+			return err
+		},
+		func() error {
+			_, err := c.Client().CoreV1().ServiceAccounts(ns).Get(ctx, "shop", metav1.GetOptions{})
+			return err
+		},
+	} {
+		if err := get(); !apierrors.IsNotFound(err) {
+			t.Errorf("an object of the blocked Gateway: %v, want none made", err)
+		}
+	}
+}

@@ -237,6 +237,12 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 					Spec: corev1.PodSpec{
 						ServiceAccountName:            name,
 						TerminationGracePeriodSeconds: ptr(int64(5)),
+						// The proxy needs no privilege: an unprivileged user
+						// (Istio's proxy UID), the runtime's seccomp filter.
+						SecurityContext: &corev1.PodSecurityContext{
+							RunAsNonRoot: ptr(true), RunAsUser: ptr(int64(1337)), RunAsGroup: ptr(int64(1337)),
+							SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+						},
 						Containers: []corev1.Container{{
 							Name:  "waypoint",
 							Image: cfg.Image,

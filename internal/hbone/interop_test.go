@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 x/net/http2 is the independent HTTP/2 implementation these tests hold the engine against, on purpose
+
 package hbone
 
 // Interoperability with an independent HTTP/2 implementation,

@@ -101,7 +101,6 @@ func TestAttackerCannotBypassL7Policy(t *testing.T) {
 		{"tab separator", "GET\t/admin" + tail},
 		{"CONNECT inside the tunnel", "CONNECT /admin" + tail},
 		{"encoded letter", "GET /%61dmin" + tail},
-		{"encoded upper hex", "GET /%41dmin" + tail},
 		{"dot segment", "GET /./admin" + tail},
 		{"dot-dot segment", "GET /x/../admin" + tail},
 		{"encoded dot segment", "GET /%2e/admin" + tail},

@@ -67,6 +67,7 @@ type reqInfo struct {
 	ep             *config.Endpoint
 	audit          bool
 	auditPolicy    string
+	shadow         shadowResult // dry-run policies' verdict
 	grpcStatus     string
 	// reqBytes is added to by whoever reads the request body: the handler,
 	// or an HTTP/2 upstream's body writer that may outlive the response.
@@ -162,6 +163,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	if s.remote.IsValid() {
 		rr.DirectIP = s.remote.Addr()
 	}
+	info.shadow = s.p.evaluateShadow(hc.ShadowRBAC, rr)
 	for _, f := range hc.RBAC {
 		res := f.Evaluate(rr)
 		if f.Action == rbac.Log {

@@ -218,7 +218,11 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	out := r.WithContext(ctx)
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep
+	upgrade := upgradeToken(r, h2)
 	stripHop(out.Header)
+	if upgrade != "" {
+		out.Header.Set("Upgrade", upgrade)
+	}
 	rt.Request.Apply(out.Header)
 	wc.Request.Apply(out.Header)
 	out.URL = upstreamURL(r.URL, rt)
@@ -339,6 +343,10 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	h.Del("Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		s.switched(w, resp, upgrade, info)
+		return
 	}
 	w.WriteHeader(resp.StatusCode)
 	if err := copyBody(w, resp.Body, resp.ContentLength); err != nil {
@@ -530,6 +538,7 @@ func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request,
 	}
 	m := req.Clone(context.Background())
 	m.Header = req.Header.Clone()
+	m.Header.Del("Upgrade") // a mirror opens no tunnel
 	m.Host = req.Host + "-shadow"
 	m.Body = http.NoBody
 	m.ContentLength = 0

@@ -9,11 +9,14 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 )
 
@@ -109,5 +112,33 @@ func TestDryRunDeny(t *testing.T) {
 	}
 	if !strings.Contains(public, `"shadow_engine_result":"allowed"`) {
 		t.Errorf("access log of /public does not record the shadow result: %s", public)
+	}
+}
+
+// TestDryRunDenyTCP: on a TCP chain a dry-run DENY of the client relays
+// the stream and logs that it would have been denied.
+func TestDryRunDenyTCP(t *testing.T) {
+	logs := &syncBuffer{}
+	m := newMesh(t, func(c *Config) { c.AccessLog = slog.New(slog.NewJSONHandler(logs, nil)) })
+	echo, _ := echoServer(t)
+	const cluster = "outbound|80||tcp"
+	m.applyClusters(nil, map[string]clusterSpec{cluster: {eps: []endpointSpec{{addr: echo}}}})
+	shadow := &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{
+		TypedConfig: mustAny(t, &netrbac.RBAC{StatPrefix: "tcp.", ShadowRulesStatPrefix: "istio_dry_run_deny_",
+			ShadowRules: &rbacv3.RBAC{Action: rbacv3.RBAC_DENY, Policies: map[string]*rbacv3.Policy{
+				"deny-client": {Permissions: anyPermission, Principals: []*rbacv3.Principal{principalExact(m.src.String())}}}}})}}
+	m.applyListener(&listenerv3.FilterChain{Name: "tcp", FilterChainMatch: vipMatch(), Filters: []*listenerv3.Filter{shadow, tcpProxyFilter(t, cluster)}})
+	if !m.tcpRelays(t) {
+		t.Fatal("a dry-run DENY stopped the stream")
+	}
+	if got := m.shadowCount(t, "denied"); got != 1 {
+		t.Errorf("shadow denied count = %v, want 1", got)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(logs.String(), `"shadow_effective_policy_id":"deny-client"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no access log line records the would-be denial:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -3,6 +3,7 @@ module github.com/weftmesh/weft
 go 1.26.0
 
 require (
+	github.com/coder/websocket v1.8.15
 	github.com/containernetworking/cni v1.3.1
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0

@@ -73,14 +73,45 @@ func (b *builder) appliesTo(p *securityv1.AuthorizationPolicy, svc *corev1.Servi
 	return false
 }
 
-// rbacRules builds the RBAC rules of a chain, one set per action in the
+// rbacSet is one RBAC filter's rules: those enforced and those of
+// dry-run policies (istio.io/dry-run: "true"), which Envoy evaluates as
+// shadow rules without enforcing them. Either may be nil.
+type rbacSet struct {
+	rules, shadow *rbacv3.RBAC
+}
+
+// shadowPrefix is the shadow_rules_stat_prefix Istio gives a filter's
+// shadow rules.
+func (r rbacSet) shadowPrefix() string {
+	if r.shadow == nil {
+		return ""
+	}
+	if r.shadow.GetAction() == rbacv3.RBAC_ALLOW {
+		return "istio_dry_run_allow_"
+	}
+	return "istio_dry_run_deny_"
+}
+
+// dryRun reports whether a policy is to be observed, not enforced. A value
+// that is not a boolean enforces it (fail closed), as at ztunnel.
+func dryRun(p *securityv1.AuthorizationPolicy) bool {
+	v, err := strconv.ParseBool(p.Annotations[authpolicy.DryRunAnnotation])
+	return err == nil && v
+}
+
+// rbacRules builds the RBAC rules of a chain, one filter per action in the
 // order LOG (AUDIT), DENY (and CUSTOM, which fails closed), ALLOW; each
-// present only when a policy of that action applies. For a TCP chain (tcp)
-// the rules keep their L4 part as Istio's do: an ALLOW rule with an
-// HTTP-only field never matches, a DENY or AUDIT rule loses those fields
-// and so matches more.
-func (b *builder) rbacRules(all []*securityv1.AuthorizationPolicy, svc *corev1.Service, tcp bool) []*rbacv3.RBAC {
-	byAction := map[rbacv3.RBAC_Action]map[string]*rbacv3.Policy{}
+// present only when a policy of that action applies. Dry-run policies go
+// to the filter's shadow rules: an action whose policies are all dry-run
+// enforces nothing. For a TCP chain (tcp) the rules keep their L4 part as
+// Istio's do: an ALLOW rule with an HTTP-only field never matches, a DENY
+// or AUDIT rule loses those fields and so matches more.
+func (b *builder) rbacRules(all []*securityv1.AuthorizationPolicy, svc *corev1.Service, tcp bool) []rbacSet {
+	type key struct {
+		action rbacv3.RBAC_Action
+		shadow bool
+	}
+	byAction := map[key]map[string]*rbacv3.Policy{}
 	for _, p := range all {
 		if !b.appliesTo(p, svc) {
 			continue
@@ -97,20 +128,28 @@ func (b *builder) rbacRules(all []*securityv1.AuthorizationPolicy, svc *corev1.S
 			}
 			action = rbacv3.RBAC_DENY
 		}
-		if byAction[action] == nil {
-			byAction[action] = map[string]*rbacv3.Policy{}
+		k := key{action, dryRun(p)}
+		if byAction[k] == nil {
+			byAction[k] = map[string]*rbacv3.Policy{}
 		}
 		t := &policyTranslator{b: b, policy: keyOf(p), deny: action != rbacv3.RBAC_ALLOW, tcp: tcp}
 		for i, r := range p.Spec.GetRules() {
 			if pol := t.rule(r, i); pol != nil {
-				byAction[action][fmt.Sprintf("ns[%s]-policy[%s]-rule[%d]", p.Namespace, p.Name, i)] = pol
+				byAction[k][fmt.Sprintf("ns[%s]-policy[%s]-rule[%d]", p.Namespace, p.Name, i)] = pol
 			}
 		}
 	}
-	var out []*rbacv3.RBAC
+	var out []rbacSet
 	for _, a := range []rbacv3.RBAC_Action{rbacv3.RBAC_LOG, rbacv3.RBAC_DENY, rbacv3.RBAC_ALLOW} {
-		if pols, ok := byAction[a]; ok {
-			out = append(out, &rbacv3.RBAC{Action: a, Policies: pols})
+		var set rbacSet
+		if pols, ok := byAction[key{a, false}]; ok {
+			set.rules = &rbacv3.RBAC{Action: a, Policies: pols}
+		}
+		if pols, ok := byAction[key{a, true}]; ok {
+			set.shadow = &rbacv3.RBAC{Action: a, Policies: pols}
+		}
+		if set.rules != nil || set.shadow != nil {
+			out = append(out, set)
 		}
 	}
 	return out
@@ -121,7 +160,7 @@ func (b *builder) rbacFilters(all []*securityv1.AuthorizationPolicy, svc *corev1
 	var out []*hcmv3.HttpFilter
 	for _, r := range b.rbacRules(all, svc, false) {
 		out = append(out, &hcmv3.HttpFilter{Name: "envoy.filters.http.rbac", ConfigType: &hcmv3.HttpFilter_TypedConfig{
-			TypedConfig: mustAny(&rbacfilter.RBAC{Rules: r}),
+			TypedConfig: mustAny(&rbacfilter.RBAC{Rules: r.rules, ShadowRules: r.shadow, ShadowRulesStatPrefix: r.shadowPrefix()}),
 		}})
 	}
 	return out
@@ -133,7 +172,7 @@ func (b *builder) netRBACFilters(all []*securityv1.AuthorizationPolicy, svc *cor
 	var out []*listenerv3.Filter
 	for _, r := range b.rbacRules(all, svc, true) {
 		out = append(out, &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{
-			TypedConfig: mustAny(&netrbac.RBAC{StatPrefix: "tcp.", Rules: r}),
+			TypedConfig: mustAny(&netrbac.RBAC{StatPrefix: "tcp.", Rules: r.rules, ShadowRules: r.shadow, ShadowRulesStatPrefix: r.shadowPrefix()}),
 		}})
 	}
 	return out

@@ -240,6 +240,10 @@ func (s *Server) httpServer(ln net.Listener) *http.Server {
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if isWebSocket(r) {
+			s.serveWebSocket(w, r)
+			return
+		}
 		local, _ := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
 		if local == nil {
 			local = ln.Addr()

@@ -15,6 +15,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
@@ -67,6 +68,9 @@ type Chain struct {
 	TCPCluster string
 	// NetRBAC are the network RBAC filters before tcp_proxy, in order.
 	NetRBAC []*rbac.Filter
+	// NetShadowRBAC are those filters' shadow rules (dry-run policies):
+	// evaluated and recorded, never enforced.
+	NetShadowRBAC []*rbac.Filter
 }
 
 // Takes reports whether the chain lists proto in its application
@@ -82,9 +86,12 @@ func (c *Chain) Takes(proto string) bool {
 
 // HTTP is a compiled http_connection_manager.
 type HTTP struct {
-	RouteName      string       // rds
-	Inline         *route.Table // route_config inline
-	RBAC           []*rbac.Filter
+	RouteName string       // rds
+	Inline    *route.Table // route_config inline
+	RBAC      []*rbac.Filter
+	// ShadowRBAC are the RBAC filters' shadow rules (dry-run policies), in
+	// filter order: evaluated and recorded, never enforced.
+	ShadowRBAC     []*rbac.Filter
 	RequestTimeout time.Duration
 	IdleTimeout    time.Duration
 	// Path is how request paths are normalized before policy and routing
@@ -259,14 +266,15 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 			if last {
 				return fmt.Errorf("%s: network RBAC must precede tcp_proxy", w)
 			}
-			if err := pbcheck.Only(m, w, "rules", "stat_prefix"); err != nil {
+			if err := pbcheck.Only(m, w, "rules", "stat_prefix", "shadow_rules", "shadow_rules_stat_prefix"); err != nil {
 				return err
 			}
-			r, err := rbac.Compile(m.GetRules(), true, w)
+			r, shadow, err := compileRBAC(m.GetRules(), m.GetShadowRules(), true, w)
 			if err != nil {
 				return err
 			}
-			c.NetRBAC = append(c.NetRBAC, r)
+			c.NetRBAC = appendFilter(c.NetRBAC, r)
+			c.NetShadowRBAC = appendFilter(c.NetShadowRBAC, shadow)
 		case *tcpv3.TcpProxy:
 			if !last {
 				return fmt.Errorf("%s: tcp_proxy must be the last filter", w)
@@ -365,14 +373,15 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 		}
 		switch fm := msg.(type) {
 		case *rbacfilter.RBAC:
-			if err := pbcheck.Only(fm, fw, "rules"); err != nil {
+			if err := pbcheck.Only(fm, fw, "rules", "shadow_rules", "shadow_rules_stat_prefix"); err != nil {
 				return nil, err
 			}
-			r, err := rbac.Compile(fm.GetRules(), false, fw)
+			r, shadow, err := compileRBAC(fm.GetRules(), fm.GetShadowRules(), false, fw)
 			if err != nil {
 				return nil, err
 			}
-			h.RBAC = append(h.RBAC, r)
+			h.RBAC = appendFilter(h.RBAC, r)
+			h.ShadowRBAC = appendFilter(h.ShadowRBAC, shadow)
 		case *routerv3.Router:
 			if i != len(fs)-1 {
 				return nil, fmt.Errorf("%s: the router must be the last HTTP filter", fw)
@@ -597,3 +606,30 @@ func (s *Snapshot) RouteTable(h *HTTP) *route.Table {
 }
 
 var _ = routev3.RouteConfiguration{}
+
+// compileRBAC compiles an RBAC filter's rules and shadow rules, either of
+// which may be absent (nil), but not both. A filter without rules enforces
+// nothing, as Envoy's; its shadow rules are only evaluated.
+func compileRBAC(rules, shadow *rbacv3.RBAC, network bool, where string) (r, sh *rbac.Filter, err error) {
+	if rules == nil && shadow == nil {
+		return nil, nil, fmt.Errorf("%s.rules is required", where)
+	}
+	if rules != nil {
+		if r, err = rbac.Compile(rules, network, where); err != nil {
+			return nil, nil, err
+		}
+	}
+	if shadow != nil {
+		if sh, err = rbac.Compile(shadow, network, where+".shadow"); err != nil {
+			return nil, nil, err
+		}
+	}
+	return r, sh, nil
+}
+
+func appendFilter(fs []*rbac.Filter, f *rbac.Filter) []*rbac.Filter {
+	if f == nil {
+		return fs
+	}
+	return append(fs, f)
+}

@@ -168,6 +168,9 @@ func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster st
 		return nil, errNoHealthy
 	}
 	h2 = h2 || pl.cluster.HTTP2
+	if h2 {
+		req.Header.Del("Upgrade") // HTTP/2 has no upgrade (upgrade.go)
+	}
 	b := &pl.u.b
 	if !take(&b.requests, pl.cluster.MaxRequests) {
 		return nil, errOverloaded
@@ -261,7 +264,14 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 		}
 		return fail(err, again)
 	}
-	body := &h1body{body: resp.Body, c: c, stop: stop, keep: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols, done: done}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The connection is the tunnel's now (upgrade.go), past the
+		// request's context.
+		stop()
+		resp.Body = &upstreamTunnel{c: c, done: done}
+		return resp, false, nil
+	}
+	body := &h1body{body: resp.Body, c: c, stop: stop, keep: !resp.Close && !req.Close, done: done}
 	if resp.Body == http.NoBody {
 		body.end(true)
 		return resp, false, nil
@@ -337,6 +347,9 @@ func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 		bw.WriteString("Content-Length: ")
 		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), length, 10))
 		bw.WriteString("\r\n")
+	}
+	if _, ok := req.Header["Upgrade"]; ok {
+		bw.WriteString("Connection: Upgrade\r\n") // see upgrade.go
 	}
 	for k, vs := range req.Header {
 		if reqSkip[k] || !httpguts.ValidHeaderFieldName(k) {

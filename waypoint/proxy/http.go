@@ -67,6 +67,7 @@ type reqInfo struct {
 	ep             *config.Endpoint
 	audit          bool
 	auditPolicy    string
+	shadow         shadowResult // dry-run policies' verdict
 	grpcStatus     string
 	// reqBytes is added to by whoever reads the request body: the handler,
 	// or an HTTP/2 upstream's body writer that may outlive the response.
@@ -162,6 +163,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	if s.remote.IsValid() {
 		rr.DirectIP = s.remote.Addr()
 	}
+	info.shadow = s.p.evaluateShadow(hc.ShadowRBAC, rr)
 	for _, f := range hc.RBAC {
 		res := f.Evaluate(rr)
 		if f.Action == rbac.Log {
@@ -216,7 +218,11 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	out := r.WithContext(ctx)
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep
+	upgrade := upgradeToken(r, h2)
 	stripHop(out.Header)
+	if upgrade != "" {
+		out.Header.Set("Upgrade", upgrade)
+	}
 	rt.Request.Apply(out.Header)
 	wc.Request.Apply(out.Header)
 	out.URL = upstreamURL(r.URL, rt)
@@ -337,6 +343,10 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	h.Del("Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		s.switched(w, resp, upgrade, info)
+		return
 	}
 	w.WriteHeader(resp.StatusCode)
 	if err := copyBody(w, resp.Body, resp.ContentLength); err != nil {
@@ -528,6 +538,7 @@ func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request,
 	}
 	m := req.Clone(context.Background())
 	m.Header = req.Header.Clone()
+	m.Header.Del("Upgrade") // a mirror opens no tunnel
 	m.Host = req.Host + "-shadow"
 	m.Body = http.NoBody
 	m.ContentLength = 0

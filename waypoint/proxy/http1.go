@@ -308,6 +308,9 @@ func (c *h1Server) serve(req *http.Request) bool {
 		}
 	}
 	aborted := c.s.handle(w, req, false)
+	if w.switched {
+		return false // the tunnel ended: so does the connection
+	}
 	w.finish(aborted)
 	if aborted {
 		c.flush()
@@ -445,6 +448,7 @@ type h1Response struct {
 	pending  []byte   // body written before the head
 	trailers []string // names announced in the Trailer header
 	close    bool     // end the connection after this response
+	switched bool     // the connection was handed over after a 101
 	err      error    // writing to the stream failed
 }
 

@@ -16,6 +16,8 @@ type Metrics struct {
 	requests           *prometheus.CounterVec
 	duration           *prometheus.HistogramVec
 	reqBytes, rspBytes *prometheus.HistogramVec
+	// shadow counts dry-run RBAC evaluations (shadow.go).
+	shadow *prometheus.CounterVec
 }
 
 var labels = []string{"reporter", "source_workload", "source_workload_namespace", "source_principal", "source_app",
@@ -33,9 +35,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "istio_request_duration_milliseconds", Help: "Request duration.", Buckets: buckets}, labels),
 		reqBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "istio_request_bytes", Help: "Request body sizes.", Buckets: sizes}, labels),
 		rspBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "istio_response_bytes", Help: "Response body sizes.", Buckets: sizes}, labels),
+		shadow:   newShadowCounter(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.reqBytes, m.rspBytes)
+		reg.MustRegister(m.requests, m.duration, m.reqBytes, m.rspBytes, m.shadow)
 	}
 	return m
 }
@@ -148,6 +151,7 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 	if info.audit {
 		attrs = append(attrs, "audit", true, "audit_policy", info.auditPolicy)
 	}
+	attrs = info.shadow.appendLog(attrs)
 	p.cfg.AccessLog.Info("request", attrs...)
 }
 

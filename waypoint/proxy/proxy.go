@@ -413,6 +413,7 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	cluster := ch.TCPCluster
 	log := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(), "chain", ch.Name, "cluster", cluster}
 	denied, policy, audit := s.authorizeTCP(ch)
+	log = s.p.evaluateShadow(ch.NetShadowRBAC, s.netRequest()).appendLog(log)
 	if audit != "" {
 		log = append(log, "audit", true, "audit_policy", audit)
 	}

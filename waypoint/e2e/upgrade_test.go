@@ -1,0 +1,129 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+)
+
+// waypointMetrics reads the waypoint's Prometheus metrics.
+func (m *mesh) waypointMetrics(ctx context.Context, t *testing.T) string {
+	t.Helper()
+	pods, err := m.c.WaitPods(ctx, appNS, "gateway.networking.k8s.io/gateway-name=waypoint", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, err := m.c.HTTPGet(ctx, appNS, pods[0].Name, "http://127.0.0.1:15020/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
+// wsDial opens a WebSocket session from the client pod to path on the echo
+// Service: through the pod's ztunnel and the waypoint.
+func (m *mesh) wsDial(ctx context.Context, t *testing.T, path string) (*websocket.Conn, *http.Response, error) {
+	addr := strings.TrimSuffix(strings.TrimPrefix(m.target, "http://"), "/")
+	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return m.dialFromPod(t, addr) }}
+	t.Cleanup(tr.CloseIdleConnections)
+	c, resp, err := websocket.Dial(ctx, "ws://"+addr+path, &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}})
+	if c != nil {
+		c.SetReadLimit(1 << 20)
+	}
+	return c, resp, err
+}
+
+// TestWebSocket: a WebSocket session from a pod to a Service through its
+// waypoint carries messages both ways and is counted with code 101; an
+// upgrade on a denied path is refused like any request.
+func TestWebSocket(t *testing.T) {
+	m := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, resp, err := m.wsDial(ctx, t, "/ws")
+	if err != nil {
+		code := 0
+		if resp != nil {
+			code = resp.StatusCode
+		}
+		t.Fatalf("WebSocket handshake: status %d: %v", code, err)
+	}
+	for _, msg := range []string{"hello", strings.Repeat("y", 64<<10), "bye"} {
+		if err := c.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatalf("writing a %d-byte message: %v", len(msg), err)
+		}
+		_, got, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("reading the answer to a %d-byte message: %v", len(msg), err)
+		}
+		if s := string(got); !strings.HasPrefix(s, "echo-v") || !strings.HasSuffix(s, ": "+msg) {
+			t.Fatalf("answer to a %d-byte message: %.60q", len(msg), s)
+		}
+	}
+	if err := c.Close(websocket.StatusNormalClosure, "done"); err != nil {
+		t.Fatalf("closing: %v", err)
+	}
+	err = m.c.WaitFor(ctx, "the waypoint counting the session with code 101", func(ctx context.Context) (bool, error) {
+		for _, l := range strings.Split(m.waypointMetrics(ctx, t), "\n") {
+			if strings.HasPrefix(l, "istio_requests_total{") && strings.Contains(l, `response_code="101"`) &&
+				strings.Contains(l, `destination_service="echo.`+appNS+`.svc.cluster.local"`) {
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Error(err)
+	}
+	if _, resp, err := m.wsDial(ctx, t, "/admin/ws"); err == nil || resp == nil || resp.StatusCode != http.StatusForbidden {
+		t.Errorf("upgrade on a denied path: %v, want 403", err)
+	}
+}
+
+const dryRunDeny = `apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata:
+  name: deny-dryrun
+  namespace: ` + appNS + `
+  annotations: {istio.io/dry-run: "true"}
+spec:
+  targetRefs:
+  - {group: gateway.networking.k8s.io, kind: Gateway, name: waypoint}
+  action: DENY
+  rules:
+  - to:
+    - operation: {paths: ["/dryrun"]}
+`
+
+// TestDryRunDeny: a DENY AuthorizationPolicy in dry-run lets requests
+// through the waypoint and counts them as would-be denied.
+func TestDryRunDeny(t *testing.T) {
+	m := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := m.c.Apply(ctx, dryRunDeny); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.c.Delete(context.Background(), dryRunDeny) })
+	const series = `weft_waypoint_rbac_shadow_total{action="deny",result="denied"}`
+	err := m.c.WaitFor(ctx, "the waypoint evaluating the dry-run policy", func(ctx context.Context) (bool, error) {
+		rs := m.send(t, "/dryrun", 1)
+		if rs[0].Status != 200 {
+			t.Fatalf("/dryrun under a dry-run DENY: got %d %s, want 200", rs[0].Status, rs[0].Error)
+		}
+		return strings.Contains(m.waypointMetrics(ctx, t), series), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		if rs := m.send(t, "/dryrun", 1); rs[0].Status != 200 {
+			t.Errorf("/dryrun under a dry-run DENY: got %d, want 200", rs[0].Status)
+		}
+	}
+}

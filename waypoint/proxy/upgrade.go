@@ -1,0 +1,232 @@
+package proxy
+
+import (
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+)
+
+// Protocol upgrades (RFC 9110 section 7.8) through the waypoint. An
+// HTTP/1.1 request asking to switch to WebSocket (RFC 6455: Connection:
+// upgrade and Upgrade: websocket), the one upgrade Istio enables in
+// Envoy's upgrade_configs, is routed and authorized like any request, and
+// goes upstream with its Upgrade header. When the upstream answers 101 the
+// 101 goes back to the client, and from then on the bytes of both
+// directions are relayed as they are, each direction's end passed on as a
+// half-close, until both ended, either failed, or neither carried a byte
+// for the chain's idle timeout. Any other answer is an ordinary response.
+// Other upgrades (h2c among them), an Upgrade listing several protocols, an
+// upgrade request with a body, and HTTP/1.0 requests go upstream as
+// ordinary requests without their Upgrade header; so does every upgrade
+// to an HTTP/2 upstream. A 101 the waypoint did not ask for, or switching
+// to another protocol than asked, is answered 502 (flag UPE). The route's
+// timeout bounds the wait for the 101, not the session.
+
+// upgradeWebSocket is the upgrade token the waypoint passes.
+const upgradeWebSocket = "websocket"
+
+// upgradeToken returns the protocol an HTTP/1.1 request asks to switch to
+// when the waypoint passes it, or "".
+func upgradeToken(r *http.Request, h2 bool) string {
+	if h2 || !r.ProtoAtLeast(1, 1) || r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+		return ""
+	}
+	if !httpguts.HeaderValuesContainsToken(r.Header["Connection"], "upgrade") {
+		return ""
+	}
+	if up := r.Header.Values("Upgrade"); len(up) == 1 && strings.EqualFold(strings.TrimSpace(up[0]), upgradeWebSocket) {
+		return upgradeWebSocket
+	}
+	return ""
+}
+
+// switcher is a downstream response that can hand over its connection
+// after a 101: the HTTP/1.1 server's.
+type switcher interface {
+	switchProtocols(token string) (tunnelEnd, error)
+}
+
+// tunnelEnd is one side of a switched connection.
+type tunnelEnd interface {
+	io.ReadWriter
+	CloseWrite() error
+	SetReadDeadline(time.Time) error
+}
+
+// switched relays a switched connection once the upstream answered 101
+// (its header already in w's); when the switch was not asked for, or is
+// to another protocol than asked, it answers 502 instead. The caller
+// closes resp.Body, the upstream connection.
+func (s *session) switched(w http.ResponseWriter, resp *http.Response, token string, info *reqInfo) {
+	up, okUp := resp.Body.(tunnelEnd)
+	cw, _ := w.(*countingWriter)
+	var sw switcher
+	if cw != nil {
+		sw, _ = cw.ResponseWriter.(switcher)
+	}
+	if token == "" || !okUp || sw == nil || !strings.EqualFold(strings.TrimSpace(resp.Header.Get("Upgrade")), token) {
+		info.flags = "UPE"
+		for k := range w.Header() {
+			delete(w.Header(), k)
+		}
+		fail(w, http.StatusBadGateway, "upstream switched protocols unasked")
+		return
+	}
+	down, err := sw.switchProtocols(token)
+	cw.status = http.StatusSwitchingProtocols
+	if err != nil {
+		info.flags = "DC"
+		return
+	}
+	sent, recv := relayTunnel(down, up, idle(s.chain.HTTP.IdleTimeout))
+	cw.n += sent
+	info.reqBytes.Add(recv)
+}
+
+// tunnel is the state the two directions of a switched connection share.
+type tunnel struct {
+	idle    time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last byte either way
+	aborted atomic.Bool
+	once    sync.Once
+}
+
+// relayTunnel copies both ways between the client (down) and the upstream
+// (up) until both directions ended, one failed, or the tunnel was idle for
+// idleTimeout. It returns the bytes sent to the client and received from
+// it. The caller closes both ends.
+func relayTunnel(down, up tunnelEnd, idleTimeout time.Duration) (sent, recv int64) {
+	t := &tunnel{idle: idleTimeout}
+	t.last.Store(time.Now().UnixNano())
+	abort := func() {
+		t.once.Do(func() {
+			t.aborted.Store(true)
+			// Unblocks both copies.
+			past := time.Unix(1, 0)
+			down.SetReadDeadline(past)
+			up.SetReadDeadline(past)
+		})
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var err error
+		if recv, err = t.copy(up, down); err != nil {
+			abort()
+		}
+	}()
+	sent, err := t.copy(down, up)
+	if err != nil {
+		abort()
+	}
+	wg.Wait()
+	return sent, recv
+}
+
+// copy copies src to dst, then half-closes dst. It returns the error that
+// ended the copy other than src's end.
+func (t *tunnel) copy(dst, src tunnelEnd) (int64, error) {
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
+	var n int64
+	for {
+		if t.aborted.Load() {
+			return n, errTunnelAborted
+		}
+		src.SetReadDeadline(time.Now().Add(t.idle))
+		if t.aborted.Load() { // abort may have set its deadline before ours
+			return n, errTunnelAborted
+		}
+		m, err := src.Read(buf)
+		if m > 0 {
+			t.last.Store(time.Now().UnixNano())
+			if _, werr := dst.Write(buf[:m]); werr != nil {
+				return n, werr
+			}
+			n += int64(m)
+		}
+		switch {
+		case err == io.EOF:
+			return n, dst.CloseWrite()
+		case errors.Is(err, os.ErrDeadlineExceeded) && !t.aborted.Load() && time.Since(time.Unix(0, t.last.Load())) < t.idle:
+			continue // the other direction carried bytes meanwhile
+		case err != nil:
+			return n, err
+		}
+	}
+}
+
+var errTunnelAborted = errors.New("tunnel aborted")
+
+// switchProtocols writes the 101 with the response's header and hands over
+// the client's connection (net/http's Hijack for the server of a stream).
+func (w *h1Response) switchProtocols(token string) (tunnelEnd, error) {
+	w.status, w.head, w.bodyless, w.switched = http.StatusSwitchingProtocols, true, true, true
+	b := appendStatusLine(w.c.buffer(), http.StatusSwitchingProtocols)
+	w.header.Del("Content-Length")
+	w.header.Del("Upgrade")
+	b = appendHeader(b, w.header, hopSkip)
+	b = append(b, "Connection: Upgrade\r\nUpgrade: "...)
+	b = append(b, token...)
+	w.c.out = append(b, "\r\n\r\n"...)
+	if err := w.c.flush(); err != nil {
+		return nil, err
+	}
+	return &clientTunnel{br: w.c.br, st: w.c.st}, nil
+}
+
+// clientTunnel is the client's side of a switched connection: what the
+// server had buffered, then the stream.
+type clientTunnel struct {
+	br io.Reader
+	st interface {
+		io.Writer
+		CloseWrite() error
+		SetReadDeadline(time.Time) error
+	}
+}
+
+func (c *clientTunnel) Read(p []byte) (int, error)        { return c.br.Read(p) }
+func (c *clientTunnel) Write(p []byte) (int, error)       { return c.st.Write(p) }
+func (c *clientTunnel) CloseWrite() error                 { return c.st.CloseWrite() }
+func (c *clientTunnel) SetReadDeadline(t time.Time) error { return c.st.SetReadDeadline(t) }
+
+// upstreamTunnel is the upstream's side of a switched HTTP/1.1
+// connection, the response body of a 101; closing it closes the
+// connection and ends the request.
+type upstreamTunnel struct {
+	c    *h1conn
+	done func()
+	once sync.Once
+}
+
+var _ tunnelEnd = (*upstreamTunnel)(nil)
+
+func (u *upstreamTunnel) Read(p []byte) (int, error)  { return u.c.br.Read(p) }
+func (u *upstreamTunnel) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
+
+func (u *upstreamTunnel) CloseWrite() error {
+	if cw, ok := u.c.nc.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (u *upstreamTunnel) SetReadDeadline(t time.Time) error { return u.c.nc.SetReadDeadline(t) }
+
+func (u *upstreamTunnel) Close() error {
+	u.once.Do(func() {
+		u.c.discard()
+		u.done()
+	})
+	return nil
+}

@@ -105,12 +105,25 @@ endpoints:
 			if r.Response == nil || r.Response.Pod != remote.Name {
 				t.Errorf("answer %+v, want one from %s (the slice's only endpoint)", r, remote.Name)
 			}
+			// Plaintext inbound (15006) keeps the client's address too.
+			if r.Response != nil && peerIP(r.Response.Peer) != client.Status.PodIP {
+				t.Errorf("the server saw the connection from %s, want the client's address %s", r.Response.Peer, client.Status.PodIP)
+			}
 		}
 		m := ztunnelMetrics(t, c, client.Spec.NodeName)
 		if !hasLine(m, "istio_tcp_connections_opened_total{", `reporter="source"`, `destination_service="legacy.`+ns+`.svc.cluster.local"`) {
 			t.Errorf("the client's ztunnel counted no connection to the selectorless Service:\n%s", grepLines(m, "istio_tcp_connections_opened_total"))
 		}
 	})
+}
+
+// peerIP is the host of an echo answer's peer address.
+func peerIP(peer string) string {
+	host, _, err := net.SplitHostPort(peer)
+	if err != nil {
+		return peer
+	}
+	return host
 }
 
 func hasLine(s, prefix string, parts ...string) bool {

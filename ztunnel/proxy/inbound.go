@@ -130,11 +130,11 @@ func (p *Pod) servePlaintext(c net.Conn) {
 }
 
 // dialApp connects to the app at dst, from the client's address src when
-// the pod keeps original sources. When the kernel refuses that address the
-// connection is made from the pod's own, counted, and logged once per
-// process.
+// the pod keeps original sources and src is of dst's family (a tunnel may
+// cross families). When the kernel refuses that address the connection is
+// made from the pod's own, counted, and logged once per process.
 func (p *Pod) dialApp(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error) {
-	if !p.cfg.OriginalSource || !src.Addr().IsValid() {
+	if !p.cfg.OriginalSource || !src.Addr().IsValid() || src.Addr().Unmap().Is4() != dst.Addr().Unmap().Is4() {
 		return p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
 	}
 	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPortFrom(src.Addr(), 0))

@@ -2,14 +2,18 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -99,4 +103,49 @@ func lineFrom(d net.Dialer, addr, msg string) (string, error) {
 		}
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// recSockets records the sources it is asked to dial from and connects
+// nowhere.
+type recSockets struct{ srcs []netip.AddrPort }
+
+func (s *recSockets) Listen(context.Context, netip.AddrPort) (net.Listener, error) {
+	return nil, errors.New("test: no listener")
+}
+
+func (s *recSockets) Dial(_ context.Context, _, src netip.AddrPort) (net.Conn, error) {
+	s.srcs = append(s.srcs, src)
+	return nil, errors.New("test: nothing to dial")
+}
+
+// TestDialAppSource checks which source dialApp asks for.
+func TestDialAppSource(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	v4, v6 := netip.MustParseAddrPort("10.244.0.9:8080"), netip.MustParseAddrPort("[fd00::9]:8080")
+	tests := []struct {
+		name     string
+		on       bool
+		dst, src netip.AddrPort
+		want     netip.AddrPort
+	}{
+		{"kept", true, v4, netip.MustParseAddrPort("10.244.1.5:40000"), netip.MustParseAddrPort("10.244.1.5:0")},
+		{"kept, v4-mapped", true, v4, netip.MustParseAddrPort("[::ffff:10.244.1.5]:40000"), netip.MustParseAddrPort("[::ffff:10.244.1.5]:0")},
+		{"kept, v6", true, v6, netip.MustParseAddrPort("[fd00::5]:40000"), netip.MustParseAddrPort("[fd00::5]:0")},
+		{"turned off", false, v4, netip.MustParseAddrPort("10.244.1.5:40000"), netip.AddrPort{}},
+		{"no source", true, v4, netip.AddrPort{}, netip.AddrPort{}},
+		{"v6 client, v4 app", true, v4, netip.MustParseAddrPort("[fd00::5]:40000"), netip.AddrPort{}},
+		{"v4 client, v6 app", true, v6, netip.MustParseAddrPort("10.244.1.5:40000"), netip.AddrPort{}},
+	}
+	for _, tt := range tests {
+		rec := &recSockets{}
+		m := NewMetrics(prometheus.NewRegistry())
+		p := &Pod{cfg: PodConfig{OriginalSource: tt.on, Sockets: rec, Metrics: m, Logger: quiet}}
+		p.dialApp(context.Background(), tt.dst, tt.src)
+		if len(rec.srcs) != 1 || rec.srcs[0] != tt.want {
+			t.Errorf("%s: dialed from %v, want once from %v", tt.name, rec.srcs, tt.want)
+		}
+		if n := testutil.ToFloat64(m.sourceFallbacks); n != 0 {
+			t.Errorf("%s: %v fallbacks counted", tt.name, n)
+		}
+	}
 }

@@ -1,9 +1,12 @@
 package ambient
 
 import (
+	"encoding/json"
+	"net/netip"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -246,4 +249,51 @@ func TestIndexSelectorlessService(t *testing.T) {
 			t.Errorf("%s: removed (-want +got):\n%s", st.name, diff)
 		}
 	}
+}
+
+// FuzzSliceWorkloads feeds arbitrary EndpointSlices (as JSON), which users
+// may write by hand, to SliceWorkloads: it must not panic, and every
+// Workload must be well formed, uniquely named, without identity or HBONE,
+// and never at an address that sends ztunnel to itself.
+func FuzzSliceWorkloads(f *testing.F) {
+	for _, s := range []*discoveryv1.EndpointSlice{
+		apiServerSlice("172.18.0.5", "fd00::5"),
+		handSlice("legacy-a", ep(nil, "10.9.0.1"), ep(ptr(false), "10.9.0.2", "10.9.0.3"), ep(ptr(true), "127.0.0.1"), ep(nil, "::ffff:10.9.0.1")),
+	} {
+		b, err := json.Marshal(s)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, false)
+	}
+	f.Fuzz(func(t *testing.T, data []byte, publishNotReady bool) {
+		var s discoveryv1.EndpointSlice
+		if err := json.Unmarshal(data, &s); err != nil {
+			return
+		}
+		svc := selectorless(func(svc *corev1.Service) {
+			svc.Namespace, svc.Name = s.Namespace, s.Labels[discoveryv1.LabelServiceName]
+			svc.Spec.PublishNotReadyAddresses = publishNotReady
+		})
+		seen := map[string]bool{}
+		for _, w := range testCfg.SliceWorkloads(svc, &s) {
+			if seen[w.GetUid()] {
+				t.Fatalf("uid %s twice", w.GetUid())
+			}
+			seen[w.GetUid()] = true
+			if len(w.GetAddresses()) == 0 || w.GetServiceAccount() != "" || w.GetTunnelProtocol() != workloadpb.TunnelProtocol_NONE ||
+				w.GetNetworkMode() != workloadpb.NetworkMode_HOST_NETWORK || w.GetNamespace() != s.Namespace {
+				t.Fatalf("malformed workload %v", w)
+			}
+			for _, raw := range w.GetAddresses() {
+				a, ok := netip.AddrFromSlice(raw)
+				if !ok || a.Is4In6() || a.IsLoopback() || a.IsUnspecified() || a.IsLinkLocalUnicast() || a.IsMulticast() {
+					t.Fatalf("address %v in %s", raw, w.GetUid())
+				}
+			}
+			if _, err := proto.Marshal(w); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
 }

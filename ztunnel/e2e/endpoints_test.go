@@ -87,7 +87,7 @@ endpoints:
 		if err := c.Apply(ctx, manifest); err != nil {
 			t.Fatal(err)
 		}
-		// By VIP: the pod's DNS goes to ztunnel's DNS proxy (15053).
+		// By VIP, so that only routing is under test.
 		svc, err := c.Client().CoreV1().Services(ns).Get(ctx, "legacy", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)

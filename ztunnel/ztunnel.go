@@ -93,6 +93,10 @@ type Config struct {
 	// /etc/resolv.conf, ztunnel's own, which in Kubernetes points at the
 	// cluster DNS (as Istio's ztunnel does). It is read once, at start.
 	ResolvConf string
+	// NoOriginalSource makes inbound connections reach the app from the
+	// pod's own address rather than the client's (ENABLE_ORIG_SRC=false);
+	// default false: the client's address is kept, as by Istio's ztunnel.
+	NoOriginalSource bool
 }
 
 // SetDefaults fills the documented defaults.
@@ -272,8 +276,8 @@ func New(cfg Config, log *slog.Logger) (*Ztunnel, error) {
 				Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst, DNSSockets: inpod.Sockets{NS: ns},
 				Credentials: creds, Metrics: metrics, Logger: log, AccessLog: access,
 				DrainTimeout: cfg.DrainTimeout, ClusterID: cfg.ClusterID,
-				MaxConnections: cfg.MaxConnectionsPerPod,
-				DNS:            resolver,
+				MaxConnections: cfg.MaxConnectionsPerPod, OriginalSource: !cfg.NoOriginalSource,
+				DNS: resolver,
 			})
 			if err != nil {
 				creds.Release()

@@ -27,6 +27,9 @@ const (
 	kindNamespace     = "Namespace"
 	kindGateway       = "Gateway"
 	kindPolicy        = "AuthorizationPolicy"
+	// kindSliceWorkloads marks an EndpointSlice whose endpoints that are not
+	// pods must be rebuilt (its own change, or its Service's).
+	kindSliceWorkloads = "EndpointSliceWorkloads"
 )
 
 // IndexServiceName indexes EndpointSlices by "<namespace>/<service name>".
@@ -108,6 +111,9 @@ type index struct {
 	// sliceTargets is the pods each EndpointSlice lists; podSlices the reverse.
 	sliceTargets map[string][]string
 	podSlices    map[string]map[string]struct{}
+	// sliceWorkloads is the uids of the Workloads published for each
+	// EndpointSlice's endpoints that are not pods.
+	sliceWorkloads map[string][]string
 	// bindings is the waypoint each pod or Service asks for; boundTo the reverse.
 	bindings map[objRef]string
 	boundTo  map[string]map[objRef]struct{}
@@ -117,18 +123,19 @@ type index struct {
 
 func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 	return &index{
-		cfg:          cfg.withDefaults(),
-		stores:       stores,
-		log:          log,
-		addresses:    map[string]*workloadpb.Address{},
-		authz:        map[string]*securitypb.Authorization{},
-		policies:     map[string]*policyEntry{},
-		waypoints:    map[string]*Waypoint{},
-		sliceTargets: map[string][]string{},
-		podSlices:    map[string]map[string]struct{}{},
-		bindings:     map[objRef]string{},
-		boundTo:      map[string]map[objRef]struct{}{},
-		denied:       map[objRef]string{},
+		cfg:            cfg.withDefaults(),
+		stores:         stores,
+		log:            log,
+		addresses:      map[string]*workloadpb.Address{},
+		authz:          map[string]*securitypb.Authorization{},
+		policies:       map[string]*policyEntry{},
+		waypoints:      map[string]*Waypoint{},
+		sliceTargets:   map[string][]string{},
+		podSlices:      map[string]map[string]struct{}{},
+		sliceWorkloads: map[string][]string{},
+		bindings:       map[objRef]string{},
+		boundTo:        map[string]map[objRef]struct{}{},
+		denied:         map[objRef]string{},
 	}
 }
 
@@ -170,6 +177,9 @@ func (ix *index) process(b batch) *Update {
 	}
 	for key := range b[kindService] {
 		ix.serviceChanged(key, b, u)
+	}
+	for key := range b[kindSliceWorkloads] {
+		ix.sliceWorkloadsChanged(key, u)
 	}
 	for key := range b[kindPod] {
 		ix.podChanged(key, u)
@@ -331,6 +341,7 @@ func mapsEqual(a, b map[string]string) bool {
 }
 
 func (ix *index) sliceChanged(key string, b batch) {
+	b.add(kindSliceWorkloads, key)
 	slice := getObj[discoveryv1.EndpointSlice](ix.stores.EndpointSlices, key)
 	var targets []string
 	if slice != nil {
@@ -393,11 +404,45 @@ func (ix *index) serviceChanged(key string, b batch, u *Update) {
 	if ix.stores.EndpointSlices != nil {
 		slicesOf, _ := ix.stores.EndpointSlices.ByIndex(IndexServiceName, key)
 		for _, s := range slicesOf {
+			b.add(kindSliceWorkloads, keyOf(s))
 			for _, pod := range ix.sliceTargets[keyOf(s)] {
 				b.add(kindPod, pod)
 			}
 		}
 	}
+}
+
+// sliceWorkloadsChanged publishes the Workloads of a slice's endpoints that
+// are not pods, and removes those it no longer has.
+func (ix *index) sliceWorkloadsChanged(key string, u *Update) {
+	var ws []*workloadpb.Workload
+	if slice := getObj[discoveryv1.EndpointSlice](ix.stores.EndpointSlices, key); slice != nil {
+		if name := slice.Labels[discoveryv1.LabelServiceName]; name != "" {
+			svc := getObj[corev1.Service](ix.stores.Services, slice.Namespace+"/"+name)
+			ws = ix.cfg.SliceWorkloads(svc, slice)
+		}
+	}
+	uids := make([]string, 0, len(ws))
+	now := make(map[string]bool, len(ws))
+	for _, w := range ws {
+		uids = append(uids, w.GetUid())
+		now[w.GetUid()] = true
+		publishAddress(ix, w.GetUid(), w, u, wrapWorkload)
+	}
+	for _, old := range ix.sliceWorkloads[key] {
+		if !now[old] {
+			publishAddress(ix, old, (*workloadpb.Workload)(nil), u, wrapWorkload)
+		}
+	}
+	if len(uids) == 0 {
+		delete(ix.sliceWorkloads, key)
+	} else {
+		ix.sliceWorkloads[key] = uids
+	}
+}
+
+func wrapWorkload(w *workloadpb.Workload) *workloadpb.Address {
+	return &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}}
 }
 
 func (ix *index) podChanged(key string, u *Update) {
@@ -419,9 +464,7 @@ func (ix *index) podChanged(key string, u *Update) {
 	} else {
 		ix.unbind(ref)
 	}
-	publishAddress(ix, uid, res, u, func(w *workloadpb.Workload) *workloadpb.Address {
-		return &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: w}}
-	})
+	publishAddress(ix, uid, res, u, wrapWorkload)
 }
 
 // publishAddress records a computed resource (nil: none) under name and adds

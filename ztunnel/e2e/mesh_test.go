@@ -120,6 +120,10 @@ func TestPodToPodOverHBONE(t *testing.T) {
 		if r.Response == nil || r.Response.Pod != remote.Name {
 			t.Errorf("answer %+v, want one from %s", r, remote.Name)
 		}
+		// The server's ztunnel keeps the client's address (ENABLE_ORIG_SRC).
+		if r.Response != nil && peerIP(r.Response.Peer) != client.Status.PodIP {
+			t.Errorf("the server saw the connection from %s, want the client's address %s", r.Response.Peer, client.Status.PodIP)
+		}
 	}
 	m := ztunnelMetrics(t, c, remote.Spec.NodeName)
 	want := fmt.Sprintf(`source_principal="spiffe://cluster.local/ns/zt-hbone/sa/%s"`, client.Spec.ServiceAccountName)

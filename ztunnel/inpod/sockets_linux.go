@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -16,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weftmesh/weft/internal/netns"
+	"github.com/weftmesh/weft/ztunnel/proxy"
 )
 
 // Mark is the packet mark on every socket ztunnel opens in a pod, which the
@@ -67,17 +69,74 @@ func (s Sockets) DialNetwork(ctx context.Context, network string, dst netip.Addr
 	return c, err
 }
 
-// Dial connects to dst from inside the pod. The thread stays in the pod's
-// namespace only while the socket is made and connected.
-func (s Sockets) Dial(ctx context.Context, dst, _ netip.AddrPort) (net.Conn, error) {
+// Dial connects to dst from inside the pod. With src valid, the socket is
+// IP_TRANSPARENT and bound to src's address (its port is left to the
+// kernel), so the app sees the original client's address: the pod's rules
+// mark the connection (0x539 → connmark 0x111) and route the app's replies
+// back to this socket. The thread stays in the pod's namespace only while
+// the socket is made and connected.
+func (s Sockets) Dial(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error) {
+	d := net.Dialer{Control: control(false)}
+	if src.Addr().IsValid() {
+		a := src.Addr().Unmap()
+		if a.Is4() != dst.Addr().Unmap().Is4() {
+			return nil, fmt.Errorf("%w: %s and %s are of different families", proxy.ErrSourceNotBound, a, dst.Addr())
+		}
+		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, 0))
+		d.Control = transparentControl(a.Is4())
+	}
 	var c net.Conn
 	err := s.NS.Do(func() error {
-		d := net.Dialer{Control: control(false)}
 		var err error
 		c, err = d.DialContext(ctx, "tcp", dst.String())
 		return err
 	})
+	if err != nil && d.LocalAddr != nil && bindRefused(err) {
+		err = fmt.Errorf("%w: %w", proxy.ErrSourceNotBound, err)
+	}
 	return c, err
+}
+
+// bindRefused reports whether a dial failed making or binding its socket,
+// before any packet left: what a retry without the source address fixes.
+func bindRefused(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		var se *os.SyscallError
+		if errors.As(err, &se) {
+			switch se.Syscall {
+			case "setsockopt", "bind":
+				return true
+			}
+		}
+	}
+	return errors.Is(err, unix.EADDRNOTAVAIL)
+}
+
+// transparentControl sets the mark and IP_TRANSPARENT, which lets the
+// socket bind an address the pod does not have (CAP_NET_ADMIN).
+func transparentControl(v4 bool) func(network, address string, c syscall.RawConn) error {
+	mark := control(false)
+	return func(network, address string, c syscall.RawConn) error {
+		if err := mark(network, address, c); err != nil {
+			return err
+		}
+		var serr error
+		err := c.Control(func(fd uintptr) {
+			if v4 {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+			} else {
+				serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+			}
+			if serr != nil {
+				serr = os.NewSyscallError("setsockopt", fmt.Errorf("IP_TRANSPARENT (needs CAP_NET_ADMIN): %w", serr))
+			}
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}
 }
 
 // control sets the mark (and SO_REUSEPORT on listeners).

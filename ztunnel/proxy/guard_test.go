@@ -30,6 +30,9 @@ type testSockets struct {
 	loopSockets
 	dials atomic.Int64
 	wrap  func(port uint16, ln net.Listener) net.Listener
+	// refuseSource fails every dial from a given source, as a kernel
+	// that refuses IP_TRANSPARENT would.
+	refuseSource bool
 }
 
 const maxDials = 50
@@ -45,6 +48,9 @@ func (s *testSockets) Listen(ctx context.Context, addr netip.AddrPort) (net.List
 func (s *testSockets) Dial(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error) {
 	if s.dials.Add(1) > maxDials {
 		return nil, errors.New("test: too many dials (a loop?)")
+	}
+	if s.refuseSource && src.Addr().IsValid() {
+		return nil, fmt.Errorf("dial tcp %s: %w: setsockopt: operation not permitted", dst, ErrSourceNotBound)
 	}
 	return s.loopSockets.Dial(ctx, dst, src)
 }

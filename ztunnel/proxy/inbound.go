@@ -64,7 +64,7 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 	}
 	defer p.in.release()
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ConnectTimeout)
-	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
+	up, err := p.dialApp(ctx, dst, srcAddr)
 	cancel()
 	if err != nil {
 		lbl.flags = "CONNECT"
@@ -119,7 +119,7 @@ func (p *Pod) servePlaintext(c net.Conn) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
-	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
+	up, err := p.dialApp(ctx, dst, src)
 	cancel()
 	if err != nil {
 		lbl.flags = "CONNECT"
@@ -127,6 +127,26 @@ func (p *Pod) servePlaintext(c net.Conn) {
 		return
 	}
 	p.relayPlain(lbl, c, up, start, dst, state.Route{Kind: state.Passthrough, Workload: w})
+}
+
+// dialApp connects to the app at dst, from the client's address src when
+// the pod keeps original sources and src is of dst's family (a tunnel may
+// cross families). When the kernel refuses that address the connection is
+// made from the pod's own, counted, and logged once per process.
+func (p *Pod) dialApp(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error) {
+	if !p.cfg.OriginalSource || !src.Addr().IsValid() || src.Addr().Unmap().Is4() != dst.Addr().Unmap().Is4() {
+		return p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
+	}
+	up, err := p.cfg.Sockets.Dial(ctx, dst, netip.AddrPortFrom(src.Addr(), 0))
+	if err == nil || !errors.Is(err, ErrSourceNotBound) {
+		return up, err
+	}
+	p.cfg.Metrics.sourceFallbacks.Inc()
+	if !p.cfg.Metrics.sourceWarned.Swap(true) {
+		p.cfg.Logger.Warn("cannot keep the client's address on inbound connections; the app sees the pod's own (set ENABLE_ORIG_SRC=false to stop trying)",
+			"pod", p.cfg.Namespace+"/"+p.cfg.Name, "source", src.Addr(), "error", err)
+	}
+	return p.cfg.Sockets.Dial(ctx, dst, netip.AddrPort{})
 }
 
 func tcpAddrPort(a net.Addr) netip.AddrPort {

@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/weftmesh/weft/ztunnel/state"
@@ -14,6 +16,11 @@ type Metrics struct {
 	failed         *prometheus.CounterVec
 	open           *prometheus.GaugeVec
 	limited        prometheus.Counter
+	// sourceFallbacks counts inbound connections made from the pod's
+	// address because the client's could not be bound; sourceWarned
+	// logs the first.
+	sourceFallbacks prometheus.Counter
+	sourceWarned    atomic.Bool
 }
 
 // labelNames are Istio's ztunnel traffic labels.
@@ -46,7 +53,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Name: "weft_ztunnel_pod_connection_limit_refusals_total",
 		Help: "Connections refused because their pod had MAX_CONNECTIONS_PER_POD connections open.",
 	})
-	reg.MustRegister(m.open, m.limited)
+	m.sourceFallbacks = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "weft_ztunnel_original_source_fallbacks_total",
+		Help: "Inbound connections made to the app from the pod's own address because the kernel refused the client's (IP_TRANSPARENT).",
+	})
+	reg.MustRegister(m.open, m.limited, m.sourceFallbacks)
 	return m
 }
 

@@ -35,9 +35,15 @@ const (
 type Sockets interface {
 	// Listen listens on addr; transparent asks for IP_TRANSPARENT.
 	Listen(ctx context.Context, addr netip.AddrPort) (net.Listener, error)
-	// Dial connects to dst, from src when src is valid (best effort).
+	// Dial connects to dst, from src when src is valid. An error that
+	// wraps ErrSourceNotBound says src could not be bound and nothing was
+	// sent: a dial without it may work.
 	Dial(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error)
 }
+
+// ErrSourceNotBound is wrapped by a Sockets.Dial error when the kernel
+// refused the source address (IP_TRANSPARENT or the bind).
+var ErrSourceNotBound = errors.New("source address not bound")
 
 // OrigDstFunc returns the destination a redirected connection was sent to.
 type OrigDstFunc func(net.Conn) (netip.AddrPort, error)
@@ -91,6 +97,12 @@ type PodConfig struct {
 	// opens its sockets in the pod (required with DNS).
 	DNS        *dnsproxy.Resolver
 	DNSSockets dnsproxy.Sockets
+	// OriginalSource connects inbound traffic to the app from the client's
+	// address (15006 and 15008), as Istio's ztunnel does, instead of from
+	// the pod's own; where the kernel refuses, the connection is made from
+	// the pod's address, logged once per process and counted. Default false
+	// here; ztunnel turns it on unless ENABLE_ORIG_SRC=false.
+	OriginalSource bool
 
 	// loopbackPods lets this package's tests run pods on 127.0.0.x: those
 	// addresses (but 127.0.0.1) count as ordinary ones.

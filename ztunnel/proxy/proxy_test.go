@@ -29,15 +29,19 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // loopSockets stands in for a pod's netns on loopback: the pod's IP is a
-// 127.0.0.x address, listeners bind it, upstream connections leave from it.
+// 127.0.0.x address, listeners bind it, upstream connections leave from it
+// (or from src, when given: every 127.0.0.x is local).
 type loopSockets struct{ ip netip.Addr }
 
 func (s loopSockets) Listen(_ context.Context, addr netip.AddrPort) (net.Listener, error) {
 	return net.Listen("tcp", netip.AddrPortFrom(s.ip, addr.Port()).String())
 }
 
-func (s loopSockets) Dial(ctx context.Context, dst, _ netip.AddrPort) (net.Conn, error) {
+func (s loopSockets) Dial(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error) {
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: s.ip.AsSlice()}}
+	if src.Addr().IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(src)
+	}
 	return d.DialContext(ctx, "tcp", dst.String())
 }
 

@@ -23,10 +23,15 @@ type Workload struct {
 	IPs       []netip.Addr
 	Identity  spiffe.Identity
 	// HBONE reports that the workload's ztunnel terminates HBONE on 15008.
-	HBONE    bool
-	Waypoint *Gateway
-	Healthy  bool
-	Locality Locality
+	HBONE bool
+	// HostNetwork marks a shared address (a host-network pod, an
+	// EndpointSlice endpoint that is not a pod): reached as a Service's
+	// endpoint, never looked up by IP or name, so that it cannot stand in
+	// for the pod that holds the same IP.
+	HostNetwork bool
+	Waypoint    *Gateway
+	Healthy     bool
+	Locality    Locality
 	// Services maps "namespace/hostname" to service port -> target port.
 	Services map[string]map[uint32]uint32
 	// Policies are the "namespace/name" keys of workload-selector policies.
@@ -118,6 +123,7 @@ func ConvertWorkload(w *workloadpb.Workload) (*Workload, error) {
 		Namespace:     w.GetNamespace(),
 		Node:          w.GetNode(),
 		HBONE:         w.GetTunnelProtocol() == workloadpb.TunnelProtocol_HBONE,
+		HostNetwork:   w.GetNetworkMode() == workloadpb.NetworkMode_HOST_NETWORK,
 		Healthy:       w.GetStatus() == workloadpb.WorkloadStatus_HEALTHY,
 		CanonicalName: w.GetCanonicalName(),
 		CanonicalRev:  w.GetCanonicalRevision(),

@@ -210,9 +210,11 @@ func (s *Store) insertWorkloadLocked(w *Workload) {
 		}
 	}
 	s.workloads[w.UID] = w
-	s.byName[w.Namespace+"/"+w.Name] = w
-	for _, ip := range w.IPs {
-		s.byIP[ip] = w
+	if !w.HostNetwork {
+		s.byName[w.Namespace+"/"+w.Name] = w
+		for _, ip := range w.IPs {
+			s.byIP[ip] = w
+		}
 	}
 	for svc := range w.Services {
 		if s.endpoints[svc] == nil {

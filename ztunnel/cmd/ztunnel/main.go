@@ -87,6 +87,13 @@ func configFromEnv() (ztunnel.Config, error) {
 		}
 		cfg.MaxConnectionsPerPod = n
 	}
+	if v := os.Getenv("ENABLE_ORIG_SRC"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return cfg, fmt.Errorf("ENABLE_ORIG_SRC=%q: %w", v, err)
+		}
+		cfg.NoOriginalSource = !on
+	}
 	if cfg.XDSAddress == "" {
 		// The control plane's Service, from the variables Kubernetes injects
 		// into pods of the same namespace (there may be no cluster DNS).

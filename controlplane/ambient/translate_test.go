@@ -438,7 +438,9 @@ func FuzzWorkload(f *testing.F) {
 		if w == nil {
 			return
 		}
-		if w.GetUid() != PodUID("Kubernetes", p.Namespace, p.Name) || len(w.GetAddresses()) == 0 || w.GetServiceAccount() == "" {
+		// A pod's identity is its service account, never a default one (a
+		// mirror pod or a pod without one has none).
+		if w.GetUid() != PodUID("Kubernetes", p.Namespace, p.Name) || len(w.GetAddresses()) == 0 || w.GetServiceAccount() != ServiceAccount(&p) {
 			t.Fatalf("malformed workload %v", w)
 		}
 		for _, a := range w.GetAddresses() {

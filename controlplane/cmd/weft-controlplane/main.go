@@ -12,7 +12,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +24,7 @@ import (
 
 	"github.com/weftmesh/weft/controlplane"
 	"github.com/weftmesh/weft/controlplane/ca"
+	"github.com/weftmesh/weft/internal/envflag"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -101,94 +101,44 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	var cfg controlplane.Config
 	var opts options
 	fs := flag.NewFlagSet("weft-controlplane", flag.ContinueOnError)
-	env := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
-	var errs []error
-	envDur := func(name string, def time.Duration) time.Duration {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return d
-	}
-	envInt := func(name string, def int) int {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return n
-	}
-	envFloat := func(name string, def float64) float64 {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return f
-	}
-	envBool := func(name string, def bool) bool {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return b
-	}
+	e := envflag.New(getenv)
 	var trusted, extraDNS string
 	var xdsAuth, waypoints bool
-	fs.StringVar(&cfg.Namespace, "namespace", env("POD_NAMESPACE", ""), "release namespace (env POD_NAMESPACE)")
-	fs.StringVar(&cfg.ServiceName, "service-name", env("SERVICE_NAME", "weft-controlplane"), "the control plane's Service, named in its certificate (env SERVICE_NAME)")
-	fs.StringVar(&extraDNS, "extra-dns-names", env("EXTRA_DNS_NAMES", ""), "comma-separated extra DNS names for the serving certificate (env EXTRA_DNS_NAMES)")
-	fs.StringVar(&cfg.TrustDomain, "trust-domain", env("TRUST_DOMAIN", "cluster.local"), "SPIFFE trust domain (env TRUST_DOMAIN)")
-	fs.StringVar(&cfg.ClusterID, "cluster-id", env("CLUSTER_ID", "Kubernetes"), "cluster name in workload uids (env CLUSTER_ID)")
-	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", env("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Service hostnames (env CLUSTER_DOMAIN)")
-	fs.StringVar(&cfg.Network, "network", env("NETWORK", ""), "network of every workload (env NETWORK)")
-	fs.StringVar(&cfg.RootNamespace, "root-namespace", env("ROOT_NAMESPACE", ""), "namespace of mesh-wide policies; default the release namespace (env ROOT_NAMESPACE)")
-	fs.StringVar(&cfg.PathNormalization, "path-normalization", env("PATH_NORMALIZATION", "BASE"), "how waypoints normalize request paths before policy and routing: NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES (env PATH_NORMALIZATION)")
-	fs.StringVar(&trusted, "trusted-node-accounts", env("CA_TRUSTED_NODE_ACCOUNTS", ""), "comma-separated <namespace>/<service account> of node proxies (they may request their pods' identities and are the only callers served workload discovery); default <namespace>/ztunnel (env CA_TRUSTED_NODE_ACCOUNTS)")
-	fs.StringVar(&cfg.TokenAudience, "token-audience", env("TOKEN_AUDIENCE", "istio-ca"), "audience of callers' tokens (env TOKEN_AUDIENCE)")
-	fs.DurationVar(&cfg.TokenReviewCacheTTL, "token-review-cache", envDur("TOKEN_REVIEW_CACHE", 10*time.Second), "reuse a TokenReview for the same token this long; negative disables (env TOKEN_REVIEW_CACHE)")
-	fs.DurationVar(&cfg.TokenReviewFailureCacheTTL, "token-review-failure-cache", envDur("TOKEN_REVIEW_FAILURE_CACHE", 5*time.Second), "refuse a token the API refused again for this long without asking; negative disables (env TOKEN_REVIEW_FAILURE_CACHE)")
+	fs.StringVar(&cfg.Namespace, "namespace", e.String("POD_NAMESPACE", ""), "release namespace (env POD_NAMESPACE)")
+	fs.StringVar(&cfg.ServiceName, "service-name", e.String("SERVICE_NAME", "weft-controlplane"), "the control plane's Service, named in its certificate (env SERVICE_NAME)")
+	fs.StringVar(&extraDNS, "extra-dns-names", e.String("EXTRA_DNS_NAMES", ""), "comma-separated extra DNS names for the serving certificate (env EXTRA_DNS_NAMES)")
+	fs.StringVar(&cfg.TrustDomain, "trust-domain", e.String("TRUST_DOMAIN", "cluster.local"), "SPIFFE trust domain (env TRUST_DOMAIN)")
+	fs.StringVar(&cfg.ClusterID, "cluster-id", e.String("CLUSTER_ID", "Kubernetes"), "cluster name in workload uids (env CLUSTER_ID)")
+	fs.StringVar(&cfg.ClusterDomain, "cluster-domain", e.String("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Service hostnames (env CLUSTER_DOMAIN)")
+	fs.StringVar(&cfg.Network, "network", e.String("NETWORK", ""), "network of every workload (env NETWORK)")
+	fs.StringVar(&cfg.RootNamespace, "root-namespace", e.String("ROOT_NAMESPACE", ""), "namespace of mesh-wide policies; default the release namespace (env ROOT_NAMESPACE)")
+	fs.StringVar(&cfg.PathNormalization, "path-normalization", e.String("PATH_NORMALIZATION", "BASE"), "how waypoints normalize request paths before policy and routing: NONE, BASE, MERGE_SLASHES or DECODE_AND_MERGE_SLASHES (env PATH_NORMALIZATION)")
+	fs.StringVar(&trusted, "trusted-node-accounts", e.String("CA_TRUSTED_NODE_ACCOUNTS", ""), "comma-separated <namespace>/<service account> of node proxies (they may request their pods' identities and are the only callers served workload discovery); default <namespace>/ztunnel (env CA_TRUSTED_NODE_ACCOUNTS)")
+	fs.StringVar(&cfg.TokenAudience, "token-audience", e.String("TOKEN_AUDIENCE", "istio-ca"), "audience of callers' tokens (env TOKEN_AUDIENCE)")
+	fs.DurationVar(&cfg.TokenReviewCacheTTL, "token-review-cache", e.Duration("TOKEN_REVIEW_CACHE", 10*time.Second), "reuse a TokenReview for the same token this long; negative disables (env TOKEN_REVIEW_CACHE)")
+	fs.DurationVar(&cfg.TokenReviewFailureCacheTTL, "token-review-failure-cache", e.Duration("TOKEN_REVIEW_FAILURE_CACHE", 5*time.Second), "refuse a token the API refused again for this long without asking; negative disables (env TOKEN_REVIEW_FAILURE_CACHE)")
 	lim := &cfg.CALimits
-	fs.IntVar(&lim.MaxInFlight, "ca-max-in-flight", envInt("CA_MAX_IN_FLIGHT", ca.DefaultMaxInFlight), "certificate requests in progress at once; -1: no limit (env CA_MAX_IN_FLIGHT)")
-	fs.Float64Var(&lim.Rate, "ca-rate", envFloat("CA_RATE", ca.DefaultRate), "certificate requests per second; -1: no limit (env CA_RATE)")
-	fs.IntVar(&lim.Burst, "ca-burst", envInt("CA_BURST", ca.DefaultBurst), "certificate requests at once above the rate (env CA_BURST)")
-	fs.IntVar(&lim.PerCallerMaxInFlight, "ca-caller-max-in-flight", envInt("CA_CALLER_MAX_IN_FLIGHT", ca.DefaultPerCallerMaxInFlight), "one caller pod's certificate requests in progress; -1: no limit (env CA_CALLER_MAX_IN_FLIGHT)")
-	fs.Float64Var(&lim.PerCallerRate, "ca-caller-rate", envFloat("CA_CALLER_RATE", ca.DefaultPerCallerRate), "one caller pod's certificate requests per second; -1: no limit (env CA_CALLER_RATE)")
-	fs.IntVar(&lim.PerCallerBurst, "ca-caller-burst", envInt("CA_CALLER_BURST", ca.DefaultPerCallerBurst), "one caller pod's burst above its rate (env CA_CALLER_BURST)")
-	fs.BoolVar(&xdsAuth, "xds-auth", envBool("XDS_AUTH", true), "require a token on TLS xDS streams (env XDS_AUTH)")
-	fs.DurationVar(&cfg.DefaultCertTTL, "default-cert-ttl", envDur("DEFAULT_WORKLOAD_CERT_TTL", 24*time.Hour), "workload certificate lifetime when none is asked (env DEFAULT_WORKLOAD_CERT_TTL)")
-	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", envDur("MAX_WORKLOAD_CERT_TTL", spiffe.DefaultMaxCertTTL), "longest workload certificate, at most 90 days (env MAX_WORKLOAD_CERT_TTL)")
-	fs.StringVar(&cfg.CASecret, "ca-secret", env("CA_SECRET", "istio-ca-secret"), "Secret of the self-signed root (env CA_SECRET)")
-	fs.StringVar(&cfg.PluginCASecret, "plugin-ca-secret", env("PLUGIN_CA_SECRET", "cacerts"), "Secret of a user-supplied CA, used when it exists (env PLUGIN_CA_SECRET)")
-	fs.StringVar(&cfg.SecureAddr, "secure-addr", env("SECURE_ADDR", ":15012"), "CA and xDS over TLS (env SECURE_ADDR)")
-	fs.StringVar(&cfg.PlaintextAddr, "plaintext-addr", env("PLAINTEXT_ADDR", ""), "plaintext xDS, e.g. :15010; empty disables (env PLAINTEXT_ADDR)")
-	fs.StringVar(&cfg.MonitorAddr, "monitor-addr", env("MONITOR_ADDR", ":15014"), "/ready, /metrics, /debug (env MONITOR_ADDR)")
-	fs.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", envDur("PILOT_DEBOUNCE_AFTER", 10*time.Millisecond), "push once no change arrived for this long (env PILOT_DEBOUNCE_AFTER)")
-	fs.DurationVar(&cfg.DebounceMax, "debounce-max", envDur("PILOT_DEBOUNCE_MAX", 100*time.Millisecond), "push at most this long after a change (env PILOT_DEBOUNCE_MAX)")
-	fs.BoolVar(&waypoints, "waypoints", envBool("PILOT_ENABLE_AMBIENT_WAYPOINTS", true), "watch Gateways for waypoints (env PILOT_ENABLE_AMBIENT_WAYPOINTS)")
-	fs.StringVar(&cfg.WaypointImage, "waypoint-image", env("WEFT_WAYPOINT_IMAGE", ""), "image of the waypoints to deploy for Gateways of class istio-waypoint; empty deploys none (env WEFT_WAYPOINT_IMAGE)")
-	fs.StringVar(&opts.kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig; default the in-cluster configuration (env KUBECONFIG)")
-	fs.StringVar(&opts.logFormat, "log-format", env("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
-	fs.StringVar(&opts.logLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	fs.IntVar(&lim.MaxInFlight, "ca-max-in-flight", e.Int("CA_MAX_IN_FLIGHT", ca.DefaultMaxInFlight), "certificate requests in progress at once; -1: no limit (env CA_MAX_IN_FLIGHT)")
+	fs.Float64Var(&lim.Rate, "ca-rate", e.Float("CA_RATE", ca.DefaultRate), "certificate requests per second; -1: no limit (env CA_RATE)")
+	fs.IntVar(&lim.Burst, "ca-burst", e.Int("CA_BURST", ca.DefaultBurst), "certificate requests at once above the rate (env CA_BURST)")
+	fs.IntVar(&lim.PerCallerMaxInFlight, "ca-caller-max-in-flight", e.Int("CA_CALLER_MAX_IN_FLIGHT", ca.DefaultPerCallerMaxInFlight), "one caller pod's certificate requests in progress; -1: no limit (env CA_CALLER_MAX_IN_FLIGHT)")
+	fs.Float64Var(&lim.PerCallerRate, "ca-caller-rate", e.Float("CA_CALLER_RATE", ca.DefaultPerCallerRate), "one caller pod's certificate requests per second; -1: no limit (env CA_CALLER_RATE)")
+	fs.IntVar(&lim.PerCallerBurst, "ca-caller-burst", e.Int("CA_CALLER_BURST", ca.DefaultPerCallerBurst), "one caller pod's burst above its rate (env CA_CALLER_BURST)")
+	fs.BoolVar(&xdsAuth, "xds-auth", e.Bool("XDS_AUTH", true), "require a token on TLS xDS streams (env XDS_AUTH)")
+	fs.DurationVar(&cfg.DefaultCertTTL, "default-cert-ttl", e.Duration("DEFAULT_WORKLOAD_CERT_TTL", 24*time.Hour), "workload certificate lifetime when none is asked (env DEFAULT_WORKLOAD_CERT_TTL)")
+	fs.DurationVar(&cfg.MaxCertTTL, "max-cert-ttl", e.Duration("MAX_WORKLOAD_CERT_TTL", spiffe.DefaultMaxCertTTL), "longest workload certificate, at most 90 days (env MAX_WORKLOAD_CERT_TTL)")
+	fs.StringVar(&cfg.CASecret, "ca-secret", e.String("CA_SECRET", "istio-ca-secret"), "Secret of the self-signed root (env CA_SECRET)")
+	fs.StringVar(&cfg.PluginCASecret, "plugin-ca-secret", e.String("PLUGIN_CA_SECRET", "cacerts"), "Secret of a user-supplied CA, used when it exists (env PLUGIN_CA_SECRET)")
+	fs.StringVar(&cfg.SecureAddr, "secure-addr", e.String("SECURE_ADDR", ":15012"), "CA and xDS over TLS (env SECURE_ADDR)")
+	fs.StringVar(&cfg.PlaintextAddr, "plaintext-addr", e.String("PLAINTEXT_ADDR", ""), "plaintext xDS, e.g. :15010; empty disables (env PLAINTEXT_ADDR)")
+	fs.StringVar(&cfg.MonitorAddr, "monitor-addr", e.String("MONITOR_ADDR", ":15014"), "/ready, /metrics, /debug (env MONITOR_ADDR)")
+	fs.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", e.Duration("PILOT_DEBOUNCE_AFTER", 10*time.Millisecond), "push once no change arrived for this long (env PILOT_DEBOUNCE_AFTER)")
+	fs.DurationVar(&cfg.DebounceMax, "debounce-max", e.Duration("PILOT_DEBOUNCE_MAX", 100*time.Millisecond), "push at most this long after a change (env PILOT_DEBOUNCE_MAX)")
+	fs.BoolVar(&waypoints, "waypoints", e.Bool("PILOT_ENABLE_AMBIENT_WAYPOINTS", true), "watch Gateways for waypoints (env PILOT_ENABLE_AMBIENT_WAYPOINTS)")
+	fs.StringVar(&cfg.WaypointImage, "waypoint-image", e.String("WEFT_WAYPOINT_IMAGE", ""), "image of the waypoints to deploy for Gateways of class istio-waypoint; empty deploys none (env WEFT_WAYPOINT_IMAGE)")
+	fs.StringVar(&opts.kubeconfig, "kubeconfig", e.String("KUBECONFIG", ""), "kubeconfig; default the in-cluster configuration (env KUBECONFIG)")
+	fs.StringVar(&opts.logFormat, "log-format", e.String("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
+	fs.StringVar(&opts.logLevel, "log-level", e.String("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
 	fs.Float64Var(&opts.qps, "kube-qps", 50, "API request rate")
 	fs.IntVar(&opts.burst, "kube-burst", 100, "API request burst")
 	if err := fs.Parse(args); err != nil {
@@ -197,8 +147,8 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	if fs.NArg() > 0 {
 		return cfg, opts, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	if len(errs) > 0 {
-		return cfg, opts, errs[0]
+	if err := e.Err(); err != nil {
+		return cfg, opts, err
 	}
 	cfg.TrustedNodeAccounts = splitList(trusted)
 	cfg.ExtraDNSNames = splitList(extraDNS)

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -33,6 +32,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
+	"github.com/weftmesh/weft/internal/envflag"
 	"github.com/weftmesh/weft/webhook"
 	"github.com/weftmesh/weft/webhook/admit"
 	"github.com/weftmesh/weft/webhook/audit"
@@ -162,81 +162,43 @@ func (c *Config) Validate() error {
 
 // parse reads flags, with defaults from the environment, into a Config.
 func parse(args []string, getenv func(string) string) (Config, error) {
-	env := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
+	e := envflag.New(getenv)
 	var errs []error
-	envDur := func(name string, def time.Duration) time.Duration {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return d
-	}
-	envInt := func(name string, def int) int {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return n
-	}
-	envFloat := func(name string, def float64) float64 {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: %w", name, v, err))
-		}
-		return f
-	}
 	var c Config
 	var maxMB, inflightMB int
 	var clientNames string
 	hostname, _ := os.Hostname()
 	fs := flag.NewFlagSet("weft-webhook", flag.ContinueOnError)
-	fs.StringVar(&c.Addr, "addr", env("ADDR", webhook.DefaultAddr), "admission listener, HTTPS (env ADDR)")
-	fs.StringVar(&c.MonitoringAddr, "monitoring-addr", env("MONITORING_ADDR", webhook.DefaultMonitoringAddr), "metrics and readiness listener, HTTP (env MONITORING_ADDR)")
-	fs.StringVar(&c.Namespace, "namespace", env("POD_NAMESPACE", ""), "the webhook's namespace (env POD_NAMESPACE)")
-	fs.StringVar(&c.PodName, "pod-name", env("POD_NAME", hostname), "this replica's name in audit records (env POD_NAME)")
-	fs.StringVar(&c.ServiceName, "service-name", env("SERVICE_NAME", ""), "the webhook's Service (env SERVICE_NAME)")
-	fs.StringVar(&c.ClusterDomain, "cluster-domain", env("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Services (env CLUSTER_DOMAIN)")
-	fs.StringVar(&c.ValidatingConfiguration, "validating-configuration", env("VALIDATING_CONFIGURATION", ""), "ValidatingWebhookConfiguration to patch (env VALIDATING_CONFIGURATION)")
-	fs.StringVar(&c.MutatingConfiguration, "mutating-configuration", env("MUTATING_CONFIGURATION", ""), "MutatingWebhookConfiguration to patch (env MUTATING_CONFIGURATION)")
-	fs.StringVar(&c.FailurePolicy, "failure-policy", env("FAILURE_POLICY", "Fail"), "failurePolicy once the webhook has proven it rejects: Fail or Ignore (env FAILURE_POLICY)")
-	fs.StringVar(&c.SelfCheckWebhook, "self-check-webhook", env("SELF_CHECK_WEBHOOK", "labels.validation.weft.dev"), "validating webhook that must deny the self-check (env SELF_CHECK_WEBHOOK)")
-	fs.StringVar(&c.CertMode, "cert-mode", env("CERT_MODE", "self"), "serving certificate: self (managed) or secret (user-supplied) (env CERT_MODE)")
-	fs.StringVar(&c.CertSecret, "cert-secret", env("CERT_SECRET", ""), "Secret holding the serving certificate (env CERT_SECRET)")
-	fs.DurationVar(&c.CertValidity, "cert-validity", envDur("CERT_VALIDITY", servingcert.DefaultCertValidity), "lifetime of a self-managed serving certificate (env CERT_VALIDITY)")
-	fs.DurationVar(&c.CAValidity, "ca-validity", envDur("CA_VALIDITY", servingcert.DefaultCAValidity), "lifetime of a self-managed CA (env CA_VALIDITY)")
-	fs.StringVar(&c.AuditSink, "audit-sink", env("AUDIT_SINK", "stdout"), "audit log: stdout or file (env AUDIT_SINK)")
-	fs.StringVar(&c.AuditFile, "audit-file", env("AUDIT_FILE", "/var/log/weft/audit.log"), "audit log file for --audit-sink=file (env AUDIT_FILE)")
-	fs.IntVar(&maxMB, "audit-max-size-mb", envInt("AUDIT_MAX_SIZE_MB", 100), "rotate the audit file at this size (env AUDIT_MAX_SIZE_MB)")
-	fs.IntVar(&c.AuditMaxBackups, "audit-max-backups", envInt("AUDIT_MAX_BACKUPS", audit.DefaultMaxBackups), "rotated audit files kept (env AUDIT_MAX_BACKUPS)")
-	fs.StringVar(&c.RootNamespace, "root-namespace", env("ROOT_NAMESPACE", ""), "mesh root namespace; default --namespace (env ROOT_NAMESPACE)")
-	fs.StringVar(&c.WaypointUserRole, "waypoint-user-role", env("WAYPOINT_USER_ROLE", "weft-waypoint-user"), "ClusterRole granting use on gateways, for messages (env WAYPOINT_USER_ROLE)")
-	fs.StringVar(&c.LogFormat, "log-format", env("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
-	fs.StringVar(&c.LogLevel, "log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig outside a cluster; default in-cluster (env KUBECONFIG)")
-	fs.IntVar(&c.MaxConcurrentReviews, "max-concurrent-reviews", envInt("MAX_CONCURRENT_REVIEWS", webhook.DefaultMaxConcurrentReviews), "admission requests handled at once; more get 429 (env MAX_CONCURRENT_REVIEWS)")
-	fs.IntVar(&inflightMB, "max-inflight-mb", envInt("MAX_INFLIGHT_MB", webhook.DefaultInflightBodies*webhook.DefaultMaxBodyBytes>>20), "MiB of request bodies handled at once; more get 429 (env MAX_INFLIGHT_MB)")
-	fs.StringVar(&c.ClientAuth, "client-auth", env("CLIENT_AUTH", string(webhook.ClientAuthNone)), "client certificates: none, if-given or require (env CLIENT_AUTH)")
-	fs.StringVar(&c.ClientCAFile, "client-ca-file", env("CLIENT_CA_FILE", ""), "PEM CAs of accepted client certificates (env CLIENT_CA_FILE)")
-	fs.StringVar(&clientNames, "client-names", env("CLIENT_NAMES", ""), "comma-separated names (CN or DNS SAN) a client certificate must carry one of; empty: any (env CLIENT_NAMES)")
-	fs.Float64Var(&c.UnauthenticatedSARRate, "unauthenticated-sar-rate", envFloat("UNAUTHENTICATED_SAR_RATE", webhook.DefaultUnauthenticatedReviewsPerSecond), "SubjectAccessReviews per second for unauthenticated callers (env UNAUTHENTICATED_SAR_RATE)")
-	fs.IntVar(&c.UnauthenticatedSARBurst, "unauthenticated-sar-burst", envInt("UNAUTHENTICATED_SAR_BURST", webhook.DefaultUnauthenticatedReviewBurst), "burst of SubjectAccessReviews for unauthenticated callers (env UNAUTHENTICATED_SAR_BURST)")
+	fs.StringVar(&c.Addr, "addr", e.String("ADDR", webhook.DefaultAddr), "admission listener, HTTPS (env ADDR)")
+	fs.StringVar(&c.MonitoringAddr, "monitoring-addr", e.String("MONITORING_ADDR", webhook.DefaultMonitoringAddr), "metrics and readiness listener, HTTP (env MONITORING_ADDR)")
+	fs.StringVar(&c.Namespace, "namespace", e.String("POD_NAMESPACE", ""), "the webhook's namespace (env POD_NAMESPACE)")
+	fs.StringVar(&c.PodName, "pod-name", e.String("POD_NAME", hostname), "this replica's name in audit records (env POD_NAME)")
+	fs.StringVar(&c.ServiceName, "service-name", e.String("SERVICE_NAME", ""), "the webhook's Service (env SERVICE_NAME)")
+	fs.StringVar(&c.ClusterDomain, "cluster-domain", e.String("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Services (env CLUSTER_DOMAIN)")
+	fs.StringVar(&c.ValidatingConfiguration, "validating-configuration", e.String("VALIDATING_CONFIGURATION", ""), "ValidatingWebhookConfiguration to patch (env VALIDATING_CONFIGURATION)")
+	fs.StringVar(&c.MutatingConfiguration, "mutating-configuration", e.String("MUTATING_CONFIGURATION", ""), "MutatingWebhookConfiguration to patch (env MUTATING_CONFIGURATION)")
+	fs.StringVar(&c.FailurePolicy, "failure-policy", e.String("FAILURE_POLICY", "Fail"), "failurePolicy once the webhook has proven it rejects: Fail or Ignore (env FAILURE_POLICY)")
+	fs.StringVar(&c.SelfCheckWebhook, "self-check-webhook", e.String("SELF_CHECK_WEBHOOK", "labels.validation.weft.dev"), "validating webhook that must deny the self-check (env SELF_CHECK_WEBHOOK)")
+	fs.StringVar(&c.CertMode, "cert-mode", e.String("CERT_MODE", "self"), "serving certificate: self (managed) or secret (user-supplied) (env CERT_MODE)")
+	fs.StringVar(&c.CertSecret, "cert-secret", e.String("CERT_SECRET", ""), "Secret holding the serving certificate (env CERT_SECRET)")
+	fs.DurationVar(&c.CertValidity, "cert-validity", e.Duration("CERT_VALIDITY", servingcert.DefaultCertValidity), "lifetime of a self-managed serving certificate (env CERT_VALIDITY)")
+	fs.DurationVar(&c.CAValidity, "ca-validity", e.Duration("CA_VALIDITY", servingcert.DefaultCAValidity), "lifetime of a self-managed CA (env CA_VALIDITY)")
+	fs.StringVar(&c.AuditSink, "audit-sink", e.String("AUDIT_SINK", "stdout"), "audit log: stdout or file (env AUDIT_SINK)")
+	fs.StringVar(&c.AuditFile, "audit-file", e.String("AUDIT_FILE", "/var/log/weft/audit.log"), "audit log file for --audit-sink=file (env AUDIT_FILE)")
+	fs.IntVar(&maxMB, "audit-max-size-mb", e.Int("AUDIT_MAX_SIZE_MB", 100), "rotate the audit file at this size (env AUDIT_MAX_SIZE_MB)")
+	fs.IntVar(&c.AuditMaxBackups, "audit-max-backups", e.Int("AUDIT_MAX_BACKUPS", audit.DefaultMaxBackups), "rotated audit files kept (env AUDIT_MAX_BACKUPS)")
+	fs.StringVar(&c.RootNamespace, "root-namespace", e.String("ROOT_NAMESPACE", ""), "mesh root namespace; default --namespace (env ROOT_NAMESPACE)")
+	fs.StringVar(&c.WaypointUserRole, "waypoint-user-role", e.String("WAYPOINT_USER_ROLE", "weft-waypoint-user"), "ClusterRole granting use on gateways, for messages (env WAYPOINT_USER_ROLE)")
+	fs.StringVar(&c.LogFormat, "log-format", e.String("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
+	fs.StringVar(&c.LogLevel, "log-level", e.String("LOG_LEVEL", "info"), "debug, info, warn or error (env LOG_LEVEL)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", e.String("KUBECONFIG", ""), "kubeconfig outside a cluster; default in-cluster (env KUBECONFIG)")
+	fs.IntVar(&c.MaxConcurrentReviews, "max-concurrent-reviews", e.Int("MAX_CONCURRENT_REVIEWS", webhook.DefaultMaxConcurrentReviews), "admission requests handled at once; more get 429 (env MAX_CONCURRENT_REVIEWS)")
+	fs.IntVar(&inflightMB, "max-inflight-mb", e.Int("MAX_INFLIGHT_MB", webhook.DefaultInflightBodies*webhook.DefaultMaxBodyBytes>>20), "MiB of request bodies handled at once; more get 429 (env MAX_INFLIGHT_MB)")
+	fs.StringVar(&c.ClientAuth, "client-auth", e.String("CLIENT_AUTH", string(webhook.ClientAuthNone)), "client certificates: none, if-given or require (env CLIENT_AUTH)")
+	fs.StringVar(&c.ClientCAFile, "client-ca-file", e.String("CLIENT_CA_FILE", ""), "PEM CAs of accepted client certificates (env CLIENT_CA_FILE)")
+	fs.StringVar(&clientNames, "client-names", e.String("CLIENT_NAMES", ""), "comma-separated names (CN or DNS SAN) a client certificate must carry one of; empty: any (env CLIENT_NAMES)")
+	fs.Float64Var(&c.UnauthenticatedSARRate, "unauthenticated-sar-rate", e.Float("UNAUTHENTICATED_SAR_RATE", webhook.DefaultUnauthenticatedReviewsPerSecond), "SubjectAccessReviews per second for unauthenticated callers (env UNAUTHENTICATED_SAR_RATE)")
+	fs.IntVar(&c.UnauthenticatedSARBurst, "unauthenticated-sar-burst", e.Int("UNAUTHENTICATED_SAR_BURST", webhook.DefaultUnauthenticatedReviewBurst), "burst of SubjectAccessReviews for unauthenticated callers (env UNAUTHENTICATED_SAR_BURST)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -253,7 +215,7 @@ func parse(args []string, getenv func(string) string) (Config, error) {
 	if c.RootNamespace == "" {
 		c.RootNamespace = c.Namespace
 	}
-	if err := errors.Join(errs...); err != nil {
+	if err := errors.Join(append(errs, e.Err())...); err != nil {
 		return c, err
 	}
 	return c, c.Validate()

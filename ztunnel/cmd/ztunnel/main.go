@@ -4,16 +4,14 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
+	"github.com/weftmesh/weft/internal/envflag"
 	"github.com/weftmesh/weft/ztunnel"
 )
 
@@ -62,37 +60,15 @@ func configFromEnv() (ztunnel.Config, error) {
 		ReadyAddr:        os.Getenv("READINESS_ADDR"),
 		ClusterDomain:    os.Getenv("CLUSTER_DOMAIN"),
 	}
-	if v := os.Getenv("DNS_PROXY"); v != "" {
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return cfg, fmt.Errorf("DNS_PROXY=%q: want true or false", v)
-		}
-		cfg.DNSProxyOff = !on
-	}
-	for env, dst := range map[string]*time.Duration{
-		"SECRET_TTL": &cfg.CertTTL, "CONNECTION_TERMINATION_DEADLINE": &cfg.DrainTimeout, "HANDOFF_TIMEOUT": &cfg.HandoffTimeout,
-	} {
-		if v := os.Getenv(env); v != "" {
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return cfg, fmt.Errorf("%s=%q: %w", env, v, err)
-			}
-			*dst = d
-		}
-	}
-	if v := os.Getenv("MAX_CONNECTIONS_PER_POD"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return cfg, fmt.Errorf("MAX_CONNECTIONS_PER_POD=%q: %w", v, err)
-		}
-		cfg.MaxConnectionsPerPod = n
-	}
-	if v := os.Getenv("ENABLE_ORIG_SRC"); v != "" {
-		on, err := strconv.ParseBool(v)
-		if err != nil {
-			return cfg, fmt.Errorf("ENABLE_ORIG_SRC=%q: %w", v, err)
-		}
-		cfg.NoOriginalSource = !on
+	e := envflag.New(os.Getenv)
+	cfg.DNSProxyOff = !e.Bool("DNS_PROXY", true)
+	cfg.CertTTL = e.Duration("SECRET_TTL", 0)
+	cfg.DrainTimeout = e.Duration("CONNECTION_TERMINATION_DEADLINE", 0)
+	cfg.HandoffTimeout = e.Duration("HANDOFF_TIMEOUT", 0)
+	cfg.MaxConnectionsPerPod = e.Int("MAX_CONNECTIONS_PER_POD", 0)
+	cfg.NoOriginalSource = !e.Bool("ENABLE_ORIG_SRC", true)
+	if err := e.Err(); err != nil {
+		return cfg, err
 	}
 	if cfg.XDSAddress == "" {
 		// The control plane's Service, from the variables Kubernetes injects

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -627,4 +628,12 @@ func (c *Cluster) InstallMesh(ctx context.Context, namespace string) error {
 		}
 	}
 	return nil
+}
+
+// AddDNSRecord makes the cluster DNS answer name (outside cluster.local)
+// with addrs, as a resolver beyond the cluster would: for tests of names
+// that only the upstream knows. Every other name outside the cluster stays
+// NXDOMAIN. The answer's TTL is the cluster DNS's own (5 s).
+func (c *Cluster) AddDNSRecord(name string, addrs ...netip.Addr) error {
+	return c.dns.add(name, addrs)
 }

@@ -62,6 +62,7 @@ type Cluster struct {
 	client     kubernetes.Interface
 	nodes      []Node
 	runners    []*node.Runner
+	dns        *dnsServer
 
 	// webhookClientCA is the PEM CA of the API server's webhook client
 	// certificate.
@@ -173,8 +174,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	if err := publishDNS(ctx, c.client, cpAddr); err != nil {
 		return nil, err
 	}
-	dns := &dnsServer{ns: c.topo.cp, addr: net.JoinHostPort(cpAddr.String(), "53"), client: c.client, log: c.log}
-	c.goBackground(bgCtx, "cluster DNS", dns.Run)
+	c.dns = &dnsServer{ns: c.topo.cp, addr: net.JoinHostPort(cpAddr.String(), "53"), client: c.client, log: c.log}
+	c.goBackground(bgCtx, "cluster DNS", c.dns.Run)
 
 	if err := c.startNodes(ctx, bgCtx, creds); err != nil {
 		return nil, err

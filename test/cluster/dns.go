@@ -37,6 +37,9 @@ var clusterDNSIP = netip.MustParseAddr("10.96.0.10")
 type dnsRecords interface {
 	service(namespace, name string) (*corev1.Service, bool)
 	endpoints(namespace, service string) []discoveryv1.Endpoint
+	// external returns the addresses registered for a name outside the
+	// domain (absolute, lower case), nil when none.
+	external(name string) []netip.Addr
 }
 
 // resolve answers a query for name (absolute, lower case): the addresses
@@ -111,11 +114,15 @@ func answer(rec dnsRecords, domain string, req []byte) ([]byte, error) {
 		rh.RCode = dnsmessage.RCodeNotImplemented
 	} else {
 		var exists, ok bool
-		addrs, exists, ok = resolve(rec, domain, strings.ToLower(q.Name.String()))
-		switch {
-		case !ok, !exists:
-			// No upstream: a name outside the cluster does not exist here,
-			// and nothing leaves the cluster.
+		name := strings.ToLower(q.Name.String())
+		addrs, exists, ok = resolve(rec, domain, name)
+		if !ok {
+			// No upstream: a name outside the cluster exists only if a
+			// test registered it, and nothing leaves the cluster.
+			addrs = rec.external(name)
+			exists = len(addrs) > 0
+		}
+		if !exists {
 			rh.RCode = dnsmessage.RCodeNameError
 		}
 	}
@@ -158,6 +165,48 @@ type dnsServer struct {
 
 	svcs   corelisters.ServiceLister
 	slices discoverylisters.EndpointSliceLister
+
+	mu    sync.Mutex              // guards the field below
+	extra map[string][]netip.Addr // absolute lower-case name -> addresses, see Cluster.AddDNSRecord
+}
+
+func (d *dnsServer) external(name string) []netip.Addr {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.extra[name]
+}
+
+// validName reports whether name (absolute) is a DNS name of non-empty
+// labels of at most 63 bytes, 253 in all (RFC 1035 section 2.3.4).
+func validName(name string) bool {
+	name = strings.TrimSuffix(name, ".")
+	if name == "" || len(name) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(name, ".") {
+		if l == "" || len(l) > 63 {
+			return false
+		}
+	}
+	return true
+}
+
+// add registers addrs for name, outside the cluster domain.
+func (d *dnsServer) add(name string, addrs []netip.Addr) error {
+	name = strings.ToLower(strings.TrimSuffix(name, ".")) + "."
+	if name == clusterDomain+"." || strings.HasSuffix(name, "."+clusterDomain+".") {
+		return fmt.Errorf("cluster DNS: %s is in the cluster domain %s; only names outside it can be added", name, clusterDomain)
+	}
+	if !validName(name) {
+		return fmt.Errorf("cluster DNS: bad name %q", name)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.extra == nil {
+		d.extra = map[string][]netip.Addr{}
+	}
+	d.extra[name] = append([]netip.Addr(nil), addrs...)
+	return nil
 }
 
 func (d *dnsServer) service(namespace, name string) (*corev1.Service, bool) {

@@ -14,6 +14,7 @@ import (
 type fakeRecords struct {
 	svcs map[string]*corev1.Service
 	eps  map[string][]discoveryv1.Endpoint
+	ext  map[string][]netip.Addr
 }
 
 func (f fakeRecords) service(ns, name string) (*corev1.Service, bool) {
@@ -22,6 +23,8 @@ func (f fakeRecords) service(ns, name string) (*corev1.Service, bool) {
 }
 
 func (f fakeRecords) endpoints(ns, svc string) []discoveryv1.Endpoint { return f.eps[ns+"/"+svc] }
+
+func (f fakeRecords) external(name string) []netip.Addr { return f.ext[name] }
 
 func TestResolve(t *testing.T) {
 	yes, no := true, false
@@ -100,6 +103,34 @@ func TestAnswer(t *testing.T) {
 	}
 	if _, err := answer(rec, "cluster.local", []byte{1, 2, 3}); err == nil {
 		t.Fatal("garbage was answered")
+	}
+	rec.ext = map[string][]netip.Addr{"upstream-only.example.": {netip.MustParseAddr("192.0.2.7")}}
+	m = query("Upstream-Only.example.", dnsmessage.TypeA)
+	if m.RCode != dnsmessage.RCodeSuccess || len(m.Answers) != 1 || m.Answers[0].Body.(*dnsmessage.AResource).A != [4]byte{192, 0, 2, 7} ||
+		m.Answers[0].Header.TTL != 5 {
+		t.Fatalf("registered outside name answered %+v", m)
+	}
+	if m := query("other.example.", dnsmessage.TypeA); m.RCode != dnsmessage.RCodeNameError {
+		t.Fatalf("unregistered outside name answered %v, want NXDOMAIN", m.RCode)
+	}
+}
+
+func TestAddDNSRecord(t *testing.T) {
+	var d dnsServer
+	a := netip.MustParseAddr("192.0.2.7")
+	for _, bad := range []string{"echo.default.svc.cluster.local", "cluster.local.", "x.CLUSTER.local", "", ".", "a..b"} {
+		if err := d.add(bad, []netip.Addr{a}); err == nil {
+			t.Errorf("add(%q) was accepted", bad)
+		}
+	}
+	if err := d.add("Upstream-Only.Example", []netip.Addr{a}); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.external("upstream-only.example."); len(got) != 1 || got[0] != a {
+		t.Fatalf("external = %v, want [%s]", got, a)
+	}
+	if got := d.external("cluster.local.example."); got != nil {
+		t.Fatalf("external of an unregistered name = %v", got)
 	}
 }
 

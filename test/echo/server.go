@@ -353,6 +353,7 @@ func (s *Server) grpcServer(ln net.Listener) *grpc.Server {
 		r.Path = echoMethod
 		return r
 	}))
+	gs.RegisterService(streamServiceDesc(), streamService{pod: s.cfg.Identity.Pod})
 	return gs
 }
 

@@ -22,6 +22,7 @@ type resolved struct {
 	Addrs                    []string
 	TTL                      uint32
 	MS                       int64
+	AtMS                     int64 `json:"at_ms"`
 }
 
 // resolveIn resolves names from a pod with its own resolv.conf (the

@@ -4,6 +4,8 @@
 //	echo [-http 8080] [-grpc 7070] [-tcp 9090]
 //	echo client [-n 10 | -every 20ms -for 30s] [-keepalive] [-timeout 5s] [-H 'Name: value'] [-json] TARGET
 //	echo resolve [-conf /etc/resolv.conf] NAME...
+//	echo stream [-mode client|server|bidi] [-n 10] grpc://host:port
+//	echo kube-list [-namespace default] [-server https://kubernetes.default.svc]
 //
 // TARGET is http://host:port/path, h2c://host:port/path, grpc://host:port or
 // tcp://host:port. -n sends requests one after the other; -every with -for
@@ -40,6 +42,10 @@ func main() {
 		err = client(ctx, os.Args[2:])
 	case len(os.Args) > 1 && os.Args[1] == "resolve":
 		err = resolve(ctx, os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "stream":
+		err = stream(ctx, os.Args[2:])
+	case len(os.Args) > 1 && os.Args[1] == "kube-list":
+		err = kubeList(ctx, os.Args[2:])
 	default:
 		err = serve(ctx, os.Args[1:])
 	}

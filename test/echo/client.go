@@ -174,9 +174,12 @@ func (c *Client) paced(ctx context.Context) []Result {
 		}
 		started++
 		wg.Add(1)
+		// The start is stamped here, in pace order, not in the goroutine,
+		// where the scheduler may swap two neighbours.
+		start := time.Now()
 		go func() {
 			defer wg.Done()
-			results[i] = c.send(ctx)
+			results[i] = c.sendAt(ctx, start)
 		}()
 	}
 	wg.Wait()
@@ -184,10 +187,12 @@ func (c *Client) paced(ctx context.Context) []Result {
 }
 
 // send makes one request.
-func (c *Client) send(ctx context.Context) Result {
+func (c *Client) send(ctx context.Context) Result { return c.sendAt(ctx, time.Now()) }
+
+// sendAt makes one request that counts as started at start.
+func (c *Client) sendAt(ctx context.Context, start time.Time) Result {
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	start := time.Now()
 	resp, conn, err := c.one(rctx)
 	r := Result{Response: resp, Duration: time.Since(start), Start: start, Conn: conn}
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -239,6 +240,29 @@ func TestHeaderRouting(t *testing.T) {
 	m := setup(t)
 	if got := byVersion(m.send(t, "/", 20, "x-canary: yes")); got["v2"] != 20 {
 		t.Errorf("x-canary: yes answered %v, want all 20 by v2", got)
+	}
+}
+
+// TestPeerIsTheWaypoint: through a waypoint, the application sees the
+// waypoint's address as its peer (the connection it accepts is the
+// waypoint's, kept as the source by the destination's ztunnel), as in
+// Istio.
+func TestPeerIsTheWaypoint(t *testing.T) {
+	m := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	wps, err := m.c.WaitPods(ctx, appNS, "gateway.networking.k8s.io/gateway-name=waypoint", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range m.send(t, "/", 5) {
+		if r.Response == nil {
+			t.Fatalf("no answer: %d %s", r.Status, r.Error)
+		}
+		host, _, err := net.SplitHostPort(r.Response.Peer)
+		if err != nil || host != wps[0].Status.PodIP {
+			t.Errorf("the application saw its peer as %q, want the waypoint's %s", r.Response.Peer, wps[0].Status.PodIP)
+		}
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -104,6 +105,29 @@ func idempotent(req *http.Request) bool {
 		return true
 	}
 	return req.Header.Get("Idempotency-Key") != "" || req.Header.Get("X-Idempotency-Key") != ""
+}
+
+// maxUnprocessedAttempts bounds the attempts of a request that HTTP/2
+// upstreams keep refusing unprocessed.
+const maxUnprocessedAttempts = 4
+
+// unprocessed reports whether an HTTP/2 round trip failed before the
+// upstream processed the request (RFC 9113 section 8.7): its stream was
+// above the last one a graceful GOAWAY kept, was refused, or the
+// connection could not take it. x/net/http2 does not export these errors;
+// its Transport retries the same ones.
+func unprocessed(err error) bool {
+	var se http2.StreamError
+	if errors.As(err, &se) {
+		return se.Code == http2.ErrCodeRefusedStream
+	}
+	switch err.Error() {
+	case "http2: Transport received Server's graceful shutdown GOAWAY",
+		"http2: client conn not usable",
+		"http2: client conn could not be established":
+		return true
+	}
+	return false
 }
 
 // recordBody makes req replayable when its body turns out to be at most
@@ -209,8 +233,13 @@ func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster st
 		}
 		l.h.active.Add(-1)
 		// A pooled connection the peer had already given up on: once more
-		// on a new one.
-		if l.reused && again && attempt == 0 && ctx.Err() == nil && rewind(req) {
+		// on a new one. A request an HTTP/2 upstream says it never
+		// processed (a graceful GOAWAY below its stream, a refused stream)
+		// goes again even on a new connection, a few times, as Go's HTTP/2
+		// Transport does: an upstream's idle close can race a fresh
+		// connection's first stream too.
+		retry := l.reused && attempt == 0 || h2 && attempt < maxUnprocessedAttempts-1 && unprocessed(err)
+		if again && retry && ctx.Err() == nil && rewind(req) {
 			w.fresh = true
 			continue
 		}

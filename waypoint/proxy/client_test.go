@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"golang.org/x/net/http2"
 )
 
 // TestWriteRequest: an upstream reads what writeRequest writes as what
@@ -207,5 +209,64 @@ func TestClosedBeforeDelivery(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUnprocessedGOAWAY: an HTTP/2 upstream that answers a request's stream
+// with a graceful GOAWAY below it (as Go's server does when its idle
+// timeout closes a connection a request is racing) has not processed the
+// request, and the error says so to x/net's client.
+func TestUnprocessedGOAWAY(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		preface := make([]byte, len(http2.ClientPreface))
+		if _, err := io.ReadFull(c, preface); err != nil {
+			return
+		}
+		fr := http2.NewFramer(c, c)
+		fr.WriteSettings()
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if _, ok := f.(*http2.HeadersFrame); ok {
+				fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+				return
+			}
+		}
+	}()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	//lint:ignore SA1019 the waypoint's HTTP/2 upstream client is x/net's (see dialHost)
+	cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	req, _ := http.NewRequest("GET", "http://svc.ns/", nil)
+	_, err = cc.RoundTrip(req)
+	if err == nil {
+		t.Fatal("a request the upstream sent GOAWAY for succeeded")
+	}
+	if !unprocessed(err) {
+		t.Errorf("unprocessed(%q) = false: the request would not go again", err)
+	}
+	if unprocessed(errors.New("http2: response body closed")) || unprocessed(http2.StreamError{Code: http2.ErrCodeInternal}) {
+		t.Error("errors after processing count as unprocessed")
+	}
+	if !unprocessed(http2.StreamError{Code: http2.ErrCodeRefusedStream}) {
+		t.Error("a refused stream does not count as unprocessed")
 	}
 }

@@ -24,7 +24,6 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
-	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/internal/apitest"
 )
 
@@ -206,8 +205,8 @@ func (a *apiCheck) checkDeployed(gw *gwv1.Gateway) {
 		if diff := cmp.Diff(owner, om.OwnerReferences); diff != "" {
 			t.Errorf("%s %s/%s owner references (-want +got):\n%s", kind, ns, name, diff)
 		}
-		if om.Labels[ambient.LabelGatewayName] != name {
-			t.Errorf("%s %s/%s labels %v, want %s=%s", kind, ns, name, om.Labels, ambient.LabelGatewayName, name)
+		if om.Labels["gateway.networking.k8s.io/gateway-name"] != name {
+			t.Errorf("%s %s/%s labels %v, want %s=%s", kind, ns, name, om.Labels, "gateway.networking.k8s.io/gateway-name", name)
 		}
 	}
 	c := container(dep)
@@ -289,12 +288,12 @@ func TestAPIServer(t *testing.T) {
 
 	// Classes exist before the deployer starts (as the chart installs ours).
 	other := a.ensureClass("other-class", "example.com/other-controller")
-	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	a.ensureClass("istio-waypoint", "weft.dev/waypoint-controller")
 	r := runDeployer(t, c.Config, cfg)
 
 	t.Run("GatewayClass", func(t *testing.T) {
 		eventually(t, a.ctx, "GatewayClass istio-waypoint Accepted", func(ctx context.Context) (bool, string) {
-			gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, ambient.WaypointClass, metav1.GetOptions{})
+			gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, "istio-waypoint", metav1.GetOptions{})
 			if err != nil {
 				return false, errState(err)
 			}
@@ -311,7 +310,7 @@ func TestAPIServer(t *testing.T) {
 	})
 
 	t.Run("Deploy", func(t *testing.T) {
-		created := a.createGateway(ns, "waypoint", ambient.WaypointClass, "")
+		created := a.createGateway(ns, "waypoint", "istio-waypoint", "")
 		gw := a.waitProgrammed(ns, "waypoint")
 		if gw.UID != created.UID {
 			t.Fatal("the Gateway was replaced")
@@ -342,7 +341,7 @@ func TestAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		delete(svc.Labels, labelManaged)
+		delete(svc.Labels, "gateway.istio.io/managed")
 		if _, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
 			t.Fatal(err)
 		}
@@ -351,13 +350,13 @@ func TestAPIServer(t *testing.T) {
 			if err != nil {
 				return false, errState(err)
 			}
-			return svc.Labels[labelManaged] == "weft.dev-waypoint-controller", fmt.Sprintf("labels %v", svc.Labels)
+			return svc.Labels["gateway.istio.io/managed"] == "weft.dev-waypoint-controller", fmt.Sprintf("labels %v", svc.Labels)
 		})
 		a.waitProgrammed(ns, "waypoint")
 	})
 
 	t.Run("Parameters", func(t *testing.T) {
-		a.createGateway(ns, "tuned", ambient.WaypointClass, "tuned-params")
+		a.createGateway(ns, "tuned", "istio-waypoint", "tuned-params")
 		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params", "not found")
 		// Refused: nothing is deployed.
 		for _, get := range []func() error{
@@ -461,7 +460,7 @@ func TestAPIServer(t *testing.T) {
 		before := a.createGateway(ns, "not-a-waypoint", other.Name, "")
 		// Created after it, on the same watch, so queued after it: once
 		// this one is programmed, the other one has been looked at.
-		a.createGateway(ns, "after-other", ambient.WaypointClass, "")
+		a.createGateway(ns, "after-other", "istio-waypoint", "")
 		a.waitProgrammed(ns, "after-other")
 		if _, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "not-a-waypoint", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("Deployment for a Gateway of class %s: %v, want not found", other.Name, err)
@@ -644,11 +643,11 @@ func TestChartRBAC(t *testing.T) {
 	// The deployer itself, as that ServiceAccount: a missing permission
 	// leaves an informer unsynced or a write refused, and the Gateway is
 	// never programmed.
-	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	a.ensureClass("istio-waypoint", "weft.dev/waypoint-controller")
 	rc := rest.CopyConfig(c.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: user}
 	r := runDeployer(t, rc, cfg)
-	a.createGateway(ns, "rbac-waypoint", ambient.WaypointClass, "rbac-params")
+	a.createGateway(ns, "rbac-waypoint", "istio-waypoint", "rbac-params")
 	a.waitRefused(ns, "rbac-waypoint", "InvalidParameters", "rbac-params")
 	a.applyConfigMap(ns, "rbac-params", map[string]string{KeyDeployment: "spec: {replicas: 2}"})
 	gw := a.waitProgrammed(ns, "rbac-waypoint")
@@ -670,7 +669,7 @@ func TestChartRBAC(t *testing.T) {
 		return img == cfg.Image, "image " + img
 	})
 	eventually(t, a.ctx, "GatewayClass istio-waypoint Accepted", func(ctx context.Context) (bool, string) {
-		gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, ambient.WaypointClass, metav1.GetOptions{})
+		gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, "istio-waypoint", metav1.GetOptions{})
 		if err != nil {
 			return false, errState(err)
 		}
@@ -806,7 +805,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 	cfg := Config{Image: "weft/waypoint:takeover-test", ControlPlaneNamespace: "weft-system", Recheck: time.Second}
 	a := newAPICheck(t, c, cfg)
 	ns := uniqueNS("deployer-takeover")
-	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	a.ensureClass("istio-waypoint", "weft.dev/waypoint-controller")
 	if err := c.EnsureNamespace(a.ctx, ns, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -819,7 +818,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 			name := "app-" + strings.ToLower(kind)
 			app := a.createAppObject(kind, ns, name)
 			before := a.snapshot(app)
-			a.createGateway(ns, name, ambient.WaypointClass, "")
+			a.createGateway(ns, name, "istio-waypoint", "")
 			a.checkBlocked(app, before, ns, name, kind+" "+ns+"/"+name+" exists and is not managed by the waypoint controller",
 				"rename the Gateway or delete the "+kind)
 			if t.Failed() {
@@ -841,7 +840,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 		// The gateway-name label (which the deployer watches) alone is
 		// not the managed label.
 		_, _, svc := appObjects(ns, "lookalike")
-		svc.Labels[ambient.LabelGatewayName] = "lookalike"
+		svc.Labels["gateway.networking.k8s.io/gateway-name"] = "lookalike"
 		if _, err := c.Kube.CoreV1().Services(ns).Create(a.ctx, svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -849,7 +848,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 			return c.Kube.CoreV1().Services(ns).Get(ctx, "lookalike", metav1.GetOptions{})
 		}}
 		before := a.snapshot(app)
-		a.createGateway(ns, "lookalike", ambient.WaypointClass, "")
+		a.createGateway(ns, "lookalike", "istio-waypoint", "")
 		a.checkBlocked(app, before, ns, "lookalike", "Service "+ns+"/lookalike exists and is not managed")
 	})
 
@@ -868,7 +867,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a.createGateway(ns, "claimed", ambient.WaypointClass, "")
+		a.createGateway(ns, "claimed", "istio-waypoint", "")
 		a.checkBlocked(appObject{}, nil, ns, "claimed", "Service "+ns+"/claimed exists and is controlled by Gateway elsewhere")
 		now, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "claimed", metav1.GetOptions{})
 		if err != nil || now.ResourceVersion != before.ResourceVersion {
@@ -881,7 +880,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 		a.t, a.ctx = t, ctxFor(t, 2*time.Minute)
 		app := a.createAppObject("Deployment", ns, "kept")
 		before := a.snapshot(app)
-		a.createGateway(ns, "kept", ambient.WaypointClass, "")
+		a.createGateway(ns, "kept", "istio-waypoint", "")
 		a.checkBlocked(appObject{}, nil, ns, "kept", "Deployment "+ns+"/kept exists")
 		if err := a.gw.GatewayV1().Gateways(ns).Delete(a.ctx, "kept", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
@@ -928,7 +927,7 @@ func TestAPIServerApplyPreconditions(t *testing.T) {
 		t.Fatal(err)
 	}
 	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "pre", Namespace: ns, UID: "5b1b6a8e-0000-4000-8000-000000000007"},
-		Spec: gwv1.GatewaySpec{GatewayClassName: ambient.WaypointClass}}
+		Spec: gwv1.GatewaySpec{GatewayClassName: "istio-waypoint"}}
 	build := func() *corev1.Service {
 		objs, err := Build(d.cfg, gw, nil)
 		if err != nil {
@@ -955,7 +954,7 @@ func TestAPIServerApplyPreconditions(t *testing.T) {
 
 	// Changed after the check: the managed label taken away.
 	svc := checked.DeepCopy()
-	delete(svc.Labels, labelManaged)
+	delete(svc.Labels, "gateway.istio.io/managed")
 	changed, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)

@@ -23,6 +23,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -30,6 +32,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
@@ -146,7 +149,7 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 	for _, svc := range services {
 		b.service(svc, policies)
 	}
-	if wp.For == ambient.ForWorkload || wp.For == ambient.ForAll {
+	if wp.For == apinames.WaypointForWorkload || wp.For == apinames.WaypointForAll {
 		b.workloads(policies)
 	}
 	for _, name := range sortedKeys(b.clusters) {
@@ -181,7 +184,9 @@ func (b *builder) note(format string, args ...any) {
 	b.notes = append(b.notes, n)
 }
 
-func (b *builder) serves(kind string) bool { return b.wp.For == ambient.ForAll || b.wp.For == kind }
+func (b *builder) serves(kind string) bool {
+	return b.wp.For == apinames.WaypointForAll || b.wp.For == kind
+}
 
 func nsLabels(st cache.Indexer, ns string) map[string]string {
 	if n := get[corev1.Namespace](st, ns); n != nil {
@@ -213,16 +218,16 @@ func (b *builder) bound(ns string, labels map[string]string, kind, what string) 
 
 // boundServices lists the Services bound to the waypoint, sorted by key.
 func (b *builder) boundServices() []*corev1.Service {
-	if !b.serves(ambient.ForService) || b.st.Services == nil {
+	if !b.serves(apinames.WaypointForService) || b.st.Services == nil {
 		return nil
 	}
 	var out []*corev1.Service
 	for _, o := range b.st.Services.List() {
 		svc := o.(*corev1.Service)
-		if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Labels[ambient.LabelGatewayName] != "" {
+		if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] != "" {
 			continue
 		}
-		if b.bound(svc.Namespace, svc.Labels, ambient.ForService, "Service") {
+		if b.bound(svc.Namespace, svc.Labels, apinames.WaypointForService, "Service") {
 			out = append(out, svc)
 		}
 	}
@@ -342,10 +347,10 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 	netDone := false
 	for _, o := range pods {
 		p := o.(*corev1.Pod)
-		if p.Labels[ambient.LabelGatewayName] != "" || p.Spec.HostNetwork {
+		if p.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] != "" || p.Spec.HostNetwork {
 			continue
 		}
-		if !b.bound(p.Namespace, p.Labels, ambient.ForWorkload, "Pod") {
+		if !b.bound(p.Namespace, p.Labels, apinames.WaypointForWorkload, "Pod") {
 			continue
 		}
 		var ranges []*corev3.CidrRange
@@ -529,7 +534,7 @@ func (b *builder) lbEndpoint(a netip.Addr, port int32, healthy bool, pod *corev1
 	// reached in plaintext: there is no peer identity to verify over HBONE.
 	if sa := ambient.ServiceAccount(pod); sa != "" {
 		fields["identity"] = structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + pod.Namespace + "/sa/" + sa)
-		if pod.Annotations[ambient.AnnotationRedirection] == "enabled" {
+		if pod.Annotations[annotation.AmbientRedirection.Name] == apinames.RedirectionEnabled {
 			fields["tunnel"] = structpb.NewStringValue("HBONE")
 		}
 	}

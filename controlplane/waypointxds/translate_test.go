@@ -567,7 +567,7 @@ func TestPathNormalization(t *testing.T) {
 		mesh := testMesh
 		mesh.PathNormalization = p
 		wp := ambient.NewWaypoint(f.gateways[0], "")
-		wp.For = ambient.ForAll
+		wp.For = "all"
 		res, _ := Build(mesh, wp, f.st)
 		snap := compiled(t, res)
 		n := 0

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,7 +64,7 @@ func TestCrossNamespaceBinding(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res, notes := Build(testMesh, ambient.NewWaypoint(gateway(tc.allowed), ""), st)
 			var got []string
-			for _, fc := range res[ListenerType][ListenerName].(*listenerv3.Listener).GetFilterChains() {
+			for _, fc := range res[resource.ListenerType][ListenerName].(*listenerv3.Listener).GetFilterChains() {
 				// A sniffed port's TCP twin follows its HTTP chain.
 				if !strings.HasSuffix(fc.GetName(), "/tcp") {
 					got = append(got, fc.GetName())

@@ -18,6 +18,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -36,16 +37,8 @@ import (
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
-// Type URLs of the resources a waypoint is sent.
-const (
-	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
-	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-)
-
 // TypeURLs are the four types, in the order a proxy applies them.
-var TypeURLs = []string{ClusterType, EndpointType, ListenerType, RouteType}
+var TypeURLs = []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType}
 
 // Names of the fixed resources.
 const (
@@ -155,7 +148,7 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 	for _, name := range sortedKeys(b.clusters) {
 		b.cluster(name, b.clusters[name])
 	}
-	b.res.add(ClusterType, PassthroughCluster, &clusterv3.Cluster{
+	b.res.add(resource.ClusterType, PassthroughCluster, &clusterv3.Cluster{
 		Name:                 PassthroughCluster,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
 		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
@@ -166,7 +159,7 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 		l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.http_inspector",
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&httpinspector.HttpInspector{})}}}
 	}
-	b.res.add(ListenerType, ListenerName, l)
+	b.res.add(resource.ListenerType, ListenerName, l)
 	return b.res, b.notes
 }
 
@@ -325,7 +318,7 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 			protos = detected
 		}
 		b.chains = append(b.chains, &listenerv3.FilterChain{Name: name, FilterChainMatch: match(protos), Filters: []*listenerv3.Filter{b.httpManager(name, filters)}})
-		b.res.add(RouteType, name, b.routeConfig(name, svc, p, cname))
+		b.res.add(resource.RouteType, name, b.routeConfig(name, svc, p, cname))
 	}
 }
 
@@ -457,8 +450,8 @@ func (b *builder) cluster(name string, ref clusterRef) {
 			}),
 		}
 	}
-	b.res.add(ClusterType, name, c)
-	b.res.add(EndpointType, name, b.endpoints(name, ref))
+	b.res.add(resource.ClusterType, name, c)
+	b.res.add(resource.EndpointType, name, b.endpoints(name, ref))
 }
 
 // endpoints lists the endpoints of a Service port from its EndpointSlices.

@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -162,6 +163,25 @@ func (a *apiCheck) waitDeployment(ns, name, what string, ok func(*appsv1.Deploym
 		return ok(d)
 	})
 	return d
+}
+
+// tamperImage edits a waypoint Deployment's image as a user would, with
+// a fresh read on a conflict: the deployer may still be writing it.
+func (a *apiCheck) tamperImage(t *testing.T, ns, name, image string) {
+	t.Helper()
+	deps := a.c.Kube.AppsV1().Deployments(ns)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		dep, err := deps.Get(a.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		dep.Spec.Template.Spec.Containers[0].Image = image
+		_, err = deps.Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 func container(d *appsv1.Deployment) corev1.Container {
@@ -319,14 +339,7 @@ func TestAPIServer(t *testing.T) {
 	})
 
 	t.Run("DriftReverted", func(t *testing.T) {
-		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "waypoint", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:1"
-		if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
-			t.Fatal(err)
-		}
+		a.tamperImage(t, ns, "waypoint", "example.com/tampered:1")
 		a.waitDeployment(ns, "waypoint", "image reverted to "+cfg.Image, func(d *appsv1.Deployment) (bool, string) {
 			img := container(d).Image
 			return img == cfg.Image, "image " + img
@@ -497,14 +510,7 @@ func TestAPIServer(t *testing.T) {
 		// A drift on another waypoint's Deployment comes on the same watch
 		// after the deletion: once it is reverted, the deletion has been
 		// handled.
-		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "after-other", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:2"
-		if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
-			t.Fatal(err)
-		}
+		a.tamperImage(t, ns, "after-other", "example.com/tampered:2")
 		a.waitDeployment(ns, "after-other", "image reverted", func(d *appsv1.Deployment) (bool, string) {
 			img := container(d).Image
 			return img == cfg.Image, "image " + img
@@ -656,14 +662,7 @@ func TestChartRBAC(t *testing.T) {
 		return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
 	})
 	// Drift is reverted with these permissions too.
-	dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "rbac-waypoint", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:3"
-	if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
-		t.Fatal(err)
-	}
+	a.tamperImage(t, ns, "rbac-waypoint", "example.com/tampered:3")
 	a.waitDeployment(ns, "rbac-waypoint", "image reverted", func(d *appsv1.Deployment) (bool, string) {
 		img := container(d).Image
 		return img == cfg.Image, "image " + img

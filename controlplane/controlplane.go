@@ -58,6 +58,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
@@ -553,7 +554,7 @@ func portOf(addr string) string {
 // hasGatewayAPI reports whether gateway.networking.k8s.io/v1 Gateways are
 // served.
 func hasGatewayAPI(kube kubernetes.Interface) (bool, error) {
-	res, err := kube.Discovery().ServerResourcesForGroupVersion("gateway.networking.k8s.io/v1")
+	res, err := kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
 	if err != nil {
 		if strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "could not find") {
 			return false, nil

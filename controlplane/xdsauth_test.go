@@ -7,13 +7,13 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/weftmesh/weft/controlplane/xdsserver"
 	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
@@ -42,11 +42,11 @@ func TestXDSAuthorization(t *testing.T) {
 	}{
 		{"pod asks for addresses", podToken(t, c, cart), workloadpb.AddressTypeURL, codes.PermissionDenied},
 		{"pod asks for policies", podToken(t, c, cart), securitypb.AuthorizationTypeURL, codes.PermissionDenied},
-		{"pod asks for listeners", podToken(t, c, cart), xdsserver.ListenerType, codes.PermissionDenied},
-		{"pod asks for clusters", podToken(t, c, cart), xdsserver.ClusterType, codes.PermissionDenied},
+		{"pod asks for listeners", podToken(t, c, cart), resource.ListenerType, codes.PermissionDenied},
+		{"pod asks for clusters", podToken(t, c, cart), resource.ClusterType, codes.PermissionDenied},
 		{"ztunnel account outside the release namespace", podToken(t, c, fake), workloadpb.AddressTypeURL, codes.PermissionDenied},
-		{"waypoint-named account without a waypoint", podToken(t, c, wpNamed), xdsserver.ListenerType, codes.PermissionDenied},
-		{"ztunnel asks for listeners", podToken(t, c, zt), xdsserver.ListenerType, codes.PermissionDenied},
+		{"waypoint-named account without a waypoint", podToken(t, c, wpNamed), resource.ListenerType, codes.PermissionDenied},
+		{"ztunnel asks for listeners", podToken(t, c, zt), resource.ListenerType, codes.PermissionDenied},
 		{"ztunnel gets addresses", podToken(t, c, zt), workloadpb.AddressTypeURL, codes.OK},
 		{"ztunnel gets policies", podToken(t, c, zt), securitypb.AuthorizationTypeURL, codes.OK},
 	}

@@ -76,7 +76,7 @@ func waypoint(ns, name, class, waypointFor string) *gwv1.Gateway {
 		Spec:       gwv1.GatewaySpec{GatewayClassName: gwv1.ObjectName(class)},
 	}
 	if waypointFor != "" {
-		gw.Labels = map[string]string{admit.LabelWaypointFor: waypointFor}
+		gw.Labels = map[string]string{"istio.io/waypoint-for": waypointFor}
 	}
 	return gw
 }
@@ -95,27 +95,27 @@ func testCluster() *cluster {
 		canUse:     map[string]bool{"alice infra": true},
 	}
 	for _, g := range []*gwv1.Gateway{
-		waypoint("shop", "waypoint", admit.WaypointClass, "service"),
-		waypoint("shop", "wl-waypoint", admit.WaypointClass, "workload"),
-		waypoint("shop", "off-waypoint", admit.WaypointClass, "none"),
-		waypoint("shop", "legacy-waypoint", admit.WaypointClass, ""),
+		waypoint("shop", "waypoint", "istio-waypoint", "service"),
+		waypoint("shop", "wl-waypoint", "istio-waypoint", "workload"),
+		waypoint("shop", "off-waypoint", "istio-waypoint", "none"),
+		waypoint("shop", "legacy-waypoint", "istio-waypoint", ""),
 		waypoint("shop", "ingress", "istio", ""),
-		waypoint("infra", "shared", admit.WaypointClass, "all"),
+		waypoint("infra", "shared", "istio-waypoint", "all"),
 	} {
 		c.gateways[g.Namespace+"/"+g.Name] = g
 	}
 	for _, s := range []*corev1.Service{
-		service("shop", "web", map[string]string{admit.LabelUseWaypoint: "waypoint"},
+		service("shop", "web", map[string]string{"istio.io/use-waypoint": "waypoint"},
 			corev1.ServicePort{Name: "http", Port: 80}, corev1.ServicePort{Name: "https", Port: 443}),
 		service("shop", "plain", nil, corev1.ServicePort{Port: 8080}),
-		service("shop", "optout", map[string]string{admit.LabelUseWaypoint: admit.WaypointNone}, corev1.ServicePort{Name: "http", Port: 80}),
+		service("shop", "optout", map[string]string{"istio.io/use-waypoint": "none"}, corev1.ServicePort{Name: "http", Port: 80}),
 		service("bound", "api", nil, corev1.ServicePort{Name: "grpc", Port: 9000}),
 	} {
 		c.services[s.Namespace+"/"+s.Name] = s
 	}
 	for name, labels := range map[string]map[string]string{
-		"shop":  {admit.LabelDataplaneMode: admit.ModeAmbient},
-		"bound": {admit.LabelUseWaypoint: "waypoint"},
+		"shop":  {"istio.io/dataplane-mode": "ambient"},
+		"bound": {"istio.io/use-waypoint": "waypoint"},
 		"infra": nil,
 	} {
 		c.namespaces[name] = &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}

@@ -17,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
 	"github.com/weftmesh/weft/cni/plugin"
 	"github.com/weftmesh/weft/cni/redirect"
@@ -34,7 +33,7 @@ func TestAgentLifecycle(t *testing.T) {
 	c := newCluster(t)
 	c.cniBin = repoCNIBin(t)
 	ctx := context.Background()
-	ambient := map[string]string{enablement.DataplaneModeLabel: enablement.ModeAmbient}
+	ambient := map[string]string{"istio.io/dataplane-mode": "ambient"}
 	c.addNamespace("shop", ambient)
 	c.addNamespace("plain", nil)
 	c.addNamespace("misc", nil)
@@ -91,7 +90,7 @@ func TestAgentLifecycle(t *testing.T) {
 		if got := z.next(t); got != want {
 			t.Fatalf("ztunnel got %q, want %q", got, want)
 		}
-		eventually(t, "the pod annotated enabled", func() bool { return c.annotation("shop", "running") == RedirectionEnabled })
+		eventually(t, "the pod annotated enabled", func() bool { return c.annotation("shop", "running") == "enabled" })
 		if err := checkRules(t, running); err != nil {
 			t.Fatal(err)
 		}
@@ -112,7 +111,7 @@ func TestAgentLifecycle(t *testing.T) {
 		if got := z.next(t); got != want {
 			t.Fatalf("ztunnel got %q, want %q", got, want)
 		}
-		eventually(t, "plain/other annotated", func() bool { return c.annotation("plain", "other") == RedirectionEnabled })
+		eventually(t, "plain/other annotated", func() bool { return c.annotation("plain", "other") == "enabled" })
 		if err := checkRules(t, other); err != nil {
 			t.Fatal(err)
 		}
@@ -134,7 +133,7 @@ func TestAgentLifecycle(t *testing.T) {
 		if err := checkRules(t, newNS); err != nil {
 			t.Fatalf("CNI ADD returned before the rules were in: %v", err)
 		}
-		if a := c.annotation("shop", "new"); a != RedirectionEnabled {
+		if a := c.annotation("shop", "new"); a != "enabled" {
 			t.Fatalf("annotation %q", a)
 		}
 		z.next(t)
@@ -151,7 +150,7 @@ func TestAgentLifecycle(t *testing.T) {
 		if got := rulesIn(t, ns); got != "" {
 			t.Fatalf("rules left in a refused pod:\n%s", got)
 		}
-		if a := c.annotation("shop", "refused"); a != RedirectionPending {
+		if a := c.annotation("shop", "refused"); a != "pending" {
 			t.Fatalf("annotation %q, want pending", a)
 		}
 		if got := metricValue(t, ag.reg, "weft_cni_enrollment_failures_total", map[string]string{"reason": "ztunnel"}); got < 1 {

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-
-	"github.com/weftmesh/weft/cni/enablement"
 )
 
 const benchPods = 50
@@ -36,7 +34,7 @@ const benchPods = 50
 func BenchmarkCNI(b *testing.B) {
 	c := newCluster(b)
 	c.cniBin = repoCNIBin(b)
-	c.addNamespace("shop", map[string]string{enablement.DataplaneModeLabel: enablement.ModeAmbient})
+	c.addNamespace("shop", map[string]string{"istio.io/dataplane-mode": "ambient"})
 	c.addNamespace("plain", nil)
 	c.cfg.MetricsAddr, c.cfg.ReadyAddr = "off", "off"
 	c.startAgent()

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"istio.io/api/annotation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -58,7 +59,7 @@ func Cleanup(ctx context.Context, kube kubernetes.Interface, cfg CleanupConfig, 
 	a := podAnnotator{kube: kube}
 	n := 0
 	for _, p := range pods.Items {
-		if _, ok := p.Annotations[RedirectionAnnotation]; !ok {
+		if _, ok := p.Annotations[annotation.AmbientRedirection.Name]; !ok {
 			continue
 		}
 		if err := a.annotate(ctx, p.Namespace, p.Name, ""); err != nil {

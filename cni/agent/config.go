@@ -9,6 +9,7 @@ import (
 
 	"github.com/weftmesh/weft/cni/plugin"
 	"github.com/weftmesh/weft/cni/redirect"
+	"github.com/weftmesh/weft/internal/logging"
 	"github.com/weftmesh/weft/internal/pb/zdspb"
 )
 
@@ -150,7 +151,7 @@ func (c *Config) Validate() error {
 	if c.ZtunnelUID < 0 {
 		errs = append(errs, fmt.Errorf("--ztunnel-uid %d is negative", c.ZtunnelUID))
 	}
-	if _, err := plugin.ParseLevel(c.PluginLogLevel); err != nil {
+	if _, err := logging.ParseLevel(c.PluginLogLevel); err != nil {
 		errs = append(errs, fmt.Errorf("--plugin-log-level: %w", err))
 	}
 	for name, d := range map[string]time.Duration{"--install-interval": c.InstallInterval, "--resync-period": c.ResyncPeriod, "--enroll-timeout": c.EnrollTimeout} {

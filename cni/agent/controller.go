@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"istio.io/api/annotation"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/netns"
 )
 
@@ -137,7 +139,7 @@ func (c *controller) initialSync(probes probeSets) {
 		c.log.Error("listing pods failed", "error", err)
 	}
 	for _, pod := range pods {
-		if pod.Annotations[RedirectionAnnotation] != RedirectionEnabled || terminal(pod) || pod.Spec.NodeName != c.cfg.NodeName {
+		if pod.Annotations[annotation.AmbientRedirection.Name] != apinames.RedirectionEnabled || terminal(pod) || pod.Spec.NodeName != c.cfg.NodeName {
 			continue
 		}
 		ns, err := findNetns(c.cfg.NetnsDir, podIPs(pod), c.hostID, c.node)
@@ -236,7 +238,7 @@ func (c *controller) reconcile(ctx context.Context, key string) error {
 		if st != nil {
 			return c.mesh.Unenroll(ctx, pod.UID, !terminal(pod))
 		}
-		if _, ok := pod.Annotations[RedirectionAnnotation]; ok && !terminal(pod) {
+		if _, ok := pod.Annotations[annotation.AmbientRedirection.Name]; ok && !terminal(pod) {
 			return c.mesh.annot.annotate(ctx, ns, name, "")
 		}
 		return nil
@@ -250,8 +252,8 @@ func (c *controller) reconcile(ctx context.Context, key string) error {
 				}
 			}
 		}
-		if pod.Annotations[RedirectionAnnotation] != RedirectionEnabled {
-			if err := c.mesh.annot.annotate(ctx, ns, name, RedirectionEnabled); err != nil {
+		if pod.Annotations[annotation.AmbientRedirection.Name] != apinames.RedirectionEnabled {
+			if err := c.mesh.annot.annotate(ctx, ns, name, apinames.RedirectionEnabled); err != nil {
 				return err
 			}
 		}

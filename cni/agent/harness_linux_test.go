@@ -25,7 +25,6 @@ import (
 	k8stypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/redirect"
 	"github.com/weftmesh/weft/internal/netns"
 )
@@ -210,7 +209,7 @@ func (c *cluster) labelNamespace(name string, ambient bool) {
 	}
 	ns = ns.DeepCopy()
 	if ambient {
-		ns.Labels = map[string]string{enablement.DataplaneModeLabel: enablement.ModeAmbient}
+		ns.Labels = map[string]string{"istio.io/dataplane-mode": "ambient"}
 	} else {
 		ns.Labels = nil
 	}
@@ -245,7 +244,7 @@ func (c *cluster) annotation(ns, name string) string {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	return p.Annotations[RedirectionAnnotation]
+	return p.Annotations["ambient.istio.io/redirection"]
 }
 
 // podNetns makes a pod netns, visible in the agent's netns dir as a

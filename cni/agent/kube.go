@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"istio.io/api/annotation"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -31,7 +32,7 @@ func (a podAnnotator) annotate(ctx context.Context, ns, name, value string) erro
 	if value != "" {
 		v = value
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{RedirectionAnnotation: v}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{annotation.AmbientRedirection.Name: v}}})
 	if err != nil {
 		return err
 	}
@@ -40,7 +41,7 @@ func (a podAnnotator) annotate(ctx context.Context, ns, name, value string) erro
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("patching %s=%q onto pod %s/%s: %w", RedirectionAnnotation, value, ns, name, err)
+		return fmt.Errorf("patching %s=%q onto pod %s/%s: %w", annotation.AmbientRedirection.Name, value, ns, name, err)
 	}
 	return nil
 }

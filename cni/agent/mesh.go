@@ -16,15 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/weftmesh/weft/cni/redirect"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/zdspb"
-)
-
-// Redirection annotation values (protocols.md §4.2).
-const (
-	RedirectionAnnotation = "ambient.istio.io/redirection"
-	RedirectionEnabled    = "enabled"
-	RedirectionPending    = "pending"
 )
 
 // Where an enrollment came from, for metrics and logs.
@@ -244,7 +238,7 @@ func (m *mesh) Enroll(ctx context.Context, pod *corev1.Pod, path string, ips []n
 				return failed("rules", fmt.Errorf("pod %s/%s: re-applying rules: %w", pod.Namespace, pod.Name, err))
 			}
 			old.opts = opts
-			if err := m.annot.annotate(ctx, pod.Namespace, pod.Name, RedirectionEnabled); err != nil {
+			if err := m.annot.annotate(ctx, pod.Namespace, pod.Name, apinames.RedirectionEnabled); err != nil {
 				log.Warn("annotating the pod failed; will retry", "error", err)
 			}
 			return nil
@@ -276,7 +270,7 @@ func (m *mesh) Enroll(ctx context.Context, pod *corev1.Pod, path string, ips []n
 	dup.Close()
 	if err != nil {
 		undo()
-		if aerr := m.annot.annotate(ctx, pod.Namespace, pod.Name, RedirectionPending); aerr != nil {
+		if aerr := m.annot.annotate(ctx, pod.Namespace, pod.Name, apinames.RedirectionPending); aerr != nil {
 			log.Warn("annotating the pod pending failed", "error", aerr)
 		}
 		return failed("ztunnel", fmt.Errorf("pod %s/%s: ztunnel did not take the pod: %w", pod.Namespace, pod.Name, err))
@@ -298,7 +292,7 @@ func (m *mesh) Enroll(ctx context.Context, pod *corev1.Pod, path string, ips []n
 	m.put(st)
 	keep = true
 	m.metrics.latency.WithLabelValues(source).Observe(time.Since(start).Seconds())
-	if err := m.annot.annotate(ctx, pod.Namespace, pod.Name, RedirectionEnabled); err != nil {
+	if err := m.annot.annotate(ctx, pod.Namespace, pod.Name, apinames.RedirectionEnabled); err != nil {
 		// The pod is enrolled; the watch retries the annotation.
 		log.Warn("annotating the pod failed; will retry", "error", err)
 	}

@@ -60,7 +60,7 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 		if p.Spec.Containers[0].Image != image {
 			t.Fatalf("the pod's image is now %q", p.Spec.Containers[0].Image)
 		}
-		v, ok := p.Annotations[RedirectionAnnotation]
+		v, ok := p.Annotations["ambient.istio.io/redirection"]
 		return v, ok
 	}
 
@@ -82,10 +82,10 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 
 	t.Run("agent sets and removes the annotation", func(t *testing.T) {
 		an := podAnnotator{kube: agent}
-		if err := an.annotate(ctx, "app", "web", RedirectionEnabled); err != nil {
+		if err := an.annotate(ctx, "app", "web", "enabled"); err != nil {
 			t.Fatal(err)
 		}
-		if v, _ := annotation(t); v != RedirectionEnabled {
+		if v, _ := annotation(t); v != "enabled" {
 			t.Fatalf("annotation = %q after the agent set it", v)
 		}
 		if err := an.annotate(ctx, "app", "web", ""); err != nil {
@@ -94,13 +94,13 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 		if v, ok := annotation(t); ok {
 			t.Fatalf("annotation = %q after the agent removed it", v)
 		}
-		if err := an.annotate(ctx, "app", "gone", RedirectionEnabled); err != nil {
+		if err := an.annotate(ctx, "app", "gone", "enabled"); err != nil {
 			t.Errorf("annotating a pod that is gone: %v", err)
 		}
 	})
 
 	t.Run("cleanup removes the annotation", func(t *testing.T) {
-		if err := (podAnnotator{kube: c.Kube}).annotate(ctx, "app", "web", RedirectionEnabled); err != nil {
+		if err := (podAnnotator{kube: c.Kube}).annotate(ctx, "app", "web", "enabled"); err != nil {
 			t.Fatal(err)
 		}
 		n, err := Cleanup(ctx, cleanup, CleanupConfig{AgentNamespace: ns, AgentSelector: "app=weft-cni-agent"}, slog.New(slog.DiscardHandler))
@@ -150,8 +150,8 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 			"add a finalizer":         `{"metadata":{"finalizers":["evil.example/hold"]}}`,
 			"mark the pod unready":    `{"status":{"conditions":[{"type":"Ready","status":"False"}]}}`,
 			"move the pod's address":  `{"status":{"podIP":"10.0.9.9","podIPs":[{"ip":"10.0.9.9"}]}}`,
-			"annotation and a label":  `{"metadata":{"annotations":{"` + RedirectionAnnotation + `":"enabled"},"labels":{"app":"payments"}}}`,
-			"annotation and a status": `{"metadata":{"annotations":{"` + RedirectionAnnotation + `":"enabled"}},"status":{"phase":"Failed"}}`,
+			"annotation and a label":  `{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"},"labels":{"app":"payments"}}}`,
+			"annotation and a status": `{"metadata":{"annotations":{"ambient.istio.io/redirection":"enabled"}},"status":{"phase":"Failed"}}`,
 		}
 		for name, kube := range map[string]kubernetes.Interface{"weft-cni-agent": agent, "weft-cni-agent on node1": onNode, "weft-cni-cleanup": cleanup} {
 			for what, patch := range refused {
@@ -168,10 +168,10 @@ func TestChartRBACOnRealAPI(t *testing.T) {
 			t.Fatalf("the pod changed: labels %v finalizers %v annotations %v status %s %s", p.Labels, p.Finalizers, p.Annotations, p.Status.PodIP, p.Status.Phase)
 		}
 		// The agent's pod token reaches only its own node's pods.
-		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "web", RedirectionEnabled); err != nil {
+		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "web", "enabled"); err != nil {
 			t.Errorf("the agent on node1 annotating a pod on node1: %v", err)
 		}
-		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "elsewhere", RedirectionEnabled); !apierrors.IsForbidden(err) {
+		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "elsewhere", "enabled"); !apierrors.IsForbidden(err) {
 			t.Errorf("the agent on node1 annotating a pod on node2: err = %v, want Forbidden", err)
 		}
 		if err := (podAnnotator{kube: onNode}).annotate(ctx, "app", "web", ""); err != nil {

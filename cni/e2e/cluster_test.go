@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/weftmesh/weft/cni/agent"
 	"github.com/weftmesh/weft/cni/redirect"
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/zdspb"
@@ -165,7 +164,7 @@ func annotation(ctx context.Context, t *testing.T, c *cluster.Cluster, pod *core
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p.Annotations[agent.RedirectionAnnotation]
+	return p.Annotations["ambient.istio.io/redirection"]
 }
 
 // TestCNIInLocalCluster installs the agent from the chart into the local
@@ -229,7 +228,7 @@ func TestCNIInLocalCluster(t *testing.T) {
 		if err := c.Apply(ctx, cluster.NamespaceManifest(appNS, map[string]string{"istio.io/dataplane-mode": "ambient"})); err != nil {
 			t.Fatal(err)
 		}
-		poll(ctx, t, "the running pod annotated enabled", func() bool { return annotation(ctx, t, c, before) == agent.RedirectionEnabled })
+		poll(ctx, t, "the running pod annotated enabled", func() bool { return annotation(ctx, t, c, before) == "enabled" })
 		if !zt.holds(before.UID) {
 			t.Fatal("ztunnel does not hold the enrolled pod")
 		}
@@ -263,8 +262,8 @@ func TestCNIInLocalCluster(t *testing.T) {
 			if !started {
 				continue
 			}
-			if p.Annotations[agent.RedirectionAnnotation] != agent.RedirectionEnabled {
-				t.Fatalf("pod %s ran before it was enrolled (annotation %q)", p.Name, p.Annotations[agent.RedirectionAnnotation])
+			if p.Annotations["ambient.istio.io/redirection"] != "enabled" {
+				t.Fatalf("pod %s ran before it was enrolled (annotation %q)", p.Name, p.Annotations["ambient.istio.io/redirection"])
 			}
 			if !zt.holds(p.UID) {
 				t.Fatalf("pod %s runs but ztunnel does not hold it", p.Name)
@@ -341,7 +340,7 @@ func TestCNIInLocalCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		late = onePod(ctx, t, c, "late")
-		if annotation(ctx, t, c, late) != agent.RedirectionEnabled || !zt.holds(late.UID) {
+		if annotation(ctx, t, c, late) != "enabled" || !zt.holds(late.UID) {
 			t.Fatal("the late pod started without being enrolled")
 		}
 		// The pods enrolled before the restart are still held (snapshot).

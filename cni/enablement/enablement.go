@@ -13,15 +13,11 @@ package enablement
 import (
 	"fmt"
 	"slices"
-)
 
-// Labels and annotations the decision reads.
-const (
-	DataplaneModeLabel = "istio.io/dataplane-mode"
-	ModeAmbient        = "ambient"
-	ModeNone           = "none"
-	// SidecarStatusAnnotation marks a pod with an injected sidecar.
-	SidecarStatusAnnotation = "sidecar.istio.io/status"
+	"istio.io/api/annotation"
+	"istio.io/api/label"
+
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // Requirement is one matchExpressions entry.
@@ -50,10 +46,10 @@ type Selector struct {
 // the pod itself says none.
 func Default() []Selector {
 	return []Selector{
-		{PodSelector: LabelSelector{MatchLabels: map[string]string{DataplaneModeLabel: ModeAmbient}}},
+		{PodSelector: LabelSelector{MatchLabels: map[string]string{label.IoIstioDataplaneMode.Name: apinames.ModeAmbient}}},
 		{
-			PodSelector:       LabelSelector{MatchExpressions: []Requirement{{Key: DataplaneModeLabel, Operator: "NotIn", Values: []string{ModeNone}}}},
-			NamespaceSelector: LabelSelector{MatchLabels: map[string]string{DataplaneModeLabel: ModeAmbient}},
+			PodSelector:       LabelSelector{MatchExpressions: []Requirement{{Key: label.IoIstioDataplaneMode.Name, Operator: "NotIn", Values: []string{apinames.ModeNone}}}},
+			NamespaceSelector: LabelSelector{MatchLabels: map[string]string{label.IoIstioDataplaneMode.Name: apinames.ModeAmbient}},
 		},
 	}
 }
@@ -139,7 +135,7 @@ func Enrolled(sels []Selector, pod Pod, nsLabels map[string]string) bool {
 	if pod.HostNetwork {
 		return false
 	}
-	if _, ok := pod.Annotations[SidecarStatusAnnotation]; ok {
+	if _, ok := pod.Annotations[annotation.SidecarStatus.Name]; ok {
 		return false
 	}
 	for _, s := range sels {

@@ -6,8 +6,8 @@ import (
 )
 
 func TestEnrolledDefault(t *testing.T) {
-	ambient := map[string]string{DataplaneModeLabel: ModeAmbient}
-	none := map[string]string{DataplaneModeLabel: ModeNone}
+	ambient := map[string]string{"istio.io/dataplane-mode": "ambient"}
+	none := map[string]string{"istio.io/dataplane-mode": "none"}
 	tests := []struct {
 		name string
 		pod  Pod
@@ -19,9 +19,9 @@ func TestEnrolledDefault(t *testing.T) {
 		{"pod labelled in a none namespace", Pod{Labels: ambient}, none, true},
 		{"pod opts out of an ambient namespace", Pod{Labels: none}, ambient, false},
 		{"no labels", Pod{Labels: map[string]string{"app": "x"}}, map[string]string{"team": "a"}, false},
-		{"other mode value", Pod{}, map[string]string{DataplaneModeLabel: "sidecar"}, false},
+		{"other mode value", Pod{}, map[string]string{"istio.io/dataplane-mode": "sidecar"}, false},
 		{"host network", Pod{Labels: ambient, HostNetwork: true}, ambient, false},
-		{"has a sidecar", Pod{Annotations: map[string]string{SidecarStatusAnnotation: "{}"}}, ambient, false},
+		{"has a sidecar", Pod{Annotations: map[string]string{"sidecar.istio.io/status": "{}"}}, ambient, false},
 	}
 	for _, tt := range tests {
 		if got := Enrolled(Default(), tt.pod, tt.ns); got != tt.want {

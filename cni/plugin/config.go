@@ -4,13 +4,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
+	"github.com/weftmesh/weft/internal/logging"
 )
 
 // Names of the plugin and of its conflist entry.
@@ -97,25 +96,10 @@ func (c *Config) Validate() error {
 	if err := enablement.Validate(c.EnablementSelectors); err != nil {
 		return fmt.Errorf("weft-cni: %w", err)
 	}
-	if _, err := ParseLevel(c.PluginLogLevel); err != nil {
+	if _, err := logging.ParseLevel(c.PluginLogLevel); err != nil {
 		return fmt.Errorf("weft-cni: plugin_log_level: %w", err)
 	}
 	return nil
-}
-
-// ParseLevel maps debug, info (or empty), warn and error to slog levels.
-func ParseLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(s) {
-	case "debug":
-		return slog.LevelDebug, nil
-	case "", "info":
-		return slog.LevelInfo, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error":
-		return slog.LevelError, nil
-	}
-	return 0, fmt.Errorf("unknown log level %q (want debug, info, warn or error)", s)
 }
 
 // Excluded reports whether pods of namespace ns are never enrolled.

@@ -33,6 +33,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/weftmesh/weft/cni/event"
+	"github.com/weftmesh/weft/internal/logging"
 )
 
 // EventTimeout bounds the wait for the agent, which includes its wait for
@@ -72,7 +73,7 @@ func (p *Plugin) Funcs() skel.CNIFuncs {
 }
 
 func (p *Plugin) logger(c *Config) *slog.Logger {
-	lvl, _ := ParseLevel(c.PluginLogLevel)
+	lvl, _ := logging.ParseLevel(c.PluginLogLevel)
 	return slog.New(slog.NewJSONHandler(p.stderr, &slog.HandlerOptions{Level: lvl})).With("plugin", Type)
 }
 

@@ -9,7 +9,7 @@ func FuzzPodOptions(f *testing.F) {
 	f.Add("true", "false", "net1,tap0")
 	f.Add("", "yes", "eth0,\"; drop")
 	f.Fuzz(func(t *testing.T, dns, bypass, ifaces string) {
-		o, err := PodOptions(map[string]string{AnnotationDNSCapture: dns, AnnotationBypassInbound: bypass, AnnotationVirtualInterfaces: ifaces}, defaults)
+		o, err := PodOptions(map[string]string{"ambient.istio.io/dns-capture": dns, "ambient.istio.io/bypass-inbound-capture": bypass, "istio.io/reroute-virtual-interfaces": ifaces}, defaults)
 		if err != nil {
 			return
 		}

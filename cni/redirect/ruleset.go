@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+	"istio.io/api/annotation"
 )
 
 // Ports ztunnel listens on inside each pod (protocols.md §3.1).
@@ -59,13 +60,6 @@ var (
 	ProbeSNATv6 = netip.MustParseAddr("fd16:9254:7127:1337:ffff:ffff:ffff:ffff")
 )
 
-// Pod annotations that change a pod's rules (protocols.md §3.4).
-const (
-	AnnotationBypassInbound     = "ambient.istio.io/bypass-inbound-capture"
-	AnnotationDNSCapture        = "ambient.istio.io/dns-capture"
-	AnnotationVirtualInterfaces = "istio.io/reroute-virtual-interfaces"
-)
-
 // Options select the variant of a pod's rule set.
 type Options struct {
 	// DNSCapture redirects DNS to 15053 and adds the raw table.
@@ -85,25 +79,25 @@ var ifnameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,14}$`)
 func PodOptions(annotations map[string]string, defaults Options) (Options, error) {
 	o := defaults
 	o.VirtualInterfaces = nil
-	if v, ok := annotations[AnnotationDNSCapture]; ok {
+	if v, ok := annotations[annotation.AmbientDnsCapture.Name]; ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return Options{}, fmt.Errorf("annotation %s=%q: want true or false", AnnotationDNSCapture, v)
+			return Options{}, fmt.Errorf("annotation %s=%q: want true or false", annotation.AmbientDnsCapture.Name, v)
 		}
 		o.DNSCapture = b
 	}
-	if v, ok := annotations[AnnotationBypassInbound]; ok {
+	if v, ok := annotations[annotation.AmbientBypassInboundCapture.Name]; ok {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return Options{}, fmt.Errorf("annotation %s=%q: want true or false", AnnotationBypassInbound, v)
+			return Options{}, fmt.Errorf("annotation %s=%q: want true or false", annotation.AmbientBypassInboundCapture.Name, v)
 		}
 		o.BypassInbound = b
 	}
-	if v := strings.TrimSpace(annotations[AnnotationVirtualInterfaces]); v != "" {
+	if v := strings.TrimSpace(annotations[annotation.IoIstioRerouteVirtualInterfaces.Name]); v != "" {
 		for name := range strings.SplitSeq(v, ",") {
 			name = strings.TrimSpace(name)
 			if !ifnameRE.MatchString(name) {
-				return Options{}, fmt.Errorf("annotation %s: %q is not an interface name", AnnotationVirtualInterfaces, name)
+				return Options{}, fmt.Errorf("annotation %s: %q is not an interface name", annotation.IoIstioRerouteVirtualInterfaces.Name, name)
 			}
 			o.VirtualInterfaces = append(o.VirtualInterfaces, name)
 		}

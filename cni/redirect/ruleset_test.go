@@ -103,13 +103,13 @@ func TestPodOptions(t *testing.T) {
 		wantErr string
 	}{
 		{name: "none", want: defaults},
-		{name: "dns off", ann: map[string]string{AnnotationDNSCapture: "false"}, want: Options{IPv6: true}},
-		{name: "dns on over an off default", ann: map[string]string{AnnotationDNSCapture: "true"}, want: defaults},
-		{name: "ingress", ann: map[string]string{AnnotationBypassInbound: "true"}, want: Options{DNSCapture: true, IPv6: true, BypassInbound: true}},
-		{name: "virtual interfaces", ann: map[string]string{AnnotationVirtualInterfaces: " net1, tap0 "}, want: Options{DNSCapture: true, IPv6: true, VirtualInterfaces: []string{"net1", "tap0"}}},
-		{name: "bad bool", ann: map[string]string{AnnotationDNSCapture: "yes please"}, wantErr: "want true or false"},
-		{name: "bad interface", ann: map[string]string{AnnotationVirtualInterfaces: "eth0,\"; drop"}, wantErr: "not an interface name"},
-		{name: "long interface", ann: map[string]string{AnnotationVirtualInterfaces: "abcdefghijklmnopq"}, wantErr: "not an interface name"},
+		{name: "dns off", ann: map[string]string{"ambient.istio.io/dns-capture": "false"}, want: Options{IPv6: true}},
+		{name: "dns on over an off default", ann: map[string]string{"ambient.istio.io/dns-capture": "true"}, want: defaults},
+		{name: "ingress", ann: map[string]string{"ambient.istio.io/bypass-inbound-capture": "true"}, want: Options{DNSCapture: true, IPv6: true, BypassInbound: true}},
+		{name: "virtual interfaces", ann: map[string]string{"istio.io/reroute-virtual-interfaces": " net1, tap0 "}, want: Options{DNSCapture: true, IPv6: true, VirtualInterfaces: []string{"net1", "tap0"}}},
+		{name: "bad bool", ann: map[string]string{"ambient.istio.io/dns-capture": "yes please"}, wantErr: "want true or false"},
+		{name: "bad interface", ann: map[string]string{"istio.io/reroute-virtual-interfaces": "eth0,\"; drop"}, wantErr: "not an interface name"},
+		{name: "long interface", ann: map[string]string{"istio.io/reroute-virtual-interfaces": "abcdefghijklmnopq"}, wantErr: "not an interface name"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -6,6 +6,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // Reasons a binding is not made: the reasons of Istio's
@@ -47,7 +49,7 @@ type Attachment struct {
 // NewAttachment reads the attachment rule from a waypoint Gateway.
 func NewAttachment(gw *gwv1.Gateway) Attachment {
 	for _, l := range gw.Spec.Listeners {
-		if l.Protocol != "HBONE" || l.Port != HBONEPort {
+		if l.Protocol != apinames.ProtocolHBONE || l.Port != apinames.HBONEPort {
 			continue
 		}
 		if l.AllowedRoutes == nil || l.AllowedRoutes.Namespaces == nil || l.AllowedRoutes.Namespaces.From == nil {
@@ -91,9 +93,9 @@ func (a Attachment) Equal(b Attachment) bool {
 // Check is the binding rule, shared by the workload resources and the
 // waypoints' own configuration: an object of namespace ns (whose labels
 // are nsLabels) asking through b for the waypoint wp (nil: not found) to
-// take its traffic of kind (ForService or ForWorkload) is bound to it
-// unless Check returns why not. Whether the waypoint has an address yet is
-// not checked here.
+// take its traffic of kind (apinames.WaypointForService or
+// apinames.WaypointForWorkload) is bound to it unless Check returns why
+// not. Whether the waypoint has an address yet is not checked here.
 //
 // The kind of traffic is checked before the owner's consent, so that a
 // namespace bound to a foreign waypoint that serves Services only is

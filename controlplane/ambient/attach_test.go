@@ -12,9 +12,9 @@ import (
 // address, whose HBONE listener has the given allowedRoutes (nil: none).
 func foreignWaypoint(allowed *gwv1.AllowedRoutes) *gwv1.Gateway {
 	return &gwv1.Gateway{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "infra", Name: "wp", Labels: map[string]string{LabelWaypointFor: ForAll}},
-		Spec: gwv1.GatewaySpec{GatewayClassName: WaypointClass, Listeners: []gwv1.Listener{{
-			Name: "mesh", Port: HBONEPort, Protocol: "HBONE", AllowedRoutes: allowed,
+		ObjectMeta: metav1.ObjectMeta{Namespace: "infra", Name: "wp", Labels: map[string]string{"istio.io/waypoint-for": "all"}},
+		Spec: gwv1.GatewaySpec{GatewayClassName: "istio-waypoint", Listeners: []gwv1.Listener{{
+			Name: "mesh", Port: 15008, Protocol: "HBONE", AllowedRoutes: allowed,
 		}}},
 		Status: gwv1.GatewayStatus{Addresses: []gwv1.GatewayStatusAddress{{
 			Type: ptr(gwv1.HostnameAddressType), Value: "wp.infra.svc.cluster.local"}}},
@@ -35,10 +35,10 @@ func TestIndexCrossNamespaceConsent(t *testing.T) {
 		infraAPI = "infra/api.infra.svc.cluster.local"
 	)
 	shopLabels := func(team string) map[string]string {
-		return map[string]string{LabelUseWaypoint: "wp", LabelUseWaypointNamespace: "infra", "team": team}
+		return map[string]string{"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": "infra", "team": team}
 	}
 	w := newWorld(t)
-	w.set(kindNamespace, ns("shop", shopLabels("shop")), ns("infra", map[string]string{LabelUseWaypoint: "wp", "team": "infra"}))
+	w.set(kindNamespace, ns("shop", shopLabels("shop")), ns("infra", map[string]string{"istio.io/use-waypoint": "wp", "team": "infra"}))
 	w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart")))
 	w.set(kindService, newService("shop", "cart", nil), newService("infra", "api", nil))
 	w.set(kindGateway, foreignWaypoint(nil))
@@ -176,7 +176,7 @@ func TestIndexCrossNamespaceConsent(t *testing.T) {
 func TestCheck(t *testing.T) {
 	wp := func(forKind string, allowed *gwv1.AllowedRoutes) *Waypoint {
 		gw := foreignWaypoint(allowed)
-		gw.Labels[LabelWaypointFor] = forKind
+		gw.Labels["istio.io/waypoint-for"] = forKind
 		return NewWaypoint(gw, "")
 	}
 	shop := map[string]string{"team": "shop", "kubernetes.io/metadata.name": "shop"}
@@ -192,21 +192,21 @@ func TestCheck(t *testing.T) {
 		nsLabels map[string]string
 		want     string // reason, "" when bound
 	}{
-		{"no binding", Binding{}, nil, ForService, "shop", nil, ""},
-		{"not found", foreign, nil, ForService, "shop", nil, ReasonNotReady},
-		{"own namespace, default", foreign, wp(ForService, nil), ForService, "infra", nil, ""},
-		{"other namespace, default", foreign, wp(ForService, nil), ForService, "shop", shop, ReasonAttachmentDenied},
-		{"other namespace, Same", foreign, wp(ForAll, fromNamespaces(gwv1.NamespacesFromSame, nil)), ForWorkload, "shop", shop, ReasonAttachmentDenied},
-		{"other namespace, All", foreign, wp(ForAll, fromNamespaces(gwv1.NamespacesFromAll, nil)), ForWorkload, "shop", shop, ""},
-		{"selector by name", foreign, wp(ForService, fromNamespaces(gwv1.NamespacesFromSelector, byName("shop"))), ForService, "shop", shop, ""},
-		{"selector by another name", foreign, wp(ForService, fromNamespaces(gwv1.NamespacesFromSelector, byName("shop2"))), ForService, "shop", shop, ReasonAttachmentDenied},
-		{"empty selector selects every namespace", foreign, wp(ForService, fromNamespaces(gwv1.NamespacesFromSelector, &metav1.LabelSelector{})), ForService, "shop", nil, ""},
-		{"selector and unknown namespace labels", foreign, wp(ForService, fromNamespaces(gwv1.NamespacesFromSelector, byName("shop"))), ForService, "shop", nil, ReasonAttachmentDenied},
-		{"Selector without selector", foreign, wp(ForService, fromNamespaces(gwv1.NamespacesFromSelector, nil)), ForService, "infra", nil, ReasonAttachmentDenied},
-		{"unknown from", foreign, wp(ForService, fromNamespaces("Everyone", nil)), ForService, "shop", shop, ReasonAttachmentDenied},
-		{"namespaces without from", foreign, wp(ForService, &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{Selector: byName("shop")}}), ForService, "shop", shop, ReasonAttachmentDenied},
-		{"traffic kind before consent", foreign, wp(ForService, nil), ForWorkload, "shop", shop, ReasonUnsupportedTraffic},
-		{"none waypoint", foreign, wp(ForNone, fromNamespaces(gwv1.NamespacesFromAll, nil)), ForService, "shop", shop, ReasonUnsupportedTraffic},
+		{"no binding", Binding{}, nil, "service", "shop", nil, ""},
+		{"not found", foreign, nil, "service", "shop", nil, ReasonNotReady},
+		{"own namespace, default", foreign, wp("service", nil), "service", "infra", nil, ""},
+		{"other namespace, default", foreign, wp("service", nil), "service", "shop", shop, ReasonAttachmentDenied},
+		{"other namespace, Same", foreign, wp("all", fromNamespaces(gwv1.NamespacesFromSame, nil)), "workload", "shop", shop, ReasonAttachmentDenied},
+		{"other namespace, All", foreign, wp("all", fromNamespaces(gwv1.NamespacesFromAll, nil)), "workload", "shop", shop, ""},
+		{"selector by name", foreign, wp("service", fromNamespaces(gwv1.NamespacesFromSelector, byName("shop"))), "service", "shop", shop, ""},
+		{"selector by another name", foreign, wp("service", fromNamespaces(gwv1.NamespacesFromSelector, byName("shop2"))), "service", "shop", shop, ReasonAttachmentDenied},
+		{"empty selector selects every namespace", foreign, wp("service", fromNamespaces(gwv1.NamespacesFromSelector, &metav1.LabelSelector{})), "service", "shop", nil, ""},
+		{"selector and unknown namespace labels", foreign, wp("service", fromNamespaces(gwv1.NamespacesFromSelector, byName("shop"))), "service", "shop", nil, ReasonAttachmentDenied},
+		{"Selector without selector", foreign, wp("service", fromNamespaces(gwv1.NamespacesFromSelector, nil)), "service", "infra", nil, ReasonAttachmentDenied},
+		{"unknown from", foreign, wp("service", fromNamespaces("Everyone", nil)), "service", "shop", shop, ReasonAttachmentDenied},
+		{"namespaces without from", foreign, wp("service", &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{Selector: byName("shop")}}), "service", "shop", shop, ReasonAttachmentDenied},
+		{"traffic kind before consent", foreign, wp("service", nil), "workload", "shop", shop, ReasonUnsupportedTraffic},
+		{"none waypoint", foreign, wp("none", fromNamespaces(gwv1.NamespacesFromAll, nil)), "service", "shop", shop, ReasonUnsupportedTraffic},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -225,7 +225,7 @@ func TestCheck(t *testing.T) {
 // it starts, not on every recomputation, and again after it was lifted.
 func TestIndexReportsDenialOnce(t *testing.T) {
 	w := newWorld(t)
-	w.set(kindNamespace, ns("shop", map[string]string{LabelUseWaypoint: "wp", LabelUseWaypointNamespace: "infra"}))
+	w.set(kindNamespace, ns("shop", map[string]string{"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": "infra"}))
 	w.set(kindService, newService("shop", "cart", nil))
 	w.set(kindPod, newPod("shop", "cart-1"))
 	w.set(kindGateway, foreignWaypoint(nil))

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"google.golang.org/protobuf/proto"
+	"istio.io/api/label"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -249,12 +250,12 @@ func (ix *index) gatewayChanged(key string, b batch) {
 	// The waypoint's own pods and Service, which never get a waypoint.
 	ns, name, _ := cache.SplitMetaNamespaceKey(key)
 	for _, p := range ix.byNamespace(ix.stores.Pods, ns) {
-		if p.(*corev1.Pod).Labels[LabelGatewayName] == name {
+		if p.(*corev1.Pod).Labels[label.IoK8sNetworkingGatewayGatewayName.Name] == name {
 			b.add(kindPod, keyOf(p))
 		}
 	}
 	for _, s := range ix.byNamespace(ix.stores.Services, ns) {
-		if s.(*corev1.Service).Labels[LabelGatewayName] == name {
+		if s.(*corev1.Service).Labels[label.IoK8sNetworkingGatewayGatewayName.Name] == name {
 			b.add(kindService, keyOf(s))
 		}
 	}
@@ -390,7 +391,7 @@ func (ix *index) serviceChanged(key string, b batch, u *Update) {
 		in := ServiceInput{Service: svc}
 		in.Binding, in.NamespaceLabels = ix.binding(ref, ns, svc.Labels)
 		in.Waypoint = ix.waypoints[in.Binding.Key]
-		in.IsWaypoint = ix.waypoints[ns+"/"+svc.Labels[LabelGatewayName]] != nil
+		in.IsWaypoint = ix.waypoints[ns+"/"+svc.Labels[label.IoK8sNetworkingGatewayGatewayName.Name]] != nil
 		var refused *Refusal
 		res, refused = ix.cfg.Service(in)
 		ix.refused(ref, svc, refused, u)
@@ -455,7 +456,7 @@ func (ix *index) podChanged(key string, u *Update) {
 		in := PodInput{Pod: pod}
 		in.Binding, in.NamespaceLabels = ix.binding(ref, ns, pod.Labels)
 		in.Waypoint = ix.waypoints[in.Binding.Key]
-		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[LabelGatewayName]] != nil
+		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[label.IoK8sNetworkingGatewayGatewayName.Name]] != nil
 		in.Services = ix.podServices(key)
 		in.Policies = ix.podPolicies(pod)
 		var refused *Refusal

@@ -161,7 +161,7 @@ func TestIndexIncremental(t *testing.T) {
 		{
 			name: "one pod annotated: one resource",
 			change: func() batch {
-				return w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart"), withAnnotation(AnnotationRedirection, "enabled")))
+				return w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart"), withAnnotation("ambient.istio.io/redirection", "enabled")))
 			},
 			wantChanged: []string{"Kubernetes//Pod/shop/cart-1"},
 			check: func(t *testing.T) {
@@ -173,7 +173,7 @@ func TestIndexIncremental(t *testing.T) {
 		{
 			name: "pod status change without effect: nothing",
 			change: func() batch {
-				return w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart"), withAnnotation(AnnotationRedirection, "enabled"),
+				return w.set(kindPod, newPod("shop", "cart-1", withLabel("app", "cart"), withAnnotation("ambient.istio.io/redirection", "enabled"),
 					func(p *corev1.Pod) { p.ResourceVersion = "2" }))
 			},
 		},
@@ -234,13 +234,13 @@ func TestIndexIncremental(t *testing.T) {
 		{
 			name: "namespace points at a waypoint that does not exist yet: nothing",
 			change: func() batch {
-				return w.set(kindNamespace, ns("shop", map[string]string{LabelUseWaypoint: "waypoint"}))
+				return w.set(kindNamespace, ns("shop", map[string]string{"istio.io/use-waypoint": "waypoint"}))
 			},
 		},
 		{
 			name: "waypoint gets an address: the service binds, pods do not (service waypoint)",
 			change: func() batch {
-				return w.set(kindGateway, gateway(WaypointClass, nil, gwv1.GatewayStatusAddress{
+				return w.set(kindGateway, gateway("istio-waypoint", nil, gwv1.GatewayStatusAddress{
 					Type: ptr(gwv1.HostnameAddressType), Value: "waypoint.shop.svc.cluster.local"}))
 			},
 			wantChanged: []string{cartSvc},
@@ -253,7 +253,7 @@ func TestIndexIncremental(t *testing.T) {
 		{
 			name: "waypoint serves all: pods bind too",
 			change: func() batch {
-				return w.set(kindGateway, gateway(WaypointClass, map[string]string{LabelWaypointFor: ForAll}, gwv1.GatewayStatusAddress{
+				return w.set(kindGateway, gateway("istio-waypoint", map[string]string{"istio.io/waypoint-for": "all"}, gwv1.GatewayStatusAddress{
 					Type: ptr(gwv1.HostnameAddressType), Value: "waypoint.shop.svc.cluster.local"}))
 			},
 			wantChanged: []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2", "Kubernetes//Pod/shop/db"},
@@ -261,7 +261,7 @@ func TestIndexIncremental(t *testing.T) {
 		{
 			name: "a pod opts out",
 			change: func() batch {
-				return w.set(kindPod, newPod("shop", "db", withLabel("app", "db"), withLabel(LabelUseWaypoint, "none")))
+				return w.set(kindPod, newPod("shop", "db", withLabel("app", "db"), withLabel("istio.io/use-waypoint", "none")))
 			},
 			wantChanged: []string{"Kubernetes//Pod/shop/db"},
 			check: func(t *testing.T) {
@@ -272,7 +272,7 @@ func TestIndexIncremental(t *testing.T) {
 		},
 		{
 			name:        "waypoint deleted: bound objects lose it",
-			change:      func() batch { return w.del(kindGateway, gateway(WaypointClass, nil)) },
+			change:      func() batch { return w.del(kindGateway, gateway("istio-waypoint", nil)) },
 			wantChanged: []string{"Kubernetes//Pod/shop/cart-1", "Kubernetes//Pod/shop/cart-2", cartSvc},
 		},
 		{

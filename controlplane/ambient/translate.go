@@ -6,41 +6,18 @@ import (
 	"slices"
 	"strings"
 
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
-// User-facing names (Istio's).
-const (
-	LabelUseWaypoint          = "istio.io/use-waypoint"
-	LabelUseWaypointNamespace = "istio.io/use-waypoint-namespace"
-	LabelWaypointFor          = "istio.io/waypoint-for"
-	// LabelGatewayName marks the pods and Service deployed for a Gateway.
-	LabelGatewayName = "gateway.networking.k8s.io/gateway-name"
-	// AnnotationRedirection is written by the node agent once a pod's
-	// traffic is redirected to ztunnel.
-	AnnotationRedirection = "ambient.istio.io/redirection"
-	// WaypointClass is the GatewayClass of waypoints.
-	WaypointClass = "istio-waypoint"
-	// HBONEPort is where waypoints and ztunnel terminate HBONE.
-	HBONEPort = 15008
-
-	labelCanonicalName     = "service.istio.io/canonical-name"
-	labelCanonicalRevision = "service.istio.io/canonical-revision"
-	labelPodTemplateHash   = "pod-template-hash"
-)
-
-// Waypoint-for values.
-const (
-	ForService  = "service"
-	ForWorkload = "workload"
-	ForAll      = "all"
-	ForNone     = "none"
-)
+const labelPodTemplateHash = "pod-template-hash"
 
 // Config holds the mesh settings the translation depends on.
 type Config struct {
@@ -96,7 +73,8 @@ func ServiceKey(namespace, hostname string) string { return namespace + "/" + ho
 // Waypoint is a Gateway of class istio-waypoint.
 type Waypoint struct {
 	Namespace, Name string
-	// For is the traffic it serves: ForService, ForWorkload, ForAll or ForNone.
+	// For is the traffic it serves: a value of istio.io/waypoint-for
+	// (apinames.WaypointForService, ...).
 	For string
 	// Address is what ztunnel sends to; nil until the Gateway has a status
 	// address, and then the waypoint is not used.
@@ -109,18 +87,18 @@ type Waypoint struct {
 func (w *Waypoint) Key() string { return w.Namespace + "/" + w.Name }
 
 func (w *Waypoint) serves(kind string) bool {
-	return w.For == ForAll || w.For == kind
+	return w.For == apinames.WaypointForAll || w.For == kind
 }
 
 // NewWaypoint returns the waypoint a Gateway defines, or nil if it is not of
 // the waypoint class.
 func NewWaypoint(gw *gwv1.Gateway, network string) *Waypoint {
-	if gw == nil || string(gw.Spec.GatewayClassName) != WaypointClass {
+	if gw == nil || string(gw.Spec.GatewayClassName) != apinames.WaypointClass {
 		return nil
 	}
-	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: ForService, Attachment: NewAttachment(gw)}
-	switch v := gw.Labels[LabelWaypointFor]; v {
-	case ForService, ForWorkload, ForAll, ForNone:
+	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: apinames.WaypointForService, Attachment: NewAttachment(gw)}
+	switch v := gw.Labels[label.IoIstioWaypointFor.Name]; v {
+	case apinames.WaypointForService, apinames.WaypointForWorkload, apinames.WaypointForAll, apinames.WaypointForNone:
 		w.For = v
 	}
 	var ip *workloadpb.GatewayAddress
@@ -129,14 +107,14 @@ func NewWaypoint(gw *gwv1.Gateway, network string) *Waypoint {
 		case a.Type != nil && *a.Type == gwv1.HostnameAddressType && a.Value != "":
 			w.Address = &workloadpb.GatewayAddress{
 				Destination:   &workloadpb.GatewayAddress_Hostname{Hostname: &workloadpb.NamespacedHostname{Namespace: gw.Namespace, Hostname: a.Value}},
-				HboneMtlsPort: HBONEPort,
+				HboneMtlsPort: apinames.HBONEPort,
 			}
 			return w
 		case ip == nil && (a.Type == nil || *a.Type == gwv1.IPAddressType):
 			if addr, err := netip.ParseAddr(a.Value); err == nil {
 				ip = &workloadpb.GatewayAddress{
 					Destination:   &workloadpb.GatewayAddress_Address{Address: &workloadpb.NetworkAddress{Network: network, Address: addr.Unmap().AsSlice()}},
-					HboneMtlsPort: HBONEPort,
+					HboneMtlsPort: apinames.HBONEPort,
 				}
 			}
 		}
@@ -158,19 +136,19 @@ type Binding struct {
 // namespace. The object's own label wins, and "none" on the object opts out
 // even when its namespace names a waypoint.
 func BindingFor(objNamespace string, objLabels, nsLabels map[string]string) Binding {
-	if name, ok := objLabels[LabelUseWaypoint]; ok {
-		if name == "" || name == ForNone {
+	if name, ok := objLabels[label.IoIstioUseWaypoint.Name]; ok {
+		if name == "" || name == apinames.WaypointForNone {
 			return Binding{}
 		}
 		ns := objNamespace
-		if v := objLabels[LabelUseWaypointNamespace]; v != "" {
+		if v := objLabels[label.IoIstioUseWaypointNamespace.Name]; v != "" {
 			ns = v
 		}
 		return Binding{Key: ns + "/" + name, Explicit: true}
 	}
-	if name := nsLabels[LabelUseWaypoint]; name != "" && name != ForNone {
+	if name := nsLabels[label.IoIstioUseWaypoint.Name]; name != "" && name != apinames.WaypointForNone {
 		ns := objNamespace
-		if v := nsLabels[LabelUseWaypointNamespace]; v != "" {
+		if v := nsLabels[label.IoIstioUseWaypointNamespace.Name]; v != "" {
 			ns = v
 		}
 		return Binding{Key: ns + "/" + name}
@@ -241,7 +219,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal)
 	if c.TrustDomain != "cluster.local" {
 		w.TrustDomain = c.TrustDomain
 	}
-	if p.Annotations[AnnotationRedirection] == "enabled" {
+	if p.Annotations[annotation.AmbientRedirection.Name] == apinames.RedirectionEnabled {
 		w.TunnelProtocol = workloadpb.TunnelProtocol_HBONE
 	}
 	if p.Spec.HostNetwork {
@@ -252,7 +230,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal)
 	}
 	w.CanonicalName, w.CanonicalRevision = canonical(p.Labels, w.WorkloadName)
 	if !in.IsWaypoint {
-		w.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, ForWorkload, p.Namespace, in.NamespaceLabels)
+		w.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, apinames.WaypointForWorkload, p.Namespace, in.NamespaceLabels)
 	}
 	if len(in.Services) > 0 {
 		w.Services = make(map[string]*workloadpb.PortList, len(in.Services))
@@ -342,11 +320,11 @@ func isDigits(s string) bool {
 // canonical returns the canonical service name and revision of a workload,
 // from Istio's labels, then the Kubernetes recommended ones, then app/version.
 func canonical(labels map[string]string, workload string) (string, string) {
-	name := firstLabel(labels, labelCanonicalName, "app.kubernetes.io/name", "app")
+	name := firstLabel(labels, label.ServiceCanonicalName.Name, "app.kubernetes.io/name", "app")
 	if name == "" {
 		name = workload
 	}
-	rev := firstLabel(labels, labelCanonicalRevision, "app.kubernetes.io/version", "version")
+	rev := firstLabel(labels, label.ServiceCanonicalRevision.Name, "app.kubernetes.io/version", "version")
 	if rev == "" {
 		rev = "latest"
 	}
@@ -407,7 +385,7 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, refused *Refusa
 	}
 	s.LoadBalancing = loadBalancing(svc)
 	if !in.IsWaypoint {
-		s.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, ForService, svc.Namespace, in.NamespaceLabels)
+		s.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, apinames.WaypointForService, svc.Namespace, in.NamespaceLabels)
 	}
 	return s, refused
 }

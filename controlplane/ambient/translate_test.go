@@ -76,7 +76,7 @@ func TestWorkload(t *testing.T) {
 			CanonicalName: "cart", CanonicalRevision: "latest",
 		}
 	}
-	wpAll := &Waypoint{Namespace: "shop", Name: "waypoint", For: ForAll, Address: hostWaypoint}
+	wpAll := &Waypoint{Namespace: "shop", Name: "waypoint", For: "all", Address: hostWaypoint}
 	tests := []struct {
 		name string
 		cfg  Config
@@ -86,7 +86,7 @@ func TestWorkload(t *testing.T) {
 		{name: "plain pod", in: PodInput{Pod: newPod("shop", "cart")}, want: func(w *workloadpb.Workload) *workloadpb.Workload { return w }},
 		{
 			name: "redirected pod speaks HBONE",
-			in:   PodInput{Pod: newPod("shop", "cart", withAnnotation(AnnotationRedirection, "enabled"))},
+			in:   PodInput{Pod: newPod("shop", "cart", withAnnotation("ambient.istio.io/redirection", "enabled"))},
 			want: func(w *workloadpb.Workload) *workloadpb.Workload {
 				w.TunnelProtocol = workloadpb.TunnelProtocol_HBONE
 				return w
@@ -94,7 +94,7 @@ func TestWorkload(t *testing.T) {
 		},
 		{
 			name: "pending redirection is not HBONE",
-			in:   PodInput{Pod: newPod("shop", "cart", withAnnotation(AnnotationRedirection, "pending"))},
+			in:   PodInput{Pod: newPod("shop", "cart", withAnnotation("ambient.istio.io/redirection", "pending"))},
 			want: func(w *workloadpb.Workload) *workloadpb.Workload { return w },
 		},
 		{
@@ -174,7 +174,7 @@ func TestWorkload(t *testing.T) {
 		{
 			name: "canonical labels",
 			in: PodInput{Pod: newPod("shop", "cart", withLabel("app", "web"), withLabel("version", "v2"),
-				withLabel(labelCanonicalName, "storefront"))},
+				withLabel("service.istio.io/canonical-name", "storefront"))},
 			want: func(w *workloadpb.Workload) *workloadpb.Workload {
 				w.CanonicalName, w.CanonicalRevision = "storefront", "v2"
 				return w
@@ -188,13 +188,13 @@ func TestWorkload(t *testing.T) {
 		{
 			name: "service-only waypoint is not used by a pod",
 			in: PodInput{Pod: newPod("shop", "cart"), Binding: Binding{Key: "shop/waypoint"},
-				Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: ForService, Address: hostWaypoint}},
+				Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: "service", Address: hostWaypoint}},
 			want: func(w *workloadpb.Workload) *workloadpb.Workload { return w },
 		},
 		{
 			name: "waypoint without address is not used",
 			in: PodInput{Pod: newPod("shop", "cart"), Binding: Binding{Key: "shop/waypoint"},
-				Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: ForAll}},
+				Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: "all"}},
 			want: func(w *workloadpb.Workload) *workloadpb.Workload { return w },
 		},
 		{
@@ -240,17 +240,17 @@ func TestBindingFor(t *testing.T) {
 		wantEmpty bool
 	}{
 		{name: "none anywhere", want: Binding{}},
-		{name: "own label", obj: map[string]string{LabelUseWaypoint: "wp"}, want: Binding{Key: "shop/wp", Explicit: true}},
-		{name: "own label other namespace", obj: map[string]string{LabelUseWaypoint: "wp", LabelUseWaypointNamespace: "infra"},
+		{name: "own label", obj: map[string]string{"istio.io/use-waypoint": "wp"}, want: Binding{Key: "shop/wp", Explicit: true}},
+		{name: "own label other namespace", obj: map[string]string{"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": "infra"},
 			want: Binding{Key: "infra/wp", Explicit: true}},
-		{name: "inherited", ns: map[string]string{LabelUseWaypoint: "ns-wp"}, want: Binding{Key: "shop/ns-wp"}},
-		{name: "inherited other namespace", ns: map[string]string{LabelUseWaypoint: "ns-wp", LabelUseWaypointNamespace: "infra"},
+		{name: "inherited", ns: map[string]string{"istio.io/use-waypoint": "ns-wp"}, want: Binding{Key: "shop/ns-wp"}},
+		{name: "inherited other namespace", ns: map[string]string{"istio.io/use-waypoint": "ns-wp", "istio.io/use-waypoint-namespace": "infra"},
 			want: Binding{Key: "infra/ns-wp"}},
-		{name: "own wins", obj: map[string]string{LabelUseWaypoint: "wp"}, ns: map[string]string{LabelUseWaypoint: "ns-wp"},
+		{name: "own wins", obj: map[string]string{"istio.io/use-waypoint": "wp"}, ns: map[string]string{"istio.io/use-waypoint": "ns-wp"},
 			want: Binding{Key: "shop/wp", Explicit: true}},
-		{name: "own none opts out", obj: map[string]string{LabelUseWaypoint: "none"}, ns: map[string]string{LabelUseWaypoint: "ns-wp"}},
-		{name: "namespace none", ns: map[string]string{LabelUseWaypoint: "none"}},
-		{name: "namespace's other-namespace label alone does nothing", ns: map[string]string{LabelUseWaypointNamespace: "infra"}},
+		{name: "own none opts out", obj: map[string]string{"istio.io/use-waypoint": "none"}, ns: map[string]string{"istio.io/use-waypoint": "ns-wp"}},
+		{name: "namespace none", ns: map[string]string{"istio.io/use-waypoint": "none"}},
+		{name: "namespace's other-namespace label alone does nothing", ns: map[string]string{"istio.io/use-waypoint-namespace": "infra"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -282,15 +282,15 @@ func TestNewWaypoint(t *testing.T) {
 		want *Waypoint
 	}{
 		{"not a waypoint", gateway("istio", nil, hostname), nil},
-		{"no address yet", gateway(WaypointClass, nil), &Waypoint{Namespace: "shop", Name: "waypoint", For: ForService}},
-		{"hostname preferred", gateway(WaypointClass, nil, ipAddr, hostname),
-			&Waypoint{Namespace: "shop", Name: "waypoint", For: ForService, Address: hostWaypoint}},
-		{"ip", gateway(WaypointClass, map[string]string{LabelWaypointFor: ForWorkload}, ipAddr),
-			&Waypoint{Namespace: "shop", Name: "waypoint", For: ForWorkload, Address: ipWaypoint}},
-		{"untyped address is an IP", gateway(WaypointClass, nil, gwv1.GatewayStatusAddress{Value: "10.96.0.20"}),
-			&Waypoint{Namespace: "shop", Name: "waypoint", For: ForService, Address: ipWaypoint}},
-		{"unknown waypoint-for means service", gateway(WaypointClass, map[string]string{LabelWaypointFor: "bogus"}),
-			&Waypoint{Namespace: "shop", Name: "waypoint", For: ForService}},
+		{"no address yet", gateway("istio-waypoint", nil), &Waypoint{Namespace: "shop", Name: "waypoint", For: "service"}},
+		{"hostname preferred", gateway("istio-waypoint", nil, ipAddr, hostname),
+			&Waypoint{Namespace: "shop", Name: "waypoint", For: "service", Address: hostWaypoint}},
+		{"ip", gateway("istio-waypoint", map[string]string{"istio.io/waypoint-for": "workload"}, ipAddr),
+			&Waypoint{Namespace: "shop", Name: "waypoint", For: "workload", Address: ipWaypoint}},
+		{"untyped address is an IP", gateway("istio-waypoint", nil, gwv1.GatewayStatusAddress{Value: "10.96.0.20"}),
+			&Waypoint{Namespace: "shop", Name: "waypoint", For: "service", Address: ipWaypoint}},
+		{"unknown waypoint-for means service", gateway("istio-waypoint", map[string]string{"istio.io/waypoint-for": "bogus"}),
+			&Waypoint{Namespace: "shop", Name: "waypoint", For: "service"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -335,7 +335,7 @@ func TestService(t *testing.T) {
 			},
 		}
 	}
-	wpSvc := &Waypoint{Namespace: "shop", Name: "waypoint", For: ForService, Address: hostWaypoint}
+	wpSvc := &Waypoint{Namespace: "shop", Name: "waypoint", For: "service", Address: hostWaypoint}
 	tests := []struct {
 		name string
 		in   ServiceInput
@@ -363,7 +363,7 @@ func TestService(t *testing.T) {
 		{name: "service waypoint", in: ServiceInput{Service: newService("shop", "cart", nil), Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc},
 			want: func(s *workloadpb.Service) *workloadpb.Service { s.Waypoint = hostWaypoint; return s }},
 		{name: "workload-only waypoint is not used by a service", in: ServiceInput{Service: newService("shop", "cart", nil), Binding: Binding{Key: "shop/waypoint"},
-			Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: ForWorkload, Address: hostWaypoint}},
+			Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: "workload", Address: hostWaypoint}},
 			want: func(s *workloadpb.Service) *workloadpb.Service { return s }},
 		{name: "the waypoint's own service", in: ServiceInput{Service: newService("shop", "cart", nil), Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc, IsWaypoint: true},
 			want: func(s *workloadpb.Service) *workloadpb.Service { return s }},
@@ -415,8 +415,8 @@ func TestServicePorts(t *testing.T) {
 func FuzzWorkload(f *testing.F) {
 	for _, p := range []*corev1.Pod{
 		newPod("shop", "cart"),
-		newPod("shop", "cart", withIPs("10.0.0.1", "fd00::1", "not-an-ip"), withAnnotation(AnnotationRedirection, "enabled"),
-			withLabel(LabelUseWaypoint, "wp"), withOwner("ReplicaSet", "cart-7f9"), withLabel(labelPodTemplateHash, "7f9")),
+		newPod("shop", "cart", withIPs("10.0.0.1", "fd00::1", "not-an-ip"), withAnnotation("ambient.istio.io/redirection", "enabled"),
+			withLabel("istio.io/use-waypoint", "wp"), withOwner("ReplicaSet", "cart-7f9"), withLabel(labelPodTemplateHash, "7f9")),
 	} {
 		b, err := json.Marshal(p)
 		if err != nil {
@@ -424,7 +424,7 @@ func FuzzWorkload(f *testing.F) {
 		}
 		f.Add(b, true)
 	}
-	wp := &Waypoint{Namespace: "shop", Name: "wp", For: ForAll, Address: hostWaypoint}
+	wp := &Waypoint{Namespace: "shop", Name: "wp", For: "all", Address: hostWaypoint}
 	f.Fuzz(func(t *testing.T, data []byte, bound bool) {
 		var p corev1.Pod
 		if err := json.Unmarshal(data, &p); err != nil {

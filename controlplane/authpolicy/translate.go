@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"google.golang.org/protobuf/types/known/emptypb"
+	"istio.io/api/annotation"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 
@@ -25,9 +26,6 @@ const (
 	// ReasonInvalid: a value could not be parsed; the rule holding it fails
 	// closed.
 	ReasonInvalid = "Invalid"
-
-	// DryRunAnnotation marks a policy to be evaluated but not enforced.
-	DryRunAnnotation = "istio.io/dry-run"
 )
 
 // l4WhenKeys are the condition keys ztunnel can evaluate on a connection.
@@ -85,7 +83,7 @@ func Translate(rootNamespace string, p *securityv1.AuthorizationPolicy) Result {
 
 	t := translator{action: action, policyNS: p.Namespace}
 	var problems []string
-	dryRun, dryRunProblem := parseDryRun(p.Annotations[DryRunAnnotation])
+	dryRun, dryRunProblem := parseDryRun(p.Annotations[annotation.IoIstioDryRun.Name])
 	if dryRunProblem != "" {
 		problems = append(problems, dryRunProblem)
 	}
@@ -211,7 +209,7 @@ func parseDryRun(v string) (bool, string) {
 	}
 	b, err := strconv.ParseBool(v)
 	if err != nil {
-		return false, fmt.Sprintf("annotation %s=%q is not a boolean, so the policy is enforced", DryRunAnnotation, v)
+		return false, fmt.Sprintf("annotation %s=%q is not a boolean, so the policy is enforced", annotation.IoIstioDryRun.Name, v)
 	}
 	return b, ""
 }

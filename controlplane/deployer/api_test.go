@@ -21,10 +21,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
-	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/internal/apitest"
 )
 
@@ -165,6 +165,25 @@ func (a *apiCheck) waitDeployment(ns, name, what string, ok func(*appsv1.Deploym
 	return d
 }
 
+// tamperImage edits a waypoint Deployment's image as a user would, with
+// a fresh read on a conflict: the deployer may still be writing it.
+func (a *apiCheck) tamperImage(t *testing.T, ns, name, image string) {
+	t.Helper()
+	deps := a.c.Kube.AppsV1().Deployments(ns)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		dep, err := deps.Get(a.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		dep.Spec.Template.Spec.Containers[0].Image = image
+		_, err = deps.Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 func container(d *appsv1.Deployment) corev1.Container {
 	for _, c := range d.Spec.Template.Spec.Containers {
 		if c.Name == "waypoint" {
@@ -206,8 +225,8 @@ func (a *apiCheck) checkDeployed(gw *gwv1.Gateway) {
 		if diff := cmp.Diff(owner, om.OwnerReferences); diff != "" {
 			t.Errorf("%s %s/%s owner references (-want +got):\n%s", kind, ns, name, diff)
 		}
-		if om.Labels[ambient.LabelGatewayName] != name {
-			t.Errorf("%s %s/%s labels %v, want %s=%s", kind, ns, name, om.Labels, ambient.LabelGatewayName, name)
+		if om.Labels["gateway.networking.k8s.io/gateway-name"] != name {
+			t.Errorf("%s %s/%s labels %v, want %s=%s", kind, ns, name, om.Labels, "gateway.networking.k8s.io/gateway-name", name)
 		}
 	}
 	c := container(dep)
@@ -289,12 +308,12 @@ func TestAPIServer(t *testing.T) {
 
 	// Classes exist before the deployer starts (as the chart installs ours).
 	other := a.ensureClass("other-class", "example.com/other-controller")
-	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	a.ensureClass("istio-waypoint", "weft.dev/waypoint-controller")
 	r := runDeployer(t, c.Config, cfg)
 
 	t.Run("GatewayClass", func(t *testing.T) {
 		eventually(t, a.ctx, "GatewayClass istio-waypoint Accepted", func(ctx context.Context) (bool, string) {
-			gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, ambient.WaypointClass, metav1.GetOptions{})
+			gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, "istio-waypoint", metav1.GetOptions{})
 			if err != nil {
 				return false, errState(err)
 			}
@@ -311,7 +330,7 @@ func TestAPIServer(t *testing.T) {
 	})
 
 	t.Run("Deploy", func(t *testing.T) {
-		created := a.createGateway(ns, "waypoint", ambient.WaypointClass, "")
+		created := a.createGateway(ns, "waypoint", "istio-waypoint", "")
 		gw := a.waitProgrammed(ns, "waypoint")
 		if gw.UID != created.UID {
 			t.Fatal("the Gateway was replaced")
@@ -320,14 +339,7 @@ func TestAPIServer(t *testing.T) {
 	})
 
 	t.Run("DriftReverted", func(t *testing.T) {
-		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "waypoint", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:1"
-		if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
-			t.Fatal(err)
-		}
+		a.tamperImage(t, ns, "waypoint", "example.com/tampered:1")
 		a.waitDeployment(ns, "waypoint", "image reverted to "+cfg.Image, func(d *appsv1.Deployment) (bool, string) {
 			img := container(d).Image
 			return img == cfg.Image, "image " + img
@@ -342,7 +354,7 @@ func TestAPIServer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		delete(svc.Labels, labelManaged)
+		delete(svc.Labels, "gateway.istio.io/managed")
 		if _, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
 			t.Fatal(err)
 		}
@@ -351,13 +363,13 @@ func TestAPIServer(t *testing.T) {
 			if err != nil {
 				return false, errState(err)
 			}
-			return svc.Labels[labelManaged] == "weft.dev-waypoint-controller", fmt.Sprintf("labels %v", svc.Labels)
+			return svc.Labels["gateway.istio.io/managed"] == "weft.dev-waypoint-controller", fmt.Sprintf("labels %v", svc.Labels)
 		})
 		a.waitProgrammed(ns, "waypoint")
 	})
 
 	t.Run("Parameters", func(t *testing.T) {
-		a.createGateway(ns, "tuned", ambient.WaypointClass, "tuned-params")
+		a.createGateway(ns, "tuned", "istio-waypoint", "tuned-params")
 		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params", "not found")
 		// Refused: nothing is deployed.
 		for _, get := range []func() error{
@@ -461,7 +473,7 @@ func TestAPIServer(t *testing.T) {
 		before := a.createGateway(ns, "not-a-waypoint", other.Name, "")
 		// Created after it, on the same watch, so queued after it: once
 		// this one is programmed, the other one has been looked at.
-		a.createGateway(ns, "after-other", ambient.WaypointClass, "")
+		a.createGateway(ns, "after-other", "istio-waypoint", "")
 		a.waitProgrammed(ns, "after-other")
 		if _, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "not-a-waypoint", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("Deployment for a Gateway of class %s: %v, want not found", other.Name, err)
@@ -498,14 +510,7 @@ func TestAPIServer(t *testing.T) {
 		// A drift on another waypoint's Deployment comes on the same watch
 		// after the deletion: once it is reverted, the deletion has been
 		// handled.
-		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "after-other", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:2"
-		if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
-			t.Fatal(err)
-		}
+		a.tamperImage(t, ns, "after-other", "example.com/tampered:2")
 		a.waitDeployment(ns, "after-other", "image reverted", func(d *appsv1.Deployment) (bool, string) {
 			img := container(d).Image
 			return img == cfg.Image, "image " + img
@@ -644,11 +649,11 @@ func TestChartRBAC(t *testing.T) {
 	// The deployer itself, as that ServiceAccount: a missing permission
 	// leaves an informer unsynced or a write refused, and the Gateway is
 	// never programmed.
-	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	a.ensureClass("istio-waypoint", "weft.dev/waypoint-controller")
 	rc := rest.CopyConfig(c.Config)
 	rc.Impersonate = rest.ImpersonationConfig{UserName: user}
 	r := runDeployer(t, rc, cfg)
-	a.createGateway(ns, "rbac-waypoint", ambient.WaypointClass, "rbac-params")
+	a.createGateway(ns, "rbac-waypoint", "istio-waypoint", "rbac-params")
 	a.waitRefused(ns, "rbac-waypoint", "InvalidParameters", "rbac-params")
 	a.applyConfigMap(ns, "rbac-params", map[string]string{KeyDeployment: "spec: {replicas: 2}"})
 	gw := a.waitProgrammed(ns, "rbac-waypoint")
@@ -657,20 +662,13 @@ func TestChartRBAC(t *testing.T) {
 		return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
 	})
 	// Drift is reverted with these permissions too.
-	dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "rbac-waypoint", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dep.Spec.Template.Spec.Containers[0].Image = "example.com/tampered:3"
-	if _, err := c.Kube.AppsV1().Deployments(ns).Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
-		t.Fatal(err)
-	}
+	a.tamperImage(t, ns, "rbac-waypoint", "example.com/tampered:3")
 	a.waitDeployment(ns, "rbac-waypoint", "image reverted", func(d *appsv1.Deployment) (bool, string) {
 		img := container(d).Image
 		return img == cfg.Image, "image " + img
 	})
 	eventually(t, a.ctx, "GatewayClass istio-waypoint Accepted", func(ctx context.Context) (bool, string) {
-		gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, ambient.WaypointClass, metav1.GetOptions{})
+		gc, err := a.gw.GatewayV1().GatewayClasses().Get(ctx, "istio-waypoint", metav1.GetOptions{})
 		if err != nil {
 			return false, errState(err)
 		}
@@ -806,7 +804,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 	cfg := Config{Image: "weft/waypoint:takeover-test", ControlPlaneNamespace: "weft-system", Recheck: time.Second}
 	a := newAPICheck(t, c, cfg)
 	ns := uniqueNS("deployer-takeover")
-	a.ensureClass(ambient.WaypointClass, DefaultControllerName)
+	a.ensureClass("istio-waypoint", "weft.dev/waypoint-controller")
 	if err := c.EnsureNamespace(a.ctx, ns, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -819,7 +817,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 			name := "app-" + strings.ToLower(kind)
 			app := a.createAppObject(kind, ns, name)
 			before := a.snapshot(app)
-			a.createGateway(ns, name, ambient.WaypointClass, "")
+			a.createGateway(ns, name, "istio-waypoint", "")
 			a.checkBlocked(app, before, ns, name, kind+" "+ns+"/"+name+" exists and is not managed by the waypoint controller",
 				"rename the Gateway or delete the "+kind)
 			if t.Failed() {
@@ -841,7 +839,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 		// The gateway-name label (which the deployer watches) alone is
 		// not the managed label.
 		_, _, svc := appObjects(ns, "lookalike")
-		svc.Labels[ambient.LabelGatewayName] = "lookalike"
+		svc.Labels["gateway.networking.k8s.io/gateway-name"] = "lookalike"
 		if _, err := c.Kube.CoreV1().Services(ns).Create(a.ctx, svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -849,7 +847,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 			return c.Kube.CoreV1().Services(ns).Get(ctx, "lookalike", metav1.GetOptions{})
 		}}
 		before := a.snapshot(app)
-		a.createGateway(ns, "lookalike", ambient.WaypointClass, "")
+		a.createGateway(ns, "lookalike", "istio-waypoint", "")
 		a.checkBlocked(app, before, ns, "lookalike", "Service "+ns+"/lookalike exists and is not managed")
 	})
 
@@ -868,7 +866,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		a.createGateway(ns, "claimed", ambient.WaypointClass, "")
+		a.createGateway(ns, "claimed", "istio-waypoint", "")
 		a.checkBlocked(appObject{}, nil, ns, "claimed", "Service "+ns+"/claimed exists and is controlled by Gateway elsewhere")
 		now, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "claimed", metav1.GetOptions{})
 		if err != nil || now.ResourceVersion != before.ResourceVersion {
@@ -881,7 +879,7 @@ func TestAPIServerNoTakeover(t *testing.T) {
 		a.t, a.ctx = t, ctxFor(t, 2*time.Minute)
 		app := a.createAppObject("Deployment", ns, "kept")
 		before := a.snapshot(app)
-		a.createGateway(ns, "kept", ambient.WaypointClass, "")
+		a.createGateway(ns, "kept", "istio-waypoint", "")
 		a.checkBlocked(appObject{}, nil, ns, "kept", "Deployment "+ns+"/kept exists")
 		if err := a.gw.GatewayV1().Gateways(ns).Delete(a.ctx, "kept", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
@@ -928,7 +926,7 @@ func TestAPIServerApplyPreconditions(t *testing.T) {
 		t.Fatal(err)
 	}
 	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "pre", Namespace: ns, UID: "5b1b6a8e-0000-4000-8000-000000000007"},
-		Spec: gwv1.GatewaySpec{GatewayClassName: ambient.WaypointClass}}
+		Spec: gwv1.GatewaySpec{GatewayClassName: "istio-waypoint"}}
 	build := func() *corev1.Service {
 		objs, err := Build(d.cfg, gw, nil)
 		if err != nil {
@@ -955,7 +953,7 @@ func TestAPIServerApplyPreconditions(t *testing.T) {
 
 	// Changed after the check: the managed label taken away.
 	svc := checked.DeepCopy()
-	delete(svc.Labels, labelManaged)
+	delete(svc.Labels, "gateway.istio.io/managed")
 	changed, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)

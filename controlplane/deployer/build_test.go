@@ -14,8 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
-
-	"github.com/weftmesh/weft/controlplane/ambient"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -134,20 +132,20 @@ func checkOwned(t testing.TB, gw *gwv1.Gateway, o *Objects) {
 		if diff := cmp.Diff(owner, c.om.OwnerReferences); diff != "" {
 			t.Errorf("%s owner references (-want +got):\n%s", c.want.Kind, diff)
 		}
-		if got := c.om.Labels[ambient.LabelGatewayName]; got != gw.Name {
-			t.Errorf("%s label %s = %q, want %q", c.want.Kind, ambient.LabelGatewayName, got, gw.Name)
+		if got := c.om.Labels["gateway.networking.k8s.io/gateway-name"]; got != gw.Name {
+			t.Errorf("%s label %s = %q, want %q", c.want.Kind, "gateway.networking.k8s.io/gateway-name", got, gw.Name)
 		}
 		if c.om.ResourceVersion != "" || c.om.UID != "" || c.om.GenerateName != "" || len(c.om.Finalizers) > 0 || len(c.om.ManagedFields) > 0 {
 			t.Errorf("%s: metadata beyond labels and annotations from a patch: %+v", c.want.Kind, c.om)
 		}
 	}
-	sel := map[string]string{ambient.LabelGatewayName: gw.Name}
+	sel := map[string]string{"gateway.networking.k8s.io/gateway-name": gw.Name}
 	d := o.Deployment
 	if d.Spec.Selector == nil || !cmp.Equal(d.Spec.Selector.MatchLabels, sel) || len(d.Spec.Selector.MatchExpressions) > 0 {
 		t.Errorf("Deployment selector %v, want %v", d.Spec.Selector, sel)
 	}
-	if got := d.Spec.Template.Labels[ambient.LabelGatewayName]; got != gw.Name {
-		t.Errorf("pod label %s = %q, want %q", ambient.LabelGatewayName, got, gw.Name)
+	if got := d.Spec.Template.Labels["gateway.networking.k8s.io/gateway-name"]; got != gw.Name {
+		t.Errorf("pod label %s = %q, want %q", "gateway.networking.k8s.io/gateway-name", got, gw.Name)
 	}
 	if !cmp.Equal(o.Service.Spec.Selector, sel) {
 		t.Errorf("Service selector %v, want %v", o.Service.Spec.Selector, sel)

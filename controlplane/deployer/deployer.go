@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"istio.io/api/label"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -22,7 +23,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
-	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // FieldManager is the server-side apply manager of the deployed objects.
@@ -67,7 +68,7 @@ func New(cfg Config, kube kubernetes.Interface, gw gwclient.Interface, gateways,
 		cfg: cfg, kube: kube, gw: gw, gateways: gateways, classes: classes, log: log,
 		// Existence selector: only objects that carry the label.
 		owned: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields),
-			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = ambient.LabelGatewayName })),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = label.IoK8sNetworkingGatewayGatewayName.Name })),
 		params: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields)),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_waypoint_reconciles_total", Help: "Waypoint Gateway reconciliations, by result (ok, refused, conflict, error).",
@@ -107,7 +108,7 @@ func (d *Deployer) Run(ctx context.Context) error {
 			obj = t.Obj
 		}
 		if m, err := meta.Accessor(obj); err == nil {
-			if name := m.GetLabels()[ambient.LabelGatewayName]; name != "" {
+			if name := m.GetLabels()[label.IoK8sNetworkingGatewayGatewayName.Name]; name != "" {
 				queue.Add(m.GetNamespace() + "/" + name)
 			}
 		}
@@ -232,7 +233,7 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 		return "", false, err // deleted: the garbage collector removes what it owned
 	}
 	gw := obj.(*gwv1.Gateway)
-	if string(gw.Spec.GatewayClassName) != ambient.WaypointClass {
+	if string(gw.Spec.GatewayClassName) != apinames.WaypointClass {
 		return "", false, nil
 	}
 	if gw.DeletionTimestamp != nil {

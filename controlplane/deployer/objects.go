@@ -46,6 +46,7 @@ import (
 	"strings"
 	"time"
 
+	"istio.io/api/label"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -57,12 +58,11 @@ import (
 	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
-	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
-// Ports of a waypoint.
+// Ports of a waypoint besides apinames.HBONEPort.
 const (
-	PortHBONE   = ambient.HBONEPort
 	PortMetrics = 15020
 	PortStatus  = 15021
 )
@@ -74,18 +74,10 @@ const (
 	KeyServiceAccount = "serviceAccount"
 )
 
-// Labels the deployer sets (Istio's names).
-const (
-	// labelManaged marks an object the deployer may manage: it takes
-	// over no object that exists without it (see manageable). Its value
-	// is the controller's name with "/" turned into "-", as Istio's.
-	labelManaged       = "gateway.istio.io/managed"
-	labelDataplaneMode = "istio.io/dataplane-mode"
-	labelCanonicalName = "service.istio.io/canonical-name"
-	labelSidecarInject = "sidecar.istio.io/inject"
-)
-
-// managedValue is the value of labelManaged on the objects of a controller.
+// managedValue is the value of the label gateway.istio.io/managed on the
+// objects of a controller: the controller's name with "/" turned into "-", as
+// Istio's. The label marks an object the deployer may manage: it takes over
+// no object that exists without it (see manageable).
 func managedValue(controller string) string { return strings.ReplaceAll(controller, "/", "-") }
 
 // Config configures the deployer.
@@ -114,9 +106,6 @@ type Config struct {
 	Recheck time.Duration
 }
 
-// DefaultControllerName is the GatewayClass controller of waypoints.
-const DefaultControllerName = "weft.dev/waypoint-controller"
-
 func (c *Config) defaults() error {
 	if c.Image == "" || c.ControlPlaneNamespace == "" {
 		return fmt.Errorf("the waypoint image and the control plane's namespace are required")
@@ -134,7 +123,7 @@ func (c *Config) defaults() error {
 	def(&c.ClusterID, "Kubernetes")
 	def(&c.TrustDomain, "cluster.local")
 	def(&c.ClusterDomain, "cluster.local")
-	def(&c.ControllerName, DefaultControllerName)
+	def(&c.ControllerName, apinames.WaypointController)
 	if c.Recheck <= 0 {
 		c.Recheck = 30 * time.Second
 	}
@@ -206,7 +195,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			}
 		}
 	}
-	labels[ambient.LabelGatewayName] = name // the infrastructure may not take it away
+	labels[label.IoK8sNetworkingGatewayGatewayName.Name] = name // the infrastructure may not take it away
 	meta := func() metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: maps.Clone(labels), Annotations: maps.Clone(annotations),
 			OwnerReferences: []metav1.OwnerReference{{
@@ -214,12 +203,12 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 				Controller: ptr(true), BlockOwnerDeletion: ptr(true),
 			}}}
 	}
-	labels[labelManaged] = managedValue(cfg.ControllerName)
+	labels[label.GatewayManaged.Name] = managedValue(cfg.ControllerName)
 	podLabels := maps.Clone(labels)
-	delete(podLabels, labelManaged) // the pods are the Deployment's
-	podLabels[labelDataplaneMode] = "none"
-	podLabels[labelCanonicalName] = name
-	podLabels[labelSidecarInject] = "false"
+	delete(podLabels, label.GatewayManaged.Name) // the pods are the Deployment's
+	podLabels[label.IoIstioDataplaneMode.Name] = "none"
+	podLabels[label.ServiceCanonicalName.Name] = name
+	podLabels[label.SidecarInject.Name] = "false"
 	env := func(k, v string) corev1.EnvVar { return corev1.EnvVar{Name: k, Value: v} }
 	field := func(k, path string) corev1.EnvVar {
 		return corev1.EnvVar{Name: k, ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}}
@@ -231,7 +220,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			ObjectMeta: meta(),
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr(int32(1)),
-				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{ambient.LabelGatewayName: name}},
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}},
 				Template: corev1.PodTemplateSpec{
 					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: maps.Clone(annotations)},
 					Spec: corev1.PodSpec{
@@ -256,7 +245,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 								env("CLUSTER_ID", cfg.ClusterID), env("TRUST_DOMAIN", cfg.TrustDomain),
 							},
 							Ports: []corev1.ContainerPort{
-								{Name: "hbone", ContainerPort: PortHBONE, Protocol: corev1.ProtocolTCP},
+								{Name: "hbone", ContainerPort: apinames.HBONEPort, Protocol: corev1.ProtocolTCP},
 								{Name: "metrics", ContainerPort: PortMetrics, Protocol: corev1.ProtocolTCP},
 								{Name: "status-port", ContainerPort: PortStatus, Protocol: corev1.ProtocolTCP},
 							},
@@ -293,9 +282,9 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			ObjectMeta: meta(),
 			Spec: corev1.ServiceSpec{
 				Type:     corev1.ServiceTypeClusterIP,
-				Selector: map[string]string{ambient.LabelGatewayName: name},
+				Selector: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name},
 				Ports: []corev1.ServicePort{
-					{Name: "mesh", Port: PortHBONE, TargetPort: intstr.FromInt32(PortHBONE), Protocol: corev1.ProtocolTCP},
+					{Name: apinames.MeshListener, Port: apinames.HBONEPort, TargetPort: intstr.FromInt32(apinames.HBONEPort), Protocol: corev1.ProtocolTCP},
 					{Name: "metrics", Port: PortMetrics, TargetPort: intstr.FromInt32(PortMetrics), Protocol: corev1.ProtocolTCP},
 					{Name: "status-port", Port: PortStatus, TargetPort: intstr.FromInt32(PortStatus), Protocol: corev1.ProtocolTCP},
 				},
@@ -326,19 +315,19 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		if m.Labels == nil {
 			m.Labels = map[string]string{}
 		}
-		m.Labels[ambient.LabelGatewayName] = name
-		m.Labels[labelManaged] = labels[labelManaged]
+		m.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] = name
+		m.Labels[label.GatewayManaged.Name] = labels[label.GatewayManaged.Name]
 	}
 	own(&o.ServiceAccount.TypeMeta, &o.ServiceAccount.ObjectMeta, "v1", "ServiceAccount")
 	own(&o.Deployment.TypeMeta, &o.Deployment.ObjectMeta, "apps/v1", "Deployment")
 	own(&o.Service.TypeMeta, &o.Service.ObjectMeta, "v1", "Service")
 	o.Deployment.Status, o.Service.Status = appsv1.DeploymentStatus{}, corev1.ServiceStatus{}
-	o.Deployment.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{ambient.LabelGatewayName: name}}
+	o.Deployment.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}}
 	if o.Deployment.Spec.Template.Labels == nil {
 		o.Deployment.Spec.Template.Labels = map[string]string{}
 	}
-	o.Deployment.Spec.Template.Labels[ambient.LabelGatewayName] = name
-	o.Service.Spec.Selector = map[string]string{ambient.LabelGatewayName: name}
+	o.Deployment.Spec.Template.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] = name
+	o.Service.Spec.Selector = map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}
 	return o, nil
 }
 

@@ -6,7 +6,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/weftmesh/weft/controlplane/ambient"
+	"istio.io/api/label"
 )
 
 // field is the allow-list of a parametersRef patch below one field: what
@@ -53,12 +53,12 @@ func listBy(key string, vals []string, elem *field) *field {
 }
 
 func deniedObjectLabel(k string) bool {
-	return k == ambient.LabelGatewayName || k == labelManaged
+	return k == label.IoK8sNetworkingGatewayGatewayName.Name || k == label.GatewayManaged.Name
 }
 
 func deniedPodLabel(k string) bool {
 	switch k {
-	case ambient.LabelGatewayName, labelDataplaneMode, labelCanonicalName, labelSidecarInject:
+	case label.IoK8sNetworkingGatewayGatewayName.Name, label.IoIstioDataplaneMode.Name, label.ServiceCanonicalName.Name, label.SidecarInject.Name:
 		return true
 	}
 	return false

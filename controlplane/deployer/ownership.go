@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"istio.io/api/label"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,9 +29,9 @@ import (
 
 // manageable says why the deployer may not write over live, an existing
 // object named like the Gateway gw, or "" if it may. It may if the object
-// is controlled by gw, or carries labelManaged (any value, as Istio's
-// deployer: the mark of a deployer's object, which an application's object
-// lacks) and is controlled by nothing else.
+// is controlled by gw, or carries the label gateway.istio.io/managed (any
+// value, as Istio's deployer: the mark of a deployer's object, which an
+// application's object lacks) and is controlled by nothing else.
 func manageable(live metav1.Object, kind string, gw *gwv1.Gateway) string {
 	what := fmt.Sprintf("%s %s/%s exists", kind, live.GetNamespace(), live.GetName())
 	fix := "; rename the Gateway or delete the " + kind
@@ -43,8 +44,8 @@ func manageable(live metav1.Object, kind string, gw *gwv1.Gateway) string {
 		}
 		return fmt.Sprintf("%s and is controlled by %s %s%s", what, c.Kind, c.Name, fix)
 	}
-	if _, ok := live.GetLabels()[labelManaged]; !ok {
-		return fmt.Sprintf("%s and is not managed by the waypoint controller (it has no %s label)%s", what, labelManaged, fix)
+	if _, ok := live.GetLabels()[label.GatewayManaged.Name]; !ok {
+		return fmt.Sprintf("%s and is not managed by the waypoint controller (it has no %s label)%s", what, label.GatewayManaged.Name, fix)
 	}
 	return ""
 }

@@ -12,8 +12,6 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwfake "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned/fake"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
-
-	"github.com/weftmesh/weft/controlplane/ambient"
 )
 
 // TestRunLifecycle: New starts nothing; Run works with fake clients and,
@@ -25,8 +23,8 @@ func TestRunLifecycle(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			ignore := goleak.IgnoreCurrent()
 			gw, _ := readCase(t, "testdata/plain.in.yaml")
-			class := &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: ambient.WaypointClass},
-				Spec: gwv1.GatewayClassSpec{ControllerName: DefaultControllerName}}
+			class := &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "istio-waypoint"},
+				Spec: gwv1.GatewayClassSpec{ControllerName: "weft.dev/waypoint-controller"}}
 			kube := kubefake.NewClientset()
 			// The gateway-api fake's field-managed tracker knows no
 			// Gateway types, and a seeded Gateway is filed under a

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,8 +25,8 @@ func TestCrossNamespaceBinding(t *testing.T) {
 		}
 	}
 	add(st.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{
-		ambient.LabelUseWaypoint: "wp", ambient.LabelUseWaypointNamespace: "infra", "team": "shop"}}})
-	add(st.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "infra", Labels: map[string]string{ambient.LabelUseWaypoint: "wp", "team": "infra"}}})
+		"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": "infra", "team": "shop"}}})
+	add(st.Namespaces, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "infra", Labels: map[string]string{"istio.io/use-waypoint": "wp", "team": "infra"}}})
 	for _, ns := range []string{"shop", "infra"} {
 		add(st.Services, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "api"},
 			Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.1", Ports: []corev1.ServicePort{{Name: "tcp", Port: 9000}}}})
@@ -34,9 +35,9 @@ func TestCrossNamespaceBinding(t *testing.T) {
 	}
 	gateway := func(allowed *gwv1.AllowedRoutes) *gwv1.Gateway {
 		return &gwv1.Gateway{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "infra", Name: "wp", Labels: map[string]string{ambient.LabelWaypointFor: ambient.ForAll}},
-			Spec: gwv1.GatewaySpec{GatewayClassName: ambient.WaypointClass, Listeners: []gwv1.Listener{{
-				Name: "mesh", Port: ambient.HBONEPort, Protocol: "HBONE", AllowedRoutes: allowed}}},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "infra", Name: "wp", Labels: map[string]string{"istio.io/waypoint-for": "all"}},
+			Spec: gwv1.GatewaySpec{GatewayClassName: "istio-waypoint", Listeners: []gwv1.Listener{{
+				Name: "mesh", Port: 15008, Protocol: "HBONE", AllowedRoutes: allowed}}},
 		}
 	}
 	from := func(f gwv1.FromNamespaces, sel *metav1.LabelSelector) *gwv1.AllowedRoutes {
@@ -63,7 +64,7 @@ func TestCrossNamespaceBinding(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			res, notes := Build(testMesh, ambient.NewWaypoint(gateway(tc.allowed), ""), st)
 			var got []string
-			for _, fc := range res[ListenerType][ListenerName].(*listenerv3.Listener).GetFilterChains() {
+			for _, fc := range res[resource.ListenerType][ListenerName].(*listenerv3.Listener).GetFilterChains() {
 				// A sniffed port's TCP twin follows its HTTP chain.
 				if !strings.HasSuffix(fc.GetName(), "/tcp") {
 					got = append(got, fc.GetName())

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/proto"
 	"k8s.io/client-go/tools/cache"
@@ -219,8 +220,8 @@ func (c *Controller) rebuild() {
 		}
 		c.built[key] = res
 		c.resources.WithLabelValues(key).Set(float64(Resources(res).Count()))
-		c.log.Info("waypoint configuration published", "waypoint", key, "listeners", len(res[ListenerType]),
-			"routes", len(res[RouteType]), "clusters", len(res[ClusterType]))
+		c.log.Info("waypoint configuration published", "waypoint", key, "listeners", len(res[resource.ListenerType]),
+			"routes", len(res[resource.RouteType]), "clusters", len(res[resource.ClusterType]))
 	}
 	for key := range c.built {
 		if !seen[key] {

@@ -16,12 +16,13 @@ import (
 	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"istio.io/api/annotation"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/controlplane/authpolicy"
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 const gatewayGroup = "gateway.networking.k8s.io"
@@ -64,7 +65,7 @@ func (b *builder) appliesTo(p *securityv1.AuthorizationPolicy, svc *corev1.Servi
 		switch {
 		case t.group == gatewayGroup && t.kind == "Gateway" && p.Namespace == b.wp.Namespace && t.name == b.wp.Name:
 			return true
-		case t.group == gatewayGroup && t.kind == "GatewayClass" && p.Namespace == b.mesh.RootNamespace && t.name == ambient.WaypointClass:
+		case t.group == gatewayGroup && t.kind == "GatewayClass" && p.Namespace == b.mesh.RootNamespace && t.name == apinames.WaypointClass:
 			return true
 		case svc != nil && (t.group == "" || t.group == "core") && t.kind == "Service" && p.Namespace == svc.Namespace && t.name == svc.Name:
 			return true
@@ -95,7 +96,7 @@ func (r rbacSet) shadowPrefix() string {
 // dryRun reports whether a policy is to be observed, not enforced. A value
 // that is not a boolean enforces it (fail closed), as at ztunnel.
 func dryRun(p *securityv1.AuthorizationPolicy) bool {
-	v, err := strconv.ParseBool(p.Annotations[authpolicy.DryRunAnnotation])
+	v, err := strconv.ParseBool(p.Annotations[annotation.IoIstioDryRun.Name])
 	return err == nil && v
 }
 

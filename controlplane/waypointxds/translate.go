@@ -18,11 +18,14 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -30,19 +33,12 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
-// Type URLs of the resources a waypoint is sent.
-const (
-	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
-	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-)
-
 // TypeURLs are the four types, in the order a proxy applies them.
-var TypeURLs = []string{ClusterType, EndpointType, ListenerType, RouteType}
+var TypeURLs = []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType}
 
 // Names of the fixed resources.
 const (
@@ -146,13 +142,13 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 	for _, svc := range services {
 		b.service(svc, policies)
 	}
-	if wp.For == ambient.ForWorkload || wp.For == ambient.ForAll {
+	if wp.For == apinames.WaypointForWorkload || wp.For == apinames.WaypointForAll {
 		b.workloads(policies)
 	}
 	for _, name := range sortedKeys(b.clusters) {
 		b.cluster(name, b.clusters[name])
 	}
-	b.res.add(ClusterType, PassthroughCluster, &clusterv3.Cluster{
+	b.res.add(resource.ClusterType, PassthroughCluster, &clusterv3.Cluster{
 		Name:                 PassthroughCluster,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
 		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
@@ -163,7 +159,7 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 		l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.http_inspector",
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&httpinspector.HttpInspector{})}}}
 	}
-	b.res.add(ListenerType, ListenerName, l)
+	b.res.add(resource.ListenerType, ListenerName, l)
 	return b.res, b.notes
 }
 
@@ -181,7 +177,9 @@ func (b *builder) note(format string, args ...any) {
 	b.notes = append(b.notes, n)
 }
 
-func (b *builder) serves(kind string) bool { return b.wp.For == ambient.ForAll || b.wp.For == kind }
+func (b *builder) serves(kind string) bool {
+	return b.wp.For == apinames.WaypointForAll || b.wp.For == kind
+}
 
 func nsLabels(st cache.Indexer, ns string) map[string]string {
 	if n := get[corev1.Namespace](st, ns); n != nil {
@@ -213,16 +211,16 @@ func (b *builder) bound(ns string, labels map[string]string, kind, what string) 
 
 // boundServices lists the Services bound to the waypoint, sorted by key.
 func (b *builder) boundServices() []*corev1.Service {
-	if !b.serves(ambient.ForService) || b.st.Services == nil {
+	if !b.serves(apinames.WaypointForService) || b.st.Services == nil {
 		return nil
 	}
 	var out []*corev1.Service
 	for _, o := range b.st.Services.List() {
 		svc := o.(*corev1.Service)
-		if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Labels[ambient.LabelGatewayName] != "" {
+		if svc.Spec.Type == corev1.ServiceTypeExternalName || svc.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] != "" {
 			continue
 		}
-		if b.bound(svc.Namespace, svc.Labels, ambient.ForService, "Service") {
+		if b.bound(svc.Namespace, svc.Labels, apinames.WaypointForService, "Service") {
 			out = append(out, svc)
 		}
 	}
@@ -320,7 +318,7 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 			protos = detected
 		}
 		b.chains = append(b.chains, &listenerv3.FilterChain{Name: name, FilterChainMatch: match(protos), Filters: []*listenerv3.Filter{b.httpManager(name, filters)}})
-		b.res.add(RouteType, name, b.routeConfig(name, svc, p, cname))
+		b.res.add(resource.RouteType, name, b.routeConfig(name, svc, p, cname))
 	}
 }
 
@@ -342,10 +340,10 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 	netDone := false
 	for _, o := range pods {
 		p := o.(*corev1.Pod)
-		if p.Labels[ambient.LabelGatewayName] != "" || p.Spec.HostNetwork {
+		if p.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] != "" || p.Spec.HostNetwork {
 			continue
 		}
-		if !b.bound(p.Namespace, p.Labels, ambient.ForWorkload, "Pod") {
+		if !b.bound(p.Namespace, p.Labels, apinames.WaypointForWorkload, "Pod") {
 			continue
 		}
 		var ranges []*corev3.CidrRange
@@ -452,8 +450,8 @@ func (b *builder) cluster(name string, ref clusterRef) {
 			}),
 		}
 	}
-	b.res.add(ClusterType, name, c)
-	b.res.add(EndpointType, name, b.endpoints(name, ref))
+	b.res.add(resource.ClusterType, name, c)
+	b.res.add(resource.EndpointType, name, b.endpoints(name, ref))
 }
 
 // endpoints lists the endpoints of a Service port from its EndpointSlices.
@@ -529,7 +527,7 @@ func (b *builder) lbEndpoint(a netip.Addr, port int32, healthy bool, pod *corev1
 	// reached in plaintext: there is no peer identity to verify over HBONE.
 	if sa := ambient.ServiceAccount(pod); sa != "" {
 		fields["identity"] = structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + pod.Namespace + "/sa/" + sa)
-		if pod.Annotations[ambient.AnnotationRedirection] == "enabled" {
+		if pod.Annotations[annotation.AmbientRedirection.Name] == apinames.RedirectionEnabled {
 			fields["tunnel"] = structpb.NewStringValue("HBONE")
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -173,28 +174,28 @@ func TestGolden(t *testing.T) {
 func compiled(t *testing.T, res Resources) *config.Snapshot {
 	t.Helper()
 	snap := &config.Snapshot{Routes: map[string]*route.Table{}, Clusters: map[string]*config.Cluster{}, Assignments: map[string]*config.Assignment{}}
-	for n, m := range res[ListenerType] {
+	for n, m := range res[resource.ListenerType] {
 		l, err := config.CompileListener(m.(*listenerv3.Listener))
 		if err != nil {
 			t.Fatalf("listener %s: %v", n, err)
 		}
 		snap.Listener = l
 	}
-	for n, m := range res[RouteType] {
+	for n, m := range res[resource.RouteType] {
 		rt, err := route.Compile(m.(*routev3.RouteConfiguration))
 		if err != nil {
 			t.Fatalf("route %s: %v", n, err)
 		}
 		snap.Routes[n] = rt
 	}
-	for n, m := range res[ClusterType] {
+	for n, m := range res[resource.ClusterType] {
 		c, err := config.CompileCluster(m.(*clusterv3.Cluster))
 		if err != nil {
 			t.Fatalf("cluster %s: %v", n, err)
 		}
 		snap.Clusters[n] = c
 	}
-	for n, m := range res[EndpointType] {
+	for n, m := range res[resource.EndpointType] {
 		a, err := config.CompileAssignment(m.(*endpointv3.ClusterLoadAssignment))
 		if err != nil {
 			t.Fatalf("endpoints %s: %v", n, err)
@@ -389,7 +390,7 @@ func FuzzBuild(f *testing.F) {
 		r.Namespace, r.Name = "wp-demo", "fuzz"
 		_ = fx.st.HTTPRoutes.Add(&r)
 		res, _ := Build(testMesh, ambient.NewWaypoint(fx.gateways[0], ""), fx.st)
-		for _, m := range res[RouteType] {
+		for _, m := range res[resource.RouteType] {
 			if _, err := route.Compile(m.(*routev3.RouteConfiguration)); err != nil && validRoute(&r) {
 				t.Fatalf("a route the API server accepts was refused by the proxy: %v", err)
 			}
@@ -567,7 +568,7 @@ func TestPathNormalization(t *testing.T) {
 		mesh := testMesh
 		mesh.PathNormalization = p
 		wp := ambient.NewWaypoint(f.gateways[0], "")
-		wp.For = ambient.ForAll
+		wp.For = "all"
 		res, _ := Build(mesh, wp, f.st)
 		snap := compiled(t, res)
 		n := 0

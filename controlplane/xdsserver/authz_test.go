@@ -13,6 +13,7 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -66,7 +67,7 @@ func waypointListener(chain, extra string) map[string]map[string]proto.Message {
 	if extra != "" {
 		l[extra] = &listenerv3.Listener{Name: extra}
 	}
-	return map[string]map[string]proto.Message{ListenerType: l}
+	return map[string]map[string]proto.Message{resource.ListenerType: l}
 }
 
 // meshState publishes a workload, a policy and two waypoints.
@@ -97,18 +98,18 @@ func TestSubscriptionRefused(t *testing.T) {
 	}{
 		{"workload asks for addresses", "shop/web", ztunnelNode, workloadpb.AddressTypeURL, reasonNotNodeProxy},
 		{"workload asks for policies", "shop/web", ztunnelNode, securitypb.AuthorizationTypeURL, reasonNotNodeProxy},
-		{"workload asks for listeners", "shop/web", waypointNode, ListenerType, reasonNotWaypoint},
-		{"workload asks for routes", "shop/web", waypointNode, RouteType, reasonNotWaypoint},
-		{"workload asks for clusters", "shop/web", waypointNode, ClusterType, reasonNotWaypoint},
-		{"workload asks for endpoints", "shop/web", waypointNode, EndpointType, reasonNotWaypoint},
+		{"workload asks for listeners", "shop/web", waypointNode, resource.ListenerType, reasonNotWaypoint},
+		{"workload asks for routes", "shop/web", waypointNode, resource.RouteType, reasonNotWaypoint},
+		{"workload asks for clusters", "shop/web", waypointNode, resource.ClusterType, reasonNotWaypoint},
+		{"workload asks for endpoints", "shop/web", waypointNode, resource.EndpointType, reasonNotWaypoint},
 		{"ztunnel's account name in another namespace", "shop/ztunnel", ztunnelNode, workloadpb.AddressTypeURL, reasonNotNodeProxy},
 		{"ztunnel's namespace, another account", "weft-system/default", ztunnelNode, workloadpb.AddressTypeURL, reasonNotNodeProxy},
 		{"ztunnel's identity in other case", "Weft-System/Ztunnel", ztunnelNode, workloadpb.AddressTypeURL, reasonNotNodeProxy},
 		{"ztunnel's identity as a prefix", "weft-system/ztunnel-x", ztunnelNode, workloadpb.AddressTypeURL, reasonNotNodeProxy},
 		{"waypoint asks for addresses", "shop/waypoint", waypointNode, workloadpb.AddressTypeURL, reasonNotNodeProxy},
 		{"waypoint asks for policies", "shop/waypoint", waypointNode, securitypb.AuthorizationTypeURL, reasonNotNodeProxy},
-		{"ztunnel asks for listeners", "weft-system/ztunnel", ztunnelNode, ListenerType, reasonNotWaypoint},
-		{"a waypoint's namespace, another account", "shop/web", "waypoint~10.0.0.5~x.shop~shop.svc.cluster.local", ListenerType, reasonNotWaypoint},
+		{"ztunnel asks for listeners", "weft-system/ztunnel", ztunnelNode, resource.ListenerType, reasonNotWaypoint},
+		{"a waypoint's namespace, another account", "shop/web", "waypoint~10.0.0.5~x.shop~shop.svc.cluster.local", resource.ListenerType, reasonNotWaypoint},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, err := subscribe(t, h.addr, tc.caller, tc.node, tc.typeURL)
@@ -154,7 +155,7 @@ func TestSubscriptionAllowed(t *testing.T) {
 	for _, tc := range []struct{ caller, chain string }{{"shop/waypoint", "shop-chain"}, {"bank/waypoint", "bank-chain"}} {
 		// The other waypoint's listener named too: only the caller's own
 		// resources exist for it.
-		resp, err := subscribe(t, h.addr, tc.caller, waypointNode, ListenerType, "waypoint", "bank-only")
+		resp, err := subscribe(t, h.addr, tc.caller, waypointNode, resource.ListenerType, "waypoint", "bank-only")
 		if err != nil {
 			t.Fatalf("%s: %v", tc.caller, err)
 		}
@@ -189,12 +190,12 @@ func TestUnauthenticatedStreams(t *testing.T) {
 		t.Errorf("addresses: %d resources, error %v; want 1 resource", len(resp.GetResources()), err)
 	}
 	for _, caller := range []string{"", "shop/waypoint"} { // a token nobody checks names nobody
-		_, err := subscribe(t, h.addr, caller, waypointNode, ListenerType)
+		_, err := subscribe(t, h.addr, caller, waypointNode, resource.ListenerType)
 		if status.Code(err) != codes.PermissionDenied {
 			t.Errorf("listeners with token %q: error %v, want PermissionDenied", caller, err)
 		}
 	}
-	if n := testutil.ToFloat64(h.srv.m.refused.WithLabelValues(ListenerType, reasonUnauthenticated)); n != 2 {
+	if n := testutil.ToFloat64(h.srv.m.refused.WithLabelValues(resource.ListenerType, reasonUnauthenticated)); n != 2 {
 		t.Errorf("refusals counted: %v, want 2", n)
 	}
 }
@@ -216,7 +217,7 @@ func TestPlaintextStreams(t *testing.T) {
 	go func() { _ = g.Serve(ln) }()
 	defer g.Stop()
 	defer s.cancel()
-	if _, err := subscribe(t, ln.Addr().String(), "shop/waypoint", waypointNode, ListenerType); status.Code(err) != codes.PermissionDenied {
+	if _, err := subscribe(t, ln.Addr().String(), "shop/waypoint", waypointNode, resource.ListenerType); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("listeners on the plaintext service: error %v, want PermissionDenied", err)
 	}
 }
@@ -290,7 +291,7 @@ func TestRefusedMidStream(t *testing.T) {
 	if err != nil || len(resp.GetResources()) != 1 {
 		t.Fatalf("addresses: %d resources, error %v", len(resp.GetResources()), err)
 	}
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: ListenerType}); err != nil {
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType}); err != nil {
 		t.Fatal(err)
 	}
 	for {
@@ -306,7 +307,7 @@ func TestRefusedMidStream(t *testing.T) {
 		}
 	}
 	got := logs.with("xDS subscription refused")
-	if len(got) != 1 || !strings.Contains(got[0], "caller="+ztunnelID) || !strings.Contains(got[0], "type_url="+ListenerType) ||
+	if len(got) != 1 || !strings.Contains(got[0], "caller="+ztunnelID) || !strings.Contains(got[0], "type_url="+resource.ListenerType) ||
 		!strings.Contains(got[0], "reason="+reasonNotWaypoint) {
 		t.Errorf("refusal logs %q, want one naming the caller, the type and the reason", got)
 	}

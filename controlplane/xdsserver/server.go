@@ -53,7 +53,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -69,16 +69,8 @@ import (
 // TypeURLs are the workload resource types, served to node proxies.
 var TypeURLs = []string{workloadpb.AddressTypeURL, securitypb.AuthorizationTypeURL}
 
-// Envoy type URLs, served per waypoint.
-const (
-	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
-	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-)
-
 // EnvoyTypeURLs are the per-waypoint types.
-var EnvoyTypeURLs = []string{ClusterType, EndpointType, ListenerType, RouteType}
+var EnvoyTypeURLs = []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType}
 
 // envoyCache is the MuxCache key of the per-waypoint snapshot cache.
 const envoyCache = "envoy"
@@ -94,13 +86,13 @@ func shortType(typeURL string) string {
 		return "wds"
 	case securitypb.AuthorizationTypeURL:
 		return "wads"
-	case ListenerType:
+	case resource.ListenerType:
 		return "lds"
-	case RouteType:
+	case resource.RouteType:
 		return "rds"
-	case ClusterType:
+	case resource.ClusterType:
 		return "cds"
-	case EndpointType:
+	case resource.EndpointType:
 		return "eds"
 	}
 	return "unknown"
@@ -259,7 +251,7 @@ func (callerHash) ID(n *core.Node) string { return n.GetId() }
 // account is key ("<namespace>/<name>"), by type URL then name. Connected
 // waypoints are sent what changed.
 func (s *Server) SetWaypoint(key string, resources map[string]map[string]proto.Message) error {
-	byType := map[resourcev3.Type][]types.Resource{}
+	byType := map[resource.Type][]types.Resource{}
 	for _, t := range EnvoyTypeURLs {
 		names := slices.Sorted(maps.Keys(resources[t]))
 		list := make([]types.Resource, 0, len(names))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
@@ -275,7 +276,7 @@ func TestWaypointByCaller(t *testing.T) {
 	ctx := testCtx(t)
 	h := start(t, tokenIsCaller{})
 	listener := func(chain string) map[string]map[string]proto.Message {
-		return map[string]map[string]proto.Message{ListenerType: {"waypoint": &listenerv3.Listener{Name: "waypoint",
+		return map[string]map[string]proto.Message{resource.ListenerType: {"waypoint": &listenerv3.Listener{Name: "waypoint",
 			FilterChains: []*listenerv3.FilterChain{{Name: chain}}}}}
 	}
 	if err := h.srv.SetWaypoint("shop/waypoint", listener("shop-chain")); err != nil {
@@ -289,9 +290,9 @@ func TestWaypointByCaller(t *testing.T) {
 	}
 	chainOf := func(token string) string {
 		c := h.client(t, ctx, xdstest.Config{NodeID: "waypoint~10.0.0.5~waypoint.shop~shop.svc.cluster.local",
-			Token: func() (string, error) { return token, nil }, TypeURLs: []string{ListenerType}})
+			Token: func() (string, error) { return token, nil }, TypeURLs: []string{resource.ListenerType}})
 		var chain string
-		if err := c.Wait(ctx, ListenerType, func(m map[string]*anypb.Any) bool {
+		if err := c.Wait(ctx, resource.ListenerType, func(m map[string]*anypb.Any) bool {
 			var l listenerv3.Listener
 			if a := m["waypoint"]; a != nil && a.UnmarshalTo(&l) == nil && len(l.GetFilterChains()) == 1 {
 				chain = l.GetFilterChains()[0].GetName()

@@ -34,14 +34,6 @@ import (
 	"github.com/weftmesh/weft/waypoint/urlpath"
 )
 
-// Type URLs the waypoint subscribes to.
-const (
-	ListenerType = "type.googleapis.com/envoy.config.listener.v3.Listener"
-	RouteType    = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
-	ClusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	EndpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-)
-
 // PassthroughCluster is the ORIGINAL_DST cluster name.
 const PassthroughCluster = "passthrough"
 

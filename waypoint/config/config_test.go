@@ -15,6 +15,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -45,7 +46,7 @@ func FuzzCompile(f *testing.F) {
 	f.Add(b, uint8(0))
 	f.Fuzz(func(t *testing.T, data []byte, kind uint8) {
 		s := NewStore()
-		urls := []string{ListenerType, RouteType, ClusterType, EndpointType}
+		urls := []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType}
 		a := &anypb.Any{TypeUrl: urls[int(kind)%4], Value: data}
 		up := map[string]*anypb.Any{"x": a}
 		switch kind % 4 {

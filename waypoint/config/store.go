@@ -67,7 +67,7 @@ func clone[V any](m map[string]V) map[string]V {
 	return o
 }
 
-// ApplyListeners is the xDS handler for ListenerType.
+// ApplyListeners is the xDS handler for resource.ListenerType.
 func (s *Store) ApplyListeners(up map[string]*anypb.Any, rm []string) error {
 	return applyAny(s, s.listeners, up, rm, func(a *anypb.Any) (*Listener, error) {
 		var l listenerv3.Listener
@@ -78,7 +78,7 @@ func (s *Store) ApplyListeners(up map[string]*anypb.Any, rm []string) error {
 	})
 }
 
-// ApplyRoutes is the xDS handler for RouteType.
+// ApplyRoutes is the xDS handler for resource.RouteType.
 func (s *Store) ApplyRoutes(up map[string]*anypb.Any, rm []string) error {
 	return applyAny(s, s.routes, up, rm, func(a *anypb.Any) (*route.Table, error) {
 		var r routev3.RouteConfiguration
@@ -89,7 +89,7 @@ func (s *Store) ApplyRoutes(up map[string]*anypb.Any, rm []string) error {
 	})
 }
 
-// ApplyClusters is the xDS handler for ClusterType.
+// ApplyClusters is the xDS handler for resource.ClusterType.
 func (s *Store) ApplyClusters(up map[string]*anypb.Any, rm []string) error {
 	return applyAny(s, s.clusters, up, rm, func(a *anypb.Any) (*Cluster, error) {
 		var c clusterv3.Cluster
@@ -100,7 +100,7 @@ func (s *Store) ApplyClusters(up map[string]*anypb.Any, rm []string) error {
 	})
 }
 
-// ApplyEndpoints is the xDS handler for EndpointType.
+// ApplyEndpoints is the xDS handler for resource.EndpointType.
 func (s *Store) ApplyEndpoints(up map[string]*anypb.Any, rm []string) error {
 	return applyAny(s, s.cla, up, rm, func(a *anypb.Any) (*Assignment, error) {
 		var c endpointv3.ClusterLoadAssignment

@@ -161,7 +161,7 @@ func TestDefaultingIdempotent(t *testing.T) {
 		}
 		var gw gwv1.Gateway
 		json.Unmarshal(patched, &gw)
-		if len(gw.Spec.Listeners) == 0 || gw.Labels[LabelWaypointFor] == "" {
+		if len(gw.Spec.Listeners) == 0 || gw.Labels["istio.io/waypoint-for"] == "" {
 			t.Fatalf("case %d: defaults missing after the patch: %s", i, patched)
 		}
 		if strings.Count(string(patched), `"mesh"`) > 1 {
@@ -182,11 +182,11 @@ func randomGateway(rng *rand.Rand) []byte {
 	case 3:
 		l := map[string]string{"team": "a"}
 		if rng.IntN(2) == 0 {
-			l[LabelWaypointFor] = []string{"service", "workload", "all", "none"}[rng.IntN(4)]
+			l["istio.io/waypoint-for"] = []string{"service", "workload", "all", "none"}[rng.IntN(4)]
 		}
 		meta["labels"] = l
 	}
-	spec := map[string]any{"gatewayClassName": WaypointClass}
+	spec := map[string]any{"gatewayClassName": "istio-waypoint"}
 	switch rng.IntN(4) {
 	case 1:
 		spec["listeners"] = nil

@@ -6,12 +6,16 @@ import (
 	"net/netip"
 	"slices"
 
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	"k8s.io/apimachinery/pkg/api/validate/content"
 	"k8s.io/apimachinery/pkg/util/validation"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
-var waypointForValues = []string{WaypointForService, WaypointForWorkload, WaypointForAll, WaypointForNone}
+var waypointForValues = []string{apinames.WaypointForService, apinames.WaypointForWorkload, apinames.WaypointForAll, apinames.WaypointForNone}
 
 // validateGateway checks a Gateway of class istio-waypoint; other classes
 // pass untouched.
@@ -20,20 +24,20 @@ func (a *Admitter) validateGateway(rv *review) {
 	if !rv.decodeObject(&gw, nil) {
 		return
 	}
-	if gw.Spec.GatewayClassName != WaypointClass {
+	if gw.Spec.GatewayClassName != apinames.WaypointClass {
 		rv.rep.skip()
 		return
 	}
 	rep := &rv.rep
 	checkWaypointName(rep, &gw)
-	if v, ok := gw.Labels[LabelWaypointFor]; ok {
-		field := labelField("metadata.labels", LabelWaypointFor)
+	if v, ok := gw.Labels[label.IoIstioWaypointFor.Name]; ok {
+		field := labelField("metadata.labels", label.IoIstioWaypointFor.Name)
 		if checkValue(rep, "waypoint-for", field, v) && !slices.Contains(waypointForValues, v) {
 			rep.deny("waypoint-for", field, "Unsupported value %s: use %s", q(v), oneOf(waypointForValues...))
 		}
 	}
-	if v, ok := gw.Annotations[AnnotationServiceAccount]; ok {
-		field := labelField("metadata.annotations", AnnotationServiceAccount)
+	if v, ok := gw.Annotations[annotation.GatewayServiceAccount.Name]; ok {
+		field := labelField("metadata.annotations", annotation.GatewayServiceAccount.Name)
 		if checkValue(rep, "gateway-annotations", field, v) {
 			if errs := validation.IsDNS1123Subdomain(v); len(errs) > 0 {
 				rep.deny("gateway-annotations", field, "%s is not a ServiceAccount name (%s); fix or remove it", q(v), errs[0])
@@ -58,8 +62,8 @@ func (a *Admitter) validateGateway(rv *review) {
 // exist: a Service name is a DNS-1035 label.
 func checkWaypointName(rep *report, gw *gwv1.Gateway) {
 	name, field := gw.Name, "metadata.name"
-	if v, ok := gw.Annotations[AnnotationNameOverride]; ok {
-		field = labelField("metadata.annotations", AnnotationNameOverride)
+	if v, ok := gw.Annotations[annotation.GatewayNameOverride.Name]; ok {
+		field = labelField("metadata.annotations", annotation.GatewayNameOverride.Name)
 		if !checkValue(rep, "waypoint-name", field, v) {
 			return
 		}
@@ -85,13 +89,13 @@ func checkWaypointListeners(rep *report, ls []gwv1.Listener) {
 	}
 	for i, l := range ls {
 		field := fmt.Sprintf("spec.listeners[%d]", i)
-		if l.Name != MeshListener {
+		if l.Name != apinames.MeshListener {
 			rep.deny("waypoint-listeners", field+".name", "Invalid value %s: the waypoint listener is named mesh; set name: mesh", q(string(l.Name)))
 		}
-		if l.Port != HBONEPort {
+		if l.Port != apinames.HBONEPort {
 			rep.deny("waypoint-listeners", field+".port", "Invalid value %d: waypoints take HBONE on port 15008; set port: 15008", l.Port)
 		}
-		if l.Protocol != ProtocolHBONE {
+		if l.Protocol != apinames.ProtocolHBONE {
 			rep.deny("waypoint-listeners", field+".protocol", "Invalid value %s: set protocol: HBONE", q(string(l.Protocol)))
 		}
 		if l.Hostname != nil {
@@ -182,17 +186,17 @@ func (a *Admitter) defaultGateway(rv *review) {
 	if !rv.decodeObject(&gw, nil) {
 		return
 	}
-	if gw.Spec.GatewayClassName != WaypointClass {
+	if gw.Spec.GatewayClassName != apinames.WaypointClass {
 		rv.rep.skip()
 		return
 	}
 	rep := &rv.rep
 	if len(gw.Spec.Listeners) == 0 {
 		rep.patch = append(rep.patch, patchOp{Op: "add", Path: "/spec/listeners", Value: []map[string]any{
-			{"name": MeshListener, "port": HBONEPort, "protocol": ProtocolHBONE},
+			{"name": apinames.MeshListener, "port": apinames.HBONEPort, "protocol": apinames.ProtocolHBONE},
 		}})
 	}
-	if _, ok := gw.Labels[LabelWaypointFor]; !ok {
+	if _, ok := gw.Labels[label.IoIstioWaypointFor.Name]; !ok {
 		// Where the label goes depends on what the object has: no
 		// metadata, metadata without labels (or null ones), or labels.
 		var probe struct {
@@ -204,21 +208,21 @@ func (a *Admitter) defaultGateway(rv *review) {
 		switch {
 		case probe.Metadata == nil:
 			rep.patch = append(rep.patch, patchOp{Op: "add", Path: "/metadata",
-				Value: map[string]any{"labels": map[string]string{LabelWaypointFor: WaypointForService}}})
+				Value: map[string]any{"labels": map[string]string{label.IoIstioWaypointFor.Name: apinames.WaypointForService}}})
 		case probe.Metadata.Labels == nil:
 			rep.patch = append(rep.patch, patchOp{Op: "add", Path: "/metadata/labels",
-				Value: map[string]string{LabelWaypointFor: WaypointForService}})
+				Value: map[string]string{label.IoIstioWaypointFor.Name: apinames.WaypointForService}})
 		default:
 			rep.patch = append(rep.patch, patchOp{Op: "add",
-				Path: "/metadata/labels/" + pointerEscape(LabelWaypointFor), Value: WaypointForService})
+				Path: "/metadata/labels/" + pointerEscape(label.IoIstioWaypointFor.Name), Value: apinames.WaypointForService})
 		}
 	}
 }
 
 // waypointFor is the traffic a waypoint Gateway takes; unset means service.
 func waypointFor(gw *gwv1.Gateway) string {
-	if v, ok := gw.Labels[LabelWaypointFor]; ok {
+	if v, ok := gw.Labels[label.IoIstioWaypointFor.Name]; ok {
 		return v
 	}
-	return WaypointForService
+	return apinames.WaypointForService
 }

@@ -3,10 +3,14 @@ package admit
 import (
 	"strings"
 
+	"istio.io/api/annotation"
+	"istio.io/api/label"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // subjectKind is what a label binds: a Namespace (both), a Service, or
@@ -155,26 +159,26 @@ func (a *Admitter) checkSubject(rv *review, s *subject) {
 	labels, ann := s.meta.Labels, s.meta.Annotations
 	lbase, abase := s.base+".labels", s.base+".annotations"
 
-	mode, hasMode := labels[LabelDataplaneMode]
+	mode, hasMode := labels[label.IoIstioDataplaneMode.Name]
 	if hasMode {
-		field := labelField(lbase, LabelDataplaneMode)
-		if checkValue(rep, "dataplane-mode", field, mode) && mode != ModeAmbient && mode != ModeNone {
+		field := labelField(lbase, label.IoIstioDataplaneMode.Name)
+		if checkValue(rep, "dataplane-mode", field, mode) && mode != apinames.ModeAmbient && mode != apinames.ModeNone {
 			rep.deny("dataplane-mode", field, "Unsupported value %s: use ambient (enrol in the mesh) or none (stay out)", q(mode))
 		}
 	}
 	injected, injectField := false, ""
 	if s.pod {
-		if v, ok := ann[LabelSidecarInject]; ok && checkValue(rep, "pod-annotations", labelField(abase, LabelSidecarInject), v) && v == "true" {
-			injected, injectField = true, labelField(abase, LabelSidecarInject)
+		if v, ok := ann[label.SidecarInject.Name]; ok && checkValue(rep, "pod-annotations", labelField(abase, label.SidecarInject.Name), v) && v == "true" {
+			injected, injectField = true, labelField(abase, label.SidecarInject.Name)
 		}
-		if labels[LabelSidecarInject] == "true" {
-			injected, injectField = true, labelField(lbase, LabelSidecarInject)
+		if labels[label.SidecarInject.Name] == "true" {
+			injected, injectField = true, labelField(lbase, label.SidecarInject.Name)
 		}
 	}
-	if mode == ModeAmbient {
+	if mode == apinames.ModeAmbient {
 		switch {
-		case s.kind == kindNamespace && labels[LabelInjection] == "enabled":
-			rep.deny("sidecar-conflict", labelField(lbase, LabelInjection),
+		case s.kind == kindNamespace && labels[apinames.LabelInjection] == "enabled":
+			rep.deny("sidecar-conflict", labelField(lbase, apinames.LabelInjection),
 				"istio-injection=enabled and istio.io/dataplane-mode=ambient: a namespace is ambient or sidecar, not both; remove one of the labels")
 		case injected:
 			rep.deny("sidecar-conflict", injectField,
@@ -184,7 +188,7 @@ func (a *Admitter) checkSubject(rv *review, s *subject) {
 	if s.pod {
 		checkPodAnnotations(rv, s, abase)
 		if injected && !hasMode && !rv.isUpdate() && !s.ownerChecked {
-			if ns, err := a.cfg.Namespaces.Namespace(s.home); err == nil && ns.Labels[LabelDataplaneMode] == ModeAmbient {
+			if ns, err := a.cfg.Namespaces.Namespace(s.home); err == nil && ns.Labels[label.IoIstioDataplaneMode.Name] == apinames.ModeAmbient {
 				rep.warn("sidecar-in-ambient-namespace", injectField,
 					"ambient namespace %s, but this pod gets a sidecar: ztunnel skips it", s.home)
 			}
@@ -198,7 +202,7 @@ func (a *Admitter) checkSubject(rv *review, s *subject) {
 func checkPodAnnotations(rv *review, s *subject, abase string) {
 	rep := &rv.rep
 	ann := s.meta.Annotations
-	for _, key := range []string{AnnotationDNSCapture, AnnotationBypassInbound} {
+	for _, key := range []string{annotation.AmbientDnsCapture.Name, annotation.AmbientBypassInboundCapture.Name} {
 		v, ok := ann[key]
 		if !ok {
 			continue
@@ -208,8 +212,8 @@ func checkPodAnnotations(rv *review, s *subject, abase string) {
 			rep.deny("pod-annotations", field, "Unsupported value %s: use \"true\" or \"false\"", q(v))
 		}
 	}
-	if v, ok := ann[AnnotationRerouteInterfaces]; ok {
-		field := labelField(abase, AnnotationRerouteInterfaces)
+	if v, ok := ann[annotation.IoIstioRerouteVirtualInterfaces.Name]; ok {
+		field := labelField(abase, annotation.IoIstioRerouteVirtualInterfaces.Name)
 		if checkValue(rep, "pod-annotations", field, v) {
 			for _, name := range strings.Split(v, ",") {
 				if msg := interfaceNameProblem(strings.TrimSpace(name)); msg != "" {
@@ -219,8 +223,8 @@ func checkPodAnnotations(rv *review, s *subject, abase string) {
 			}
 		}
 	}
-	if v, ok := ann[AnnotationRedirection]; ok {
-		field := labelField(abase, AnnotationRedirection)
+	if v, ok := ann[annotation.AmbientRedirection.Name]; ok {
+		field := labelField(abase, annotation.AmbientRedirection.Name)
 		if checkValue(rep, "pod-annotations", field, v) && !rv.isUpdate() && !s.ownerChecked {
 			rep.warn("redirection-annotation", field, "is status the node agent writes; do not set it yourself")
 		}
@@ -250,15 +254,15 @@ func interfaceNameProblem(name string) string {
 func (a *Admitter) checkBinding(rv *review, s *subject, lbase string) {
 	rep := &rv.rep
 	labels := s.meta.Labels
-	wp, hasWP := labels[LabelUseWaypoint]
-	wns, hasNS := labels[LabelUseWaypointNamespace]
-	wpField := labelField(lbase, LabelUseWaypoint)
-	nsField := labelField(lbase, LabelUseWaypointNamespace)
+	wp, hasWP := labels[label.IoIstioUseWaypoint.Name]
+	wns, hasNS := labels[label.IoIstioUseWaypointNamespace.Name]
+	wpField := labelField(lbase, label.IoIstioUseWaypoint.Name)
+	nsField := labelField(lbase, label.IoIstioUseWaypointNamespace.Name)
 	usable := true
 	if hasWP {
 		if !checkValue(rep, "use-waypoint", wpField, wp) {
 			usable = false
-		} else if errs := validation.IsDNS1123Subdomain(wp); wp != WaypointNone && len(errs) > 0 {
+		} else if errs := validation.IsDNS1123Subdomain(wp); wp != apinames.WaypointNone && len(errs) > 0 {
 			rep.deny("use-waypoint", wpField, "%s is not a Gateway name (%s); name a waypoint Gateway, or use none", q(wp), errs[0])
 			usable = false
 		}
@@ -274,10 +278,10 @@ func (a *Admitter) checkBinding(rv *review, s *subject, lbase string) {
 			rep.warn("use-waypoint-namespace", nsField, "no effect without istio.io/use-waypoint; add it or remove this label")
 		}
 	}
-	if !hasWP || wp == WaypointNone || !usable || s.ownerChecked {
+	if !hasWP || wp == apinames.WaypointNone || !usable || s.ownerChecked {
 		return
 	}
-	if s.old != nil && s.old.Labels[LabelUseWaypoint] == wp && s.old.Labels[LabelUseWaypointNamespace] == wns {
+	if s.old != nil && s.old.Labels[label.IoIstioUseWaypoint.Name] == wp && s.old.Labels[label.IoIstioUseWaypointNamespace.Name] == wns {
 		return
 	}
 	target := s.home
@@ -293,7 +297,7 @@ func (a *Admitter) checkBinding(rv *review, s *subject, lbase string) {
 		rep.warn("waypoint-missing", wpField, "no waypoint %s/%s yet; traffic skips the waypoint until it exists", target, wp)
 	case err != nil:
 		rep.fail("waypoint-lookup-failed", "looking up Gateway %s/%s: %v; retry", target, wp, err)
-	case gw.Spec.GatewayClassName != WaypointClass:
+	case gw.Spec.GatewayClassName != apinames.WaypointClass:
 		rep.deny("waypoint-class", wpField, "Gateway %s/%s has class %s, not istio-waypoint; name a waypoint Gateway",
 			target, wp, q(string(gw.Spec.GatewayClassName)))
 	default:
@@ -311,11 +315,11 @@ func (a *Admitter) checkBinding(rv *review, s *subject, lbase string) {
 func covers(wf string, k subjectKind) bool {
 	switch k {
 	case kindService:
-		return wf == WaypointForService || wf == WaypointForAll
+		return wf == apinames.WaypointForService || wf == apinames.WaypointForAll
 	case kindWorkload:
-		return wf == WaypointForWorkload || wf == WaypointForAll
+		return wf == apinames.WaypointForWorkload || wf == apinames.WaypointForAll
 	}
-	return wf == WaypointForService || wf == WaypointForWorkload || wf == WaypointForAll
+	return wf == apinames.WaypointForService || wf == apinames.WaypointForWorkload || wf == apinames.WaypointForAll
 }
 
 func wantedFor(k subjectKind) string {

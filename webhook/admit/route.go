@@ -5,9 +5,12 @@ import (
 	"strconv"
 	"strings"
 
+	"istio.io/api/label"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // validateRoute checks the Service parents of an HTTPRoute or GRPCRoute:
@@ -80,16 +83,16 @@ func (a *Admitter) checkServiceParent(rv *review, field string, p gwv1.ParentRef
 		rep.deny("route-service-port", field+".sectionName", "Service %s/%s has no port named %s (it has %s); use one of those or remove sectionName",
 			ns, name, q(string(*p.SectionName)), portList(svc, true))
 	}
-	bound, ok := svc.Labels[LabelUseWaypoint]
+	bound, ok := svc.Labels[label.IoIstioUseWaypoint.Name]
 	if !ok {
 		if n, err := a.cfg.Namespaces.Namespace(ns); err == nil {
-			bound = n.Labels[LabelUseWaypoint]
+			bound = n.Labels[label.IoIstioUseWaypoint.Name]
 		}
 	}
 	switch bound {
 	case "":
 		rep.warn("route-no-waypoint", field, "Service %s/%s uses no waypoint, so nothing applies this route; label it istio.io/use-waypoint", ns, name)
-	case WaypointNone:
+	case apinames.WaypointNone:
 		rep.warn("route-no-waypoint", field, "Service %s/%s opts out of waypoints (use-waypoint=none), so nothing applies this route", ns, name)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"istio.io/api/label"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,7 +116,7 @@ func New(cfg Config, validating ValidatingConfigs, mutating MutatingConfigs, nam
 		cfg.SelfCheckNamespace = "weft-webhook-self-check"
 	}
 	if cfg.SelfCheckLabel == "" {
-		cfg.SelfCheckLabel, cfg.SelfCheckValue = "istio.io/dataplane-mode", "weft-self-check"
+		cfg.SelfCheckLabel, cfg.SelfCheckValue = label.IoIstioDataplaneMode.Name, "weft-self-check"
 	}
 	if cfg.Interval <= 0 {
 		cfg.Interval = 30 * time.Second

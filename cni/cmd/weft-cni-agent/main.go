@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/weftmesh/weft/cni/agent"
-	"github.com/weftmesh/weft/cni/plugin"
+	"github.com/weftmesh/weft/internal/logging"
 )
 
 func main() {
@@ -41,7 +41,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "weft-cni-agent:", err)
 		os.Exit(2)
 	}
-	log, err := newLogger(logFormat, logLevel)
+	log, err := logging.New(os.Stderr, logFormat, logLevel)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "weft-cni-agent:", err)
 		os.Exit(2)
@@ -159,19 +159,4 @@ func parseFlags(args []string) (agent.Config, string, string, error) {
 		}
 	}
 	return cfg, *logFormat, *logLevel, nil
-}
-
-func newLogger(format, level string) (*slog.Logger, error) {
-	lvl, err := plugin.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("--log-level: %w", err)
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want json or text", format)
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"sigs.k8s.io/yaml"
+
+	"github.com/weftmesh/weft/internal/logging"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata")
@@ -30,7 +32,7 @@ func TestParseFlags(t *testing.T) {
 			t.Errorf("parseFlags(%q) accepted", bad)
 		}
 	}
-	if _, err := newLogger("xml", "info"); err == nil {
+	if err := logging.Check("xml", "info"); err == nil {
 		t.Error("log format xml accepted")
 	}
 }
@@ -97,7 +99,7 @@ func TestChart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the agent rejects the chart's arguments: %v", err)
 	}
-	if _, err := newLogger(format, level); err != nil {
+	if err := logging.Check(format, level); err != nil {
 		t.Fatal(err)
 	}
 	cfg.NodeName, cfg.PodNamespace = "node1", "weft-system"

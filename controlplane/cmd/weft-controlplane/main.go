@@ -25,6 +25,7 @@ import (
 	"github.com/weftmesh/weft/controlplane"
 	"github.com/weftmesh/weft/controlplane/ca"
 	"github.com/weftmesh/weft/internal/envflag"
+	"github.com/weftmesh/weft/internal/logging"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -43,7 +44,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "weft-controlplane:", err)
 		os.Exit(2)
 	}
-	log, err := newLogger(opts.logFormat, opts.logLevel)
+	log, err := logging.New(os.Stderr, opts.logFormat, opts.logLevel)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "weft-controlplane:", err)
 		os.Exit(2)
@@ -167,19 +168,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-func newLogger(format, level string) (*slog.Logger, error) {
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("log level %q: want debug, info, warn or error", level)
-	}
-	o := &slog.HandlerOptions{Level: lv}
-	switch format {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, o)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, o)), nil
-	}
-	return nil, fmt.Errorf("log format %q: want json or text", format)
 }

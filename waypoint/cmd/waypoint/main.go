@@ -32,6 +32,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -332,10 +333,10 @@ func dynamicConfig(cfg Config, roots *x509.CertPool, store *config.Store, log *s
 		Token:    token,
 		Metadata: map[string]string{"clusterid": cfg.ClusterID},
 		Subscriptions: []xdsclient.Subscription{
-			{TypeURL: config.ListenerType, Handle: store.ApplyListeners},
-			{TypeURL: config.RouteType, Handle: store.ApplyRoutes},
-			{TypeURL: config.ClusterType, Handle: store.ApplyClusters},
-			{TypeURL: config.EndpointType, Handle: store.ApplyEndpoints},
+			{TypeURL: resource.ListenerType, Handle: store.ApplyListeners},
+			{TypeURL: resource.RouteType, Handle: store.ApplyRoutes},
+			{TypeURL: resource.ClusterType, Handle: store.ApplyClusters},
+			{TypeURL: resource.EndpointType, Handle: store.ApplyEndpoints},
 		},
 		Logger: log,
 	})

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -33,6 +32,7 @@ import (
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
 	"github.com/weftmesh/weft/internal/envflag"
+	"github.com/weftmesh/weft/internal/logging"
 	"github.com/weftmesh/weft/webhook"
 	"github.com/weftmesh/weft/webhook/admit"
 	"github.com/weftmesh/weft/webhook/audit"
@@ -132,9 +132,6 @@ func (c *Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("--audit-sink %q: want stdout or file", c.AuditSink))
 	}
-	if c.LogFormat != "json" && c.LogFormat != "text" {
-		errs = append(errs, fmt.Errorf("--log-format %q: want json or text", c.LogFormat))
-	}
 	switch webhook.ClientAuth(c.ClientAuth) {
 	case webhook.ClientAuthNone:
 	case webhook.ClientAuthIfGiven, webhook.ClientAuthRequire:
@@ -153,9 +150,8 @@ func (c *Config) Validate() error {
 	if c.UnauthenticatedSARRate < 0 || c.UnauthenticatedSARBurst < 0 {
 		errs = append(errs, errors.New("--unauthenticated-sar-rate and --unauthenticated-sar-burst must not be negative"))
 	}
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		errs = append(errs, fmt.Errorf("--log-level %q: %w", c.LogLevel, err))
+	if err := logging.Check(c.LogFormat, c.LogLevel); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -230,23 +226,16 @@ func main() {
 		fmt.Fprintln(os.Stderr, "weft-webhook:", err)
 		os.Exit(2)
 	}
-	log := newLogger(cfg.LogFormat, cfg.LogLevel, os.Stderr)
+	// The debug log goes to stderr: stdout is the audit log's default sink.
+	log, err := logging.New(os.Stderr, cfg.LogFormat, cfg.LogLevel)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "weft-webhook:", err)
+		os.Exit(2)
+	}
 	if err := run(cfg, log); err != nil {
 		log.Error("webhook failed", "error", err)
 		os.Exit(1)
 	}
-}
-
-// newLogger builds the debug log. It goes to stderr: stdout is the audit
-// log's default sink.
-func newLogger(format, level string, w io.Writer) *slog.Logger {
-	var lvl slog.Level
-	_ = lvl.UnmarshalText([]byte(level)) // checked by Validate
-	opts := &slog.HandlerOptions{Level: lvl}
-	if format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts))
-	}
-	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
 func run(cfg Config, log *slog.Logger) error {

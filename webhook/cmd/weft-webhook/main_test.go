@@ -52,7 +52,7 @@ func TestParse(t *testing.T) {
 		{append(base, "--cert-mode=vault"), nil, []string{`--cert-mode "vault"`}},
 		{append(base, "--audit-sink=syslog"), nil, []string{`--audit-sink "syslog"`}},
 		{append(base, "--audit-sink=file", "--audit-file="), nil, []string{"--audit-file is required"}},
-		{append(base, "--log-level=loud"), nil, []string{`--log-level "loud"`}},
+		{append(base, "--log-level=loud"), nil, []string{`log level "loud"`}},
 		{append(base, "--cert-validity=87601h"), nil, []string{"the CA's the longer"}},
 		{base, map[string]string{"CERT_VALIDITY": "soon"}, []string{`CERT_VALIDITY="soon"`}},
 		{append(base, "extra"), nil, []string{"unexpected arguments"}},

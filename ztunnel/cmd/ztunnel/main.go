@@ -4,19 +4,23 @@ package main
 
 import (
 	"context"
-	"log/slog"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 
 	"github.com/weftmesh/weft/internal/envflag"
+	"github.com/weftmesh/weft/internal/logging"
 	"github.com/weftmesh/weft/ztunnel"
 )
 
 func main() {
-	log := newLogger(os.Getenv("LOG_FORMAT"), os.Getenv("LOG_LEVEL"))
+	log, err := logging.New(os.Stderr, os.Getenv("LOG_FORMAT"), os.Getenv("LOG_LEVEL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ztunnel:", err)
+		os.Exit(2)
+	}
 	cfg, err := configFromEnv()
 	if err == nil {
 		err = cfg.Validate()
@@ -79,16 +83,4 @@ func configFromEnv() (ztunnel.Config, error) {
 	}
 	cfg.SetDefaults()
 	return cfg, nil
-}
-
-func newLogger(format, level string) *slog.Logger {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(strings.ToUpper(level))); err != nil {
-		lvl = slog.LevelInfo
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	if format == "text" {
-		return slog.New(slog.NewTextHandler(os.Stderr, opts))
-	}
-	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
 }

@@ -1,0 +1,58 @@
+// Package apinames holds the names of Weft's API that istio.io/api does not
+// declare: Weft's own (the waypoint GatewayClass, its controller and its one
+// listener), the values of Istio's labels and annotations, and the few Istio
+// names missing from istio.io/api.
+//
+// Istio's label and annotation names themselves are read from
+// istio.io/api/label and istio.io/api/annotation (label.IoIstioUseWaypoint.Name,
+// ...); production code spells none of them as a literal. Tests may: a test
+// that spells the wire name independently checks it.
+package apinames
+
+// The waypoint Gateway API: a Gateway of class WaypointClass, handled by the
+// controller WaypointController, with exactly one listener {name:
+// MeshListener, port: HBONEPort, protocol: ProtocolHBONE}.
+const (
+	// WaypointClass is the GatewayClass of waypoints (Istio's name).
+	WaypointClass = "istio-waypoint"
+	// WaypointController is the default controllerName of the waypoint
+	// GatewayClass.
+	WaypointController = "weft.dev/waypoint-controller"
+	// MeshListener is the name of a waypoint's listener.
+	MeshListener = "mesh"
+	// HBONEPort is where waypoints and ztunnel terminate HBONE.
+	HBONEPort = 15008
+	// ProtocolHBONE is the protocol of a waypoint's listener.
+	ProtocolHBONE = "HBONE"
+)
+
+// Values of the label istio.io/dataplane-mode.
+const (
+	ModeAmbient = "ambient"
+	ModeNone    = "none"
+)
+
+// Values of the label istio.io/waypoint-for: which traffic a waypoint takes.
+const (
+	WaypointForService  = "service"
+	WaypointForWorkload = "workload"
+	WaypointForAll      = "all"
+	WaypointForNone     = "none"
+)
+
+// WaypointNone, as the value of istio.io/use-waypoint, opts a resource out of
+// an inherited waypoint.
+const WaypointNone = "none"
+
+// Values of the annotation ambient.istio.io/redirection, written by the node
+// agent.
+const (
+	// RedirectionEnabled: the pod's traffic is redirected to ztunnel.
+	RedirectionEnabled = "enabled"
+	// RedirectionPending: the pod is being enrolled.
+	RedirectionPending = "pending"
+)
+
+// LabelInjection is Istio's namespace label of sidecar injection, which
+// istio.io/api does not declare.
+const LabelInjection = "istio-injection"

@@ -114,10 +114,18 @@ func TestHelmUpgrade(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// helm --wait returns once the new pods are ready; the old ones may
+	// still be draining (the webhook takes up to its grace period). Each
+	// must go, and none may be left once they have.
 	after := podUIDs(ctx, t, c, meshNS)
 	for uid, name := range after {
 		if _, ok := before[uid]; ok {
-			t.Errorf("pod %s was not replaced by the upgrade (its configuration changed)", name)
+			gctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+			err := c.WaitPodGone(gctx, meshNS, name)
+			cancel()
+			if err != nil {
+				t.Errorf("pod %s was not replaced by the upgrade (its configuration changed): %v", name, err)
+			}
 		}
 	}
 	if err := c.WaitRedirected(ctx, appNS, 0); err != nil {

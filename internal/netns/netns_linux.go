@@ -1,8 +1,10 @@
 package netns
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -81,6 +83,20 @@ func (n *NS) Do(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() { errc <- n.doLocked(fn) }()
 	return <-errc
+}
+
+// DialContext opens a connection from inside the namespace: the socket is
+// made there and stays there, whatever thread uses it afterwards. Its
+// signature is net.Dialer's, so it can stand in an http.Transport.
+func (n *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := n.Do(func() error {
+		var d net.Dialer
+		var err error
+		conn, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return conn, err
 }
 
 // doLocked is the body of Do's goroutine.

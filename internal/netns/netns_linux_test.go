@@ -1,7 +1,9 @@
 package netns
 
 import (
+	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
@@ -179,6 +181,68 @@ func TestInvalidNames(t *testing.T) {
 		}
 		if err := Delete(name); err == nil {
 			t.Errorf("Delete(%q) succeeded", name)
+		}
+	}
+}
+
+// TestDialContext: a connection DialContext opens is the namespace's: it
+// reaches a listener inside, which the caller's namespace cannot.
+func TestDialContext(t *testing.T) {
+	rootOnly(t)
+	name := testName(t)
+	ns, err := Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close(); Delete(name) })
+	var ln net.Listener
+	err = ns.Do(func() error {
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := h.LinkSetUp(lo); err != nil {
+			return err
+		}
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Write([]byte("inside"))
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := ns.DialContext(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dialing from inside: %v", err)
+	}
+	defer c.Close()
+	b, _ := io.ReadAll(c)
+	if string(b) != "inside" {
+		t.Errorf("read %q from the listener inside", b)
+	}
+	// The same address from the caller's namespace is another loopback:
+	// whatever answers there (most likely nothing) is not the listener.
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	if c, err := (&net.Dialer{}).DialContext(short, "tcp", ln.Addr().String()); err == nil {
+		c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+		b, _ := io.ReadAll(c)
+		c.Close()
+		if string(b) == "inside" {
+			t.Error("the caller's own namespace reached the listener inside")
 		}
 	}
 }

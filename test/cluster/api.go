@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -563,16 +562,7 @@ func (c *Cluster) HTTPGet(ctx context.Context, namespace, pod, url string) (stri
 		return "", err
 	}
 	defer ns.Close()
-	tr := &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := ns.Do(func() error {
-			var d net.Dialer
-			var err error
-			conn, err = d.DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
-	}}
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: ns.DialContext}
 	defer tr.CloseIdleConnections()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

@@ -37,13 +37,9 @@ func (m *mesh) dialFromPod(t *testing.T, addr string) (net.Conn, error) {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	var conn net.Conn
-	err = ns.Do(func() error {
-		var err error
-		conn, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
-		return err
-	})
-	return conn, err
+	dctx, cancelDial := context.WithTimeout(ctx, 5*time.Second)
+	defer cancelDial()
+	return ns.DialContext(dctx, "tcp", addr)
 }
 
 // raw sends payload on a new connection to addr from the client pod and

@@ -171,16 +171,7 @@ func apiServerGet(ctx context.Context, c *cluster.Cluster, namespace, pod, url s
 	tr := &http.Transport{
 		DisableKeepAlives: true,
 		TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: "kubernetes.default.svc", MinVersion: tls.VersionTLS12},
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := nsh.Do(func() error {
-				var d net.Dialer
-				var err error
-				conn, err = d.DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
+		DialContext:       nsh.DialContext,
 	}
 	defer tr.CloseIdleConnections()
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -69,19 +69,8 @@ func TestCreateDoDelete(t *testing.T) {
 			return err
 		}
 		inside = st.Ino
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return err
-		}
-		defer h.Close()
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := h.LinkSetUp(lo); err != nil {
-			return err
-		}
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		var err error
+		ln, err = listenLoopback()
 		return err
 	})
 	if err != nil {
@@ -197,19 +186,8 @@ func TestDialContext(t *testing.T) {
 	t.Cleanup(func() { ns.Close(); Delete(name) })
 	var ln net.Listener
 	err = ns.Do(func() error {
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return err
-		}
-		defer h.Close()
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		if err := h.LinkSetUp(lo); err != nil {
-			return err
-		}
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		var err error
+		ln, err = listenLoopback()
 		return err
 	})
 	if err != nil {
@@ -245,4 +223,22 @@ func TestDialContext(t *testing.T) {
 			t.Error("the caller's own namespace reached the listener inside")
 		}
 	}
+}
+
+// listenLoopback brings up the current namespace's lo and listens on it;
+// it runs inside Do.
+func listenLoopback() (net.Listener, error) {
+	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return nil, err
+	}
+	if err := h.LinkSetUp(lo); err != nil {
+		return nil, err
+	}
+	return net.Listen("tcp", "127.0.0.1:0")
 }

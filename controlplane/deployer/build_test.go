@@ -190,6 +190,7 @@ func TestWaypointContract(t *testing.T) {
 		"XDS_SAN":                "istiod.weft-system.svc", // the host it dials
 		"CLUSTER_ID":             "Kubernetes",
 		"TRUST_DOMAIN":           "cluster.local",
+		"GODEBUG":                "http2xconnect=1", // waypoint/proxy/upgrade.go
 	}
 	if diff := cmp.Diff(want, env); diff != "" {
 		t.Errorf("environment (-want +got):\n%s", diff)

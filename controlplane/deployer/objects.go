@@ -243,6 +243,10 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 								env("XDS_ADDRESS", cfg.XDSAddress), env("CA_ADDRESS", cfg.XDSAddress),
 								env("XDS_SAN", cfg.XDSServerName),
 								env("CLUSTER_ID", cfg.ClusterID), env("TRUST_DOMAIN", cfg.TrustDomain),
+								// HTTP/2 clients' WebSockets (RFC 8441 extended
+								// CONNECT): x/net/http2 offers them only when
+								// its process starts with this.
+								env("GODEBUG", "http2xconnect=1"),
 							},
 							Ports: []corev1.ContainerPort{
 								{Name: "hbone", ContainerPort: apinames.HBONEPort, Protocol: corev1.ProtocolTCP},

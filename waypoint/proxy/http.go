@@ -149,6 +149,13 @@ func fail(w http.ResponseWriter, code int, body string) {
 func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *reqInfo) {
 	snap := s.p.cfg.Store.Snapshot()
 	hc := s.httpConfig(snap)
+	var stream *wsStream // an HTTP/2 WebSocket: the client's stream
+	if h2 && r.Method == http.MethodConnect && r.Header[":protocol"] != nil {
+		if stream = fromExtendedConnect(r); stream == nil {
+			fail(w, http.StatusForbidden, "upgrade not allowed")
+			return
+		}
+	}
 	if sr := sanitize(r, hc.Path); sr.code != 0 {
 		if sr.location != "" {
 			w.Header().Set("Location", sr.location)
@@ -219,6 +226,10 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep
 	upgrade := upgradeToken(r, h2)
+	upH2 := h2
+	if stream != nil {
+		upgrade, upH2 = upgradeWebSocket, false
+	}
 	stripHop(out.Header)
 	if upgrade != "" {
 		out.Header.Set("Upgrade", upgrade)
@@ -281,7 +292,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		if tctx != ctx {
 			try = out.WithContext(tctx)
 		}
-		resp, err = s.p.roundTrip(tctx, snap, wc.Name, try, h2, s.target, info)
+		resp, err = s.p.roundTrip(tctx, snap, wc.Name, try, upH2, s.target, info)
 		if retrySlot != nil {
 			retrySlot()
 			retrySlot = nil
@@ -344,7 +355,11 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
 	}
-	if resp.StatusCode == http.StatusSwitchingProtocols {
+	switch {
+	case stream != nil && (resp.StatusCode == http.StatusSwitchingProtocols || resp.StatusCode < 300):
+		s.switchedStream(w, resp, stream, info)
+		return
+	case resp.StatusCode == http.StatusSwitchingProtocols:
 		s.switched(w, resp, upgrade, info)
 		return
 	}

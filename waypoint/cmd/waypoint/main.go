@@ -233,6 +233,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		}
 	}
 	defer creds.close()
+	if !strings.Contains(os.Getenv("GODEBUG"), "http2xconnect=1") {
+		log.Warn("HTTP/2 clients cannot open WebSockets: extended CONNECT (RFC 8441) needs GODEBUG=http2xconnect=1 when the waypoint starts, as the deployer sets it")
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	access := slog.New(slog.DiscardHandler)

@@ -73,7 +73,7 @@ type reqInfo struct {
 	// or an HTTP/2 upstream's body writer that may outlive the response.
 	reqBytes atomic.Int64
 	rspBytes int64
-	flags    string
+	flags    flag
 	// aborted: the response broke off after its head was sent.
 	aborted bool
 }
@@ -140,30 +140,59 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	return info.aborted
 }
 
-func fail(w http.ResponseWriter, code int, body string) {
-	w.Header().Set("content-type", "text/plain")
-	w.WriteHeader(code)
-	io.WriteString(w, body)
-}
-
+// route serves one request: admits it, finds its route, and answers it
+// from the route or from upstream.
 func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *reqInfo) {
 	snap := s.p.cfg.Store.Snapshot()
 	hc := s.httpConfig(snap)
-	var stream *wsStream // an HTTP/2 WebSocket: the client's stream
+	stream, ok := s.admit(w, r, h2, hc, info)
+	if !ok {
+		return
+	}
+	var rt *route.Route
+	if r.Method != http.MethodConnect {
+		// A CONNECT (inside the stream) matches no route: the waypoint
+		// opens no tunnel of its own, as Envoy without a connect_matcher.
+		rq := route.FromHTTP(r)
+		rt = snap.RouteTable(hc).Match(&rq)
+	}
+	if rt == nil {
+		reply(w, info, replyNoRoute)
+		return
+	}
+	info.route = rt.Name
+	switch {
+	case rt.Direct:
+		rt.Response.Apply(w.Header())
+		w.WriteHeader(rt.DirectCode)
+		io.WriteString(w, rt.DirectBody)
+	case rt.Redirect != nil:
+		redirect(w, r, rt)
+	default:
+		s.forward(w, r, snap, hc, rt, h2, stream, info)
+	}
+}
+
+// admit readies r for routing and authorizes it: an HTTP/2 WebSocket made
+// the upgrade it stands for (its stream returned), the target normalized,
+// the policies applied. It reports whether r goes on; if not, it was
+// answered.
+func (s *session) admit(w http.ResponseWriter, r *http.Request, h2 bool, hc *config.HTTP, info *reqInfo) (*wsStream, bool) {
+	var stream *wsStream
 	if h2 && r.Method == http.MethodConnect && r.Header[":protocol"] != nil {
 		if stream = fromExtendedConnect(r); stream == nil {
-			fail(w, http.StatusForbidden, "upgrade not allowed")
-			return
+			reply(w, info, replyUpgradeRefused)
+			return nil, false
 		}
 	}
 	if sr := sanitize(r, hc.Path); sr.code != 0 {
 		if sr.location != "" {
 			w.Header().Set("Location", sr.location)
 			w.WriteHeader(sr.code)
-			return
+		} else {
+			reply(w, info, localReply{code: sr.code, body: sr.text})
 		}
-		fail(w, sr.code, sr.text)
-		return
+		return nil, false
 	}
 	rq := route.FromHTTP(r)
 	rr := &rbac.Request{HTTP: &rq, Principal: s.peer, RemoteIP: s.remote.Addr(), DstPort: uint32(s.target.Port())}
@@ -180,34 +209,27 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 			continue
 		}
 		if res.Denied {
-			info.flags = "RBAC"
-			fail(w, http.StatusForbidden, "RBAC: access denied")
-			return
+			reply(w, info, replyDenied)
+			return nil, false
 		}
 	}
-	table := snap.RouteTable(hc)
-	var rt *route.Route
-	if r.Method != http.MethodConnect {
-		// A CONNECT (inside the stream) matches no route: the waypoint
-		// opens no tunnel of its own, as Envoy without a connect_matcher.
-		rt = table.Match(&rq)
-	}
-	if rt == nil {
-		info.flags = "NR"
-		fail(w, http.StatusNotFound, "route not found")
-		return
-	}
-	info.route = rt.Name
-	switch {
-	case rt.Direct:
-		rt.Response.Apply(w.Header())
-		w.WriteHeader(rt.DirectCode)
-		io.WriteString(w, rt.DirectBody)
-		return
-	case rt.Redirect != nil:
-		redirect(w, r, rt)
-		return
-	}
+	return stream, true
+}
+
+// upstreamCall is one request on its way to a route's cluster.
+type upstreamCall struct {
+	snap    *config.Snapshot
+	rt      *route.Route
+	cluster string
+	out     *http.Request // what goes upstream
+	body    []byte        // out's body, kept for retries and mirrors; nil when not kept
+	h2      bool          // to the upstream over HTTP/2
+	upgrade string        // the protocol out asks to switch to, or ""
+}
+
+// forward sends r to a cluster of rt, with rt's retries, and relays the
+// answer.
+func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.Snapshot, hc *config.HTTP, rt *route.Route, h2 bool, stream *wsStream, info *reqInfo) {
 	ctx := r.Context()
 	timeout := rt.Timeout
 	if timeout == 0 {
@@ -220,19 +242,18 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	}
 	wc := rt.Pick(uint32(mrand.Uint64N(uint64(max(rt.TotalWeight, 1)))))
 	info.cluster = wc.Name
+	call := &upstreamCall{snap: snap, rt: rt, cluster: wc.Name, h2: h2, upgrade: upgradeToken(r, h2)}
+	if stream != nil {
+		call.upgrade, call.h2 = upgradeWebSocket, false
+	}
 	// The handler owns r: its header is edited in place (neither server
 	// reads it once the handler runs), everything else is copied.
 	out := r.WithContext(ctx)
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep
-	upgrade := upgradeToken(r, h2)
-	upH2 := h2
-	if stream != nil {
-		upgrade, upH2 = upgradeWebSocket, false
-	}
 	stripHop(out.Header)
-	if upgrade != "" {
-		out.Header.Set("Upgrade", upgrade)
+	if call.upgrade != "" {
+		out.Header.Set("Upgrade", call.upgrade)
 	}
 	rt.Request.Apply(out.Header)
 	wc.Request.Apply(out.Header)
@@ -241,84 +262,83 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	if rt.HostRewrite != "" {
 		out.Host = rt.HostRewrite
 	}
-	var body []byte
+	call.out = out
 	retryable := rt.Retry != nil && rt.Retry.NumRetries > 0
-	if (retryable || len(rt.Mirrors) > 0) && r.Body != nil && r.Body != http.NoBody && (r.ContentLength >= 0 && r.ContentLength <= maxRetryBody) {
+	hasBody := r.Body != nil && r.Body != http.NoBody
+	switch {
+	case (retryable || len(rt.Mirrors) > 0) && hasBody && r.ContentLength >= 0 && r.ContentLength <= maxRetryBody:
 		b, err := io.ReadAll(io.LimitReader(r.Body, maxRetryBody+1))
 		if err != nil {
-			fail(w, http.StatusBadRequest, "reading request body")
+			reply(w, info, replyBadBody)
 			return
 		}
-		body = b
-	} else if retryable && r.Body != nil && r.Body != http.NoBody {
-		retryable = false
+		call.body = b
+	case retryable && hasBody:
+		retryable = false // a body too large to keep goes once
 	}
 	for _, m := range rt.Mirrors {
 		if mrand.Float64()*100 < m.Percent {
-			s.p.mirror(snap, m.Cluster, out, body, h2)
+			s.p.mirror(snap, m.Cluster, out, call.body, h2)
 		}
 	}
 	attempts := 1
 	if retryable {
 		attempts += rt.Retry.NumRetries
 	}
-	backoff := time.Duration(0)
-	if rt.Retry != nil {
-		backoff = rt.Retry.BaseInterval
+	resp, done, err := s.tryUpstream(ctx, call, attempts, info)
+	if err != nil {
+		reply(w, info, upstreamFailure(err))
+		return
 	}
-	var resp *http.Response
-	var err error
-	var retrySlot func()
-	for a := 0; a < attempts; a++ {
+	defer done()
+	defer resp.Body.Close()
+	s.respond(ctx, w, resp, call, stream, info)
+}
+
+// tryUpstream makes up to attempts attempts at call, with the route's
+// back-off between them, until one gets a response its retry policy
+// keeps. done ends the kept attempt's timeout once its body is read.
+func (s *session) tryUpstream(ctx context.Context, call *upstreamCall, attempts int, info *reqInfo) (resp *http.Response, done func(), err error) {
+	policy := call.rt.Retry
+	var backoff time.Duration
+	if policy != nil {
+		backoff = policy.BaseInterval
+	}
+	var slot func() // the retry budget the attempt under way holds
+	for a := 0; ; a++ {
 		if a > 0 {
-			d := time.Duration(mrand.Int64N(int64(backoff) + 1))
 			select {
-			case <-time.After(d):
+			case <-time.After(time.Duration(mrand.Int64N(int64(backoff) + 1))):
 			case <-ctx.Done():
 			}
-			backoff = min(backoff*2, rt.Retry.MaxInterval)
+			backoff = min(backoff*2, policy.MaxInterval)
 		}
-		if body != nil {
-			out.Body = io.NopCloser(bytes.NewReader(body))
-			out.ContentLength = int64(len(body))
-			out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-		}
-		tctx := ctx
-		var cancel context.CancelFunc = func() {}
-		if rt.Retry != nil && rt.Retry.PerTryTimeout > 0 {
-			tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
-		}
-		try := out
-		if tctx != ctx {
-			try = out.WithContext(tctx)
-		}
-		resp, err = s.p.roundTrip(tctx, snap, wc.Name, try, upH2, s.target, info)
-		if retrySlot != nil {
-			retrySlot()
-			retrySlot = nil
+		var cancel context.CancelFunc
+		resp, cancel, err = s.attempt(ctx, call, info)
+		if slot != nil {
+			slot()
+			slot = nil
 		}
 		if ctx.Err() != nil {
 			cancel()
 			if resp != nil {
 				resp.Body.Close()
 			}
-			err, resp = context.DeadlineExceeded, nil
-			break
+			return nil, nil, context.DeadlineExceeded
 		}
-		last := a == attempts-1 || !shouldRetry(rt.Retry, resp, err)
+		last := a == attempts-1 || !shouldRetry(policy, resp, err)
 		if !last {
-			// Envoy's max_retries: a retry over the cluster's budget is not
-			// made and this attempt's outcome stands.
-			retrySlot = s.p.takeRetry(snap, wc.Name)
-			last = retrySlot == nil
+			// Envoy's max_retries: a retry over the cluster's budget is
+			// not made and this attempt's outcome stands.
+			slot = s.p.takeRetry(call.snap, call.cluster)
+			last = slot == nil
 		}
 		if last {
-			if resp != nil {
-				defer cancel()
-			} else {
+			if err != nil {
 				cancel()
+				return nil, nil, err
 			}
-			break
+			return resp, cancel, nil
 		}
 		if resp != nil {
 			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -326,31 +346,35 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		}
 		cancel()
 	}
-	if err != nil {
-		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			info.flags = "UT"
-			fail(w, http.StatusGatewayTimeout, "upstream request timeout")
-		case errors.Is(err, errOverloaded):
-			info.flags = "UO"
-			w.Header().Set("x-envoy-overloaded", "true")
-			fail(w, http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers. reset reason: overflow")
-		case errors.Is(err, errNoHealthy):
-			info.flags = "UH"
-			fail(w, http.StatusServiceUnavailable, "no healthy upstream")
-		default:
-			info.flags = "UF"
-			fail(w, http.StatusServiceUnavailable, "upstream connect error or disconnect/reset before headers")
-		}
-		return
+}
+
+// attempt makes one attempt at call under the route's per-try timeout,
+// which cancel ends.
+func (s *session) attempt(ctx context.Context, call *upstreamCall, info *reqInfo) (*http.Response, context.CancelFunc, error) {
+	out := call.out
+	if body := call.body; body != nil {
+		out.Body = io.NopCloser(bytes.NewReader(body))
+		out.ContentLength = int64(len(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	}
-	defer resp.Body.Close()
+	tctx, cancel := ctx, context.CancelFunc(func() {})
+	if rt := call.rt; rt.Retry != nil && rt.Retry.PerTryTimeout > 0 {
+		tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
+		out = out.WithContext(tctx)
+	}
+	resp, err := s.p.roundTrip(tctx, call.snap, call.cluster, out, call.h2, s.target, info)
+	return resp, cancel, err
+}
+
+// respond relays resp, the upstream's answer to call, to the client: a
+// switch of protocols as a tunnel, anything else as a response.
+func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http.Response, call *upstreamCall, stream *wsStream, info *reqInfo) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
 	stripHop(h)
-	rt.Response.Apply(h)
+	call.rt.Response.Apply(h)
 	h.Del("Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
@@ -360,7 +384,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		s.switchedStream(w, resp, stream, info)
 		return
 	case resp.StatusCode == http.StatusSwitchingProtocols:
-		s.switched(w, resp, upgrade, info)
+		s.switched(w, resp, call.upgrade, info)
 		return
 	}
 	w.WriteHeader(resp.StatusCode)
@@ -368,14 +392,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		// Ending the response normally would pass a truncated body off as
 		// complete.
 		info.aborted = true
-		switch {
-		case errors.Is(ctx.Err(), context.DeadlineExceeded):
-			info.flags = "UT"
-		case ctx.Err() != nil:
-			info.flags = "DC" // the client left
-		default:
-			info.flags = "UR"
-		}
+		info.flags = brokenOff(ctx)
 		return
 	}
 	// Trailers are complete once the body is read. Those the upstream did not

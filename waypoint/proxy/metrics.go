@@ -124,7 +124,7 @@ func (s *session) series(k seriesKey) *series {
 }
 
 func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Duration, tp string, grpc bool) {
-	k := seriesKey{dstWL: "unknown", dstNS: "unknown", dstPrin: "unknown", grpc: grpc, code: info.status, flags: firstNonEmpty(info.flags, "-")}
+	k := seriesKey{dstWL: "unknown", dstNS: "unknown", dstPrin: "unknown", grpc: grpc, code: info.status, flags: firstNonEmpty(string(info.flags), "-")}
 	if grpc {
 		k.grpcStatus = info.grpcStatus
 	}

@@ -243,7 +243,7 @@ func (s *session) use(ch *config.Chain, proto string) {
 // codec does, and ends the stream: they are never relayed.
 func (s *session) refuseNotHTTP(st *hbone.Stream) {
 	s.p.cfg.AccessLog.Warn("connection refused", "src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(),
-		"chain", s.chain.Name, "error", "not HTTP on an HTTP port", "status", 400, "response_flags", "DPE")
+		"chain", s.chain.Name, "error", "not HTTP on an HTTP port", "status", 400, "response_flags", string(flagDownstreamProtocol))
 	c := &h1Server{s: s, st: st, hl: &headLimiter{r: st}}
 	c.br = bufio.NewReader(c.hl)
 	c.refuse(&requestError{http.StatusBadRequest, "not an HTTP request"})
@@ -418,7 +418,7 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 		log = append(log, "audit", true, "audit_policy", audit)
 	}
 	if denied {
-		s.p.cfg.AccessLog.Info("connection denied", append(log, "response_flags", "RBAC",
+		s.p.cfg.AccessLog.Info("connection denied", append(log, "response_flags", string(flagRBAC),
 			"connection_termination_details", "rbac_access_denied_matched_policy["+cmp.Or(policy, "none")+"]")...)
 		return
 	}
@@ -426,7 +426,7 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	up, ep, err := s.p.dialCluster(ctx, snap, cluster, s.target)
 	cancel()
 	if err != nil {
-		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", "UF", "error", err.Error())...)
+		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", string(flagConnectFailure), "error", err.Error())...)
 		return
 	}
 	var wg sync.WaitGroup

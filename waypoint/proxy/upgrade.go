@@ -95,18 +95,14 @@ func (s *session) switchedStream(w http.ResponseWriter, resp *http.Response, st 
 	if resp.StatusCode != http.StatusSwitchingProtocols || !okUp || cw == nil ||
 		!strings.EqualFold(strings.TrimSpace(resp.Header.Get("Upgrade")), upgradeWebSocket) ||
 		resp.Header.Get("Sec-WebSocket-Accept") != wsAccept(st.key) {
-		info.flags = "UPE"
-		for k := range w.Header() {
-			delete(w.Header(), k)
-		}
-		fail(w, http.StatusBadGateway, "upstream did not open the WebSocket session")
+		reply(w, info, replyNoWebSocket)
 		return
 	}
 	w.Header().Del("Sec-WebSocket-Accept")
 	w.WriteHeader(http.StatusOK)
 	down := &streamTunnel{body: st.body, w: cw.ResponseWriter}
 	if err := down.flush(); err != nil {
-		info.flags = "DC"
+		info.flags = flagDownstreamConnection
 		return
 	}
 	sent, recv := relayTunnel(down, up, idle(s.chain.HTTP.IdleTimeout))
@@ -198,17 +194,13 @@ func (s *session) switched(w http.ResponseWriter, resp *http.Response, token str
 		sw, _ = cw.ResponseWriter.(switcher)
 	}
 	if token == "" || !okUp || sw == nil || !strings.EqualFold(strings.TrimSpace(resp.Header.Get("Upgrade")), token) {
-		info.flags = "UPE"
-		for k := range w.Header() {
-			delete(w.Header(), k)
-		}
-		fail(w, http.StatusBadGateway, "upstream switched protocols unasked")
+		reply(w, info, replyUnaskedSwitch)
 		return
 	}
 	down, err := sw.switchProtocols(token)
 	cw.status = http.StatusSwitchingProtocols
 	if err != nil {
-		info.flags = "DC"
+		info.flags = flagDownstreamConnection
 		return
 	}
 	sent, recv := relayTunnel(down, up, idle(s.chain.HTTP.IdleTimeout))

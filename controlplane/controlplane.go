@@ -286,84 +286,24 @@ func stripManagedFields(obj any) (any, error) {
 	return obj, nil
 }
 
-// Run runs the control plane until ctx is done, then drains and returns.
+// Run serves until ctx ends: it loads the mesh CA, builds the parts on
+// shared informers, binds the listeners, and serves gRPC once the first
+// full workload state is published.
 func (cp *ControlPlane) Run(ctx context.Context) error {
-	cfg, log := cp.cfg, cp.log
-	td := spiffeid.RequireTrustDomainFromString(cfg.TrustDomain)
-
+	cfg := cp.cfg
 	mesh, err := ca.LoadCA(ctx, cp.clients.Kube.CoreV1(), ca.KeystoreConfig{
-		Namespace: cfg.Namespace, SecretName: cfg.CASecret, PluginSecretName: cfg.PluginCASecret, Logger: log,
-		CA: spiffe.CAConfig{TrustDomain: td, DefaultTTL: cfg.DefaultCertTTL, MaxTTL: cfg.MaxCertTTL},
+		Namespace: cfg.Namespace, SecretName: cfg.CASecret, PluginSecretName: cfg.PluginCASecret, Logger: cp.log,
+		CA: spiffe.CAConfig{TrustDomain: spiffeid.RequireTrustDomainFromString(cfg.TrustDomain), DefaultTTL: cfg.DefaultCertTTL, MaxTTL: cfg.MaxCertTTL},
 	})
 	if err != nil {
 		return err
 	}
 	cp.roots = mesh.RootsPEM()
-	serving, err := ca.NewServingCert(mesh, cfg.DNSNames(), 0, log)
+	serving, err := ca.NewServingCert(mesh, cfg.DNSNames(), 0, cp.log)
 	if err != nil {
 		return err
 	}
-
-	// Informers.
-	kubeInf := informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields))
-	cmInf := informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ca.RootCertConfigMap).String()
-		}))
-	istioInf := istioinformers.NewSharedInformerFactory(cp.clients.Istio, 0)
-	inf := ambient.Informers{
-		Pods:           kubeInf.Core().V1().Pods().Informer(),
-		Services:       kubeInf.Core().V1().Services().Informer(),
-		EndpointSlices: kubeInf.Discovery().V1().EndpointSlices().Informer(),
-		Namespaces:     kubeInf.Core().V1().Namespaces().Informer(),
-		Policies:       istioInf.Security().V1().AuthorizationPolicies().Informer(),
-	}
-	var gwInf gwinformers.SharedInformerFactory
-	var wpInf waypointxds.Informers
-	if *cfg.Waypoints && cp.clients.Gateway != nil {
-		if ok, err := hasGatewayAPI(cp.clients.Kube); err != nil {
-			return err
-		} else if ok {
-			gwInf = gwinformers.NewSharedInformerFactoryWithOptions(cp.clients.Gateway, 0, gwinformers.WithTransform(stripManagedFields))
-			inf.Gateways = gwInf.Gateway().V1().Gateways().Informer()
-			wpInf = waypointxds.Informers{
-				Gateways: inf.Gateways, Services: inf.Services, EndpointSlices: inf.EndpointSlices, Pods: inf.Pods,
-				Namespaces: inf.Namespaces, Policies: inf.Policies,
-				HTTPRoutes: gwInf.Gateway().V1().HTTPRoutes().Informer(),
-				GRPCRoutes: gwInf.Gateway().V1().GRPCRoutes().Informer(),
-			}
-		} else {
-			log.Warn("the Gateway API CRDs are not installed; running without waypoints")
-		}
-	}
-	if err := ca.AddPodIndexers(inf.Pods); err != nil {
-		return err
-	}
-
-	// Parts.
-	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL,
-		FailureCacheTTL: cfg.TokenReviewFailureCacheTTL},
-		cp.clients.Kube.AuthenticationV1().TokenReviews(), ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
-	if err != nil {
-		return err
-	}
-	xcfg := xdsserver.Config{Logger: log.With("part", "xds"), Registerer: cp.reg, NodeProxies: cfg.TrustedNodeAccounts}
-	if *cfg.XDSAuth {
-		xcfg.Authenticator = authn
-	}
-	xds, err := xdsserver.New(xcfg)
-	if err != nil {
-		return err
-	}
-	cp.xds = xds
-	caServer, err := ca.NewServer(ca.ServerConfig{
-		TrustDomain: td, TrustedNodeAccounts: cfg.TrustedNodeAccounts, ClusterID: cfg.ClusterID,
-		Logger: log.With("part", "ca"), Registerer: cp.reg, Limits: cfg.CALimits,
-	}, mesh, authn, ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
-	if err != nil {
-		return err
-	}
-	status, err := authpolicy.NewStatusWriter(cp.clients.Istio.SecurityV1(), inf.Policies.GetIndexer(), log.With("part", "policy-status"), cp.reg)
+	infs, err := cp.newInformers()
 	if err != nil {
 		return err
 	}
@@ -371,157 +311,303 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	events := record.NewBroadcaster(record.WithContext(ctx))
 	defer events.Shutdown()
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cp.clients.Kube.CoreV1().Events("")})
-	ctrl, err := ambient.NewController(ambient.ControllerConfig{
-		Mesh: ambient.Config{ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
-			Network: cfg.Network, RootNamespace: cfg.RootNamespace},
-		DebounceQuiet: cfg.DebounceQuiet, DebounceMax: cfg.DebounceMax,
-		Logger: log.With("part", "workloads"), Registerer: cp.reg,
-		Events: events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weft-controlplane"}),
-	}, inf, xds, status)
+	p, err := cp.newParts(mesh, infs, events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weft-controlplane"}))
 	if err != nil {
 		return err
 	}
-	var wpConfig *waypointxds.Controller
-	var deploy *deployer.Deployer
-	if wpInf.Gateways != nil && cfg.WaypointImage != "" {
-		deploy, err = deployer.New(deployer.Config{
-			Image: cfg.WaypointImage, ControlPlaneNamespace: cfg.Namespace,
-			XDSAddress: cfg.ServiceName + "." + cfg.Namespace + ".svc:" + portOf(cfg.SecureAddr),
-			ClusterID:  cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
-		}, cp.clients.Kube, cp.clients.Gateway, inf.Gateways, gwInf.Gateway().V1().GatewayClasses().Informer(),
-			log.With("part", "waypoint-deployer"), cp.reg)
-		if err != nil {
-			return err
-		}
-	}
-	if wpInf.Gateways != nil {
-		wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
-			Mesh: waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace,
-				PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization)},
-			Logger: log.With("part", "waypoint-config"), Registerer: cp.reg,
-		}, wpInf, xds)
-		if err != nil {
-			return err
-		}
-	}
-	roots, err := ca.NewRootCertPublisher(mesh.RootsPEM(), inf.Namespaces, cmInf.Core().V1().ConfigMaps().Informer(),
-		cp.clients.Kube.CoreV1(), log.With("part", "root-cert"), cp.reg)
+	cp.xds = p.xds
+	lns, err := cp.listen(ctx)
 	if err != nil {
 		return err
 	}
-
-	// Listeners, bound now so that a port conflict fails start-up.
-	var lc net.ListenConfig
-	secureLn, err := lc.Listen(ctx, "tcp", cfg.SecureAddr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", cfg.SecureAddr, err)
-	}
-	monLn, err := lc.Listen(ctx, "tcp", cfg.MonitorAddr)
-	if err != nil {
-		secureLn.Close()
-		return fmt.Errorf("listening on %s: %w", cfg.MonitorAddr, err)
-	}
-	var plainLn net.Listener
-	if cfg.PlaintextAddr != "" {
-		if plainLn, err = lc.Listen(ctx, "tcp", cfg.PlaintextAddr); err != nil {
-			secureLn.Close()
-			monLn.Close()
-			return fmt.Errorf("listening on %s: %w", cfg.PlaintextAddr, err)
-		}
-		cp.addrs["plaintext"] = plainLn.Addr()
-	}
-	cp.addrs["secure"], cp.addrs["monitor"] = secureLn.Addr(), monLn.Addr()
-
-	kp := keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
-	tlsCfg := &tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
-	secure := grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.KeepaliveEnforcementPolicy(kp))
-	xds.Register(secure)
-	caServer.Register(secure)
-	var plain *grpc.Server
-	if plainLn != nil {
-		// The same resources, never authenticated (as istiod's 15010).
-		plain = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(kp))
-		xds.RegisterPlaintext(plain)
-	}
-	mon := &http.Server{Handler: cp.monitorMux(xds), ReadHeaderTimeout: 5 * time.Second}
-
-	kubeInf.Start(ctx.Done())
-	cmInf.Start(ctx.Done())
-	istioInf.Start(ctx.Done())
-	if gwInf != nil {
-		gwInf.Start(ctx.Done())
-	}
-	defer kubeInf.Shutdown()
-	defer cmInf.Shutdown()
-	defer istioInf.Shutdown()
-	if gwInf != nil {
-		defer gwInf.Shutdown()
-	}
+	srv := cp.newServers(serving, p)
+	infs.start(ctx)
+	defer infs.shutdown()
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return ctrl.Run(gctx) })
-	g.Go(func() error { return status.Run(gctx) })
-	g.Go(func() error { return roots.Run(gctx) })
-	g.Go(func() error { return serving.Run(gctx) })
-	g.Go(func() error { return xds.Run(gctx) })
-	if wpConfig != nil {
-		g.Go(func() error { return wpConfig.Run(gctx) })
-	}
-	if deploy != nil {
-		g.Go(func() error { return deploy.Run(gctx) })
+	for _, run := range p.runners(serving) {
+		g.Go(func() error { return run(gctx) })
 	}
 	g.Go(func() error {
-		if err := mon.Serve(monLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("serving monitoring on %s: %w", monLn.Addr(), err)
+		if err := srv.mon.Serve(lns.mon); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving monitoring on %s: %w", lns.mon.Addr(), err)
 		}
 		return nil
 	})
 	g.Go(func() error {
-		select {
-		case <-gctx.Done():
-			return nil
-		case <-ctrl.Synced():
-		}
-		if !cache.WaitForCacheSync(gctx.Done(), inf.Pods.HasSynced) {
+		if !cp.waitPublished(gctx, p.ctrl, infs.ambient.Pods) {
 			return nil
 		}
-		serve := func(s *grpc.Server, ln net.Listener, name string) {
-			g.Go(func() error {
-				if err := s.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-					return fmt.Errorf("serving %s gRPC on %s: %w", name, ln.Addr(), err)
-				}
-				return nil
-			})
-		}
-		serve(secure, secureLn, "TLS")
-		if plain != nil {
-			serve(plain, plainLn, "plaintext")
-		}
+		srv.serveGRPC(g, lns)
 		cp.ready.Store(true)
 		close(cp.readyCh)
-		log.Info("control plane ready", "secure", secureLn.Addr().String(), "monitor", monLn.Addr().String(),
+		cp.log.Info("control plane ready", "secure", lns.secure.Addr().String(), "monitor", lns.mon.Addr().String(),
 			"plaintext", cfg.PlaintextAddr != "", "trust_domain", cfg.TrustDomain, "cluster_id", cfg.ClusterID,
 			"trusted_node_accounts", cfg.TrustedNodeAccounts, "path_normalization", cfg.PathNormalization)
 		return nil
 	})
 	g.Go(func() error {
 		<-gctx.Done()
-		// Shutdown: not ready, stop accepting, drain with a deadline.
 		cp.ready.Store(false)
-		stopGRPC(secure, cfg.ShutdownGrace)
-		if plain != nil {
-			stopGRPC(plain, cfg.ShutdownGrace)
-		}
-		secureLn.Close()
-		if plainLn != nil {
-			plainLn.Close()
-		}
-		sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownGrace)
-		defer cancel()
-		_ = mon.Shutdown(sctx)
+		srv.stop(lns, cfg.ShutdownGrace)
 		return nil
 	})
 	return g.Wait()
+}
+
+// waitPublished waits until the workload controller published the whole
+// cluster once and the pod cache the CA reads is synced; false if ctx
+// ended first.
+func (cp *ControlPlane) waitPublished(ctx context.Context, ctrl *ambient.Controller, pods cache.SharedIndexInformer) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-ctrl.Synced():
+	}
+	return cache.WaitForCacheSync(ctx.Done(), pods.HasSynced)
+}
+
+// informerSet is the control plane's shared informers.
+type informerSet struct {
+	kube, configMaps informers.SharedInformerFactory
+	istio            istioinformers.SharedInformerFactory
+	gateway          gwinformers.SharedInformerFactory // nil without waypoints
+	ambient          ambient.Informers
+	waypoints        waypointxds.Informers // Gateways nil without waypoints
+}
+
+// newInformers makes the informers the parts share; the Gateway API ones
+// only when waypoints are on and the Gateway API is installed.
+func (cp *ControlPlane) newInformers() (*informerSet, error) {
+	s := &informerSet{
+		kube: informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields)),
+		configMaps: informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("metadata.name", ca.RootCertConfigMap).String()
+			})),
+		istio: istioinformers.NewSharedInformerFactory(cp.clients.Istio, 0),
+	}
+	s.ambient = ambient.Informers{
+		Pods:           s.kube.Core().V1().Pods().Informer(),
+		Services:       s.kube.Core().V1().Services().Informer(),
+		EndpointSlices: s.kube.Discovery().V1().EndpointSlices().Informer(),
+		Namespaces:     s.kube.Core().V1().Namespaces().Informer(),
+		Policies:       s.istio.Security().V1().AuthorizationPolicies().Informer(),
+	}
+	if err := ca.AddPodIndexers(s.ambient.Pods); err != nil {
+		return nil, err
+	}
+	if !*cp.cfg.Waypoints || cp.clients.Gateway == nil {
+		return s, nil
+	}
+	switch ok, err := hasGatewayAPI(cp.clients.Kube); {
+	case err != nil:
+		return nil, err
+	case !ok:
+		cp.log.Warn("the Gateway API CRDs are not installed; running without waypoints")
+		return s, nil
+	}
+	s.gateway = gwinformers.NewSharedInformerFactoryWithOptions(cp.clients.Gateway, 0, gwinformers.WithTransform(stripManagedFields))
+	s.ambient.Gateways = s.gateway.Gateway().V1().Gateways().Informer()
+	inf := s.ambient
+	s.waypoints = waypointxds.Informers{
+		Gateways: inf.Gateways, Services: inf.Services, EndpointSlices: inf.EndpointSlices, Pods: inf.Pods,
+		Namespaces: inf.Namespaces, Policies: inf.Policies,
+		HTTPRoutes: s.gateway.Gateway().V1().HTTPRoutes().Informer(),
+		GRPCRoutes: s.gateway.Gateway().V1().GRPCRoutes().Informer(),
+	}
+	return s, nil
+}
+
+func (s *informerSet) start(ctx context.Context) {
+	s.kube.Start(ctx.Done())
+	s.configMaps.Start(ctx.Done())
+	s.istio.Start(ctx.Done())
+	if s.gateway != nil {
+		s.gateway.Start(ctx.Done())
+	}
+}
+
+func (s *informerSet) shutdown() {
+	s.kube.Shutdown()
+	s.configMaps.Shutdown()
+	s.istio.Shutdown()
+	if s.gateway != nil {
+		s.gateway.Shutdown()
+	}
+}
+
+// parts are the control plane's components.
+type parts struct {
+	xds      *xdsserver.Server
+	caServer *ca.Server
+	status   *authpolicy.StatusWriter
+	ctrl     *ambient.Controller
+	roots    *ca.RootCertPublisher
+	wpConfig *waypointxds.Controller // nil without waypoints
+	deploy   *deployer.Deployer      // nil without waypoints or an image
+}
+
+// newParts builds the components on infs.
+func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events record.EventRecorder) (*parts, error) {
+	cfg, log, inf := cp.cfg, cp.log, infs.ambient
+	authn, err := ca.NewAuthenticator(ca.AuthenticatorConfig{Audience: cfg.TokenAudience, CacheTTL: cfg.TokenReviewCacheTTL,
+		FailureCacheTTL: cfg.TokenReviewFailureCacheTTL},
+		cp.clients.Kube.AuthenticationV1().TokenReviews(), ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
+	if err != nil {
+		return nil, err
+	}
+	p := &parts{}
+	xcfg := xdsserver.Config{Logger: log.With("part", "xds"), Registerer: cp.reg, NodeProxies: cfg.TrustedNodeAccounts}
+	if *cfg.XDSAuth {
+		xcfg.Authenticator = authn
+	}
+	if p.xds, err = xdsserver.New(xcfg); err != nil {
+		return nil, err
+	}
+	p.caServer, err = ca.NewServer(ca.ServerConfig{
+		TrustDomain: spiffeid.RequireTrustDomainFromString(cfg.TrustDomain), TrustedNodeAccounts: cfg.TrustedNodeAccounts,
+		ClusterID: cfg.ClusterID, Logger: log.With("part", "ca"), Registerer: cp.reg, Limits: cfg.CALimits,
+	}, mesh, authn, ca.NewPodIndex(inf.Pods, cp.clients.Kube.CoreV1()))
+	if err != nil {
+		return nil, err
+	}
+	p.status, err = authpolicy.NewStatusWriter(cp.clients.Istio.SecurityV1(), inf.Policies.GetIndexer(), log.With("part", "policy-status"), cp.reg)
+	if err != nil {
+		return nil, err
+	}
+	p.ctrl, err = ambient.NewController(ambient.ControllerConfig{
+		Mesh: ambient.Config{ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
+			Network: cfg.Network, RootNamespace: cfg.RootNamespace},
+		DebounceQuiet: cfg.DebounceQuiet, DebounceMax: cfg.DebounceMax,
+		Logger: log.With("part", "workloads"), Registerer: cp.reg, Events: events,
+	}, inf, p.xds, p.status)
+	if err != nil {
+		return nil, err
+	}
+	if p.roots, err = ca.NewRootCertPublisher(mesh.RootsPEM(), inf.Namespaces, infs.configMaps.Core().V1().ConfigMaps().Informer(),
+		cp.clients.Kube.CoreV1(), log.With("part", "root-cert"), cp.reg); err != nil {
+		return nil, err
+	}
+	if infs.waypoints.Gateways == nil {
+		return p, nil
+	}
+	if cfg.WaypointImage != "" {
+		p.deploy, err = deployer.New(deployer.Config{
+			Image: cfg.WaypointImage, ControlPlaneNamespace: cfg.Namespace,
+			XDSAddress: cfg.ServiceName + "." + cfg.Namespace + ".svc:" + portOf(cfg.SecureAddr),
+			ClusterID:  cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
+		}, cp.clients.Kube, cp.clients.Gateway, inf.Gateways, infs.gateway.Gateway().V1().GatewayClasses().Informer(),
+			log.With("part", "waypoint-deployer"), cp.reg)
+		if err != nil {
+			return nil, err
+		}
+	}
+	p.wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
+		Mesh: waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace,
+			PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization)},
+		Logger: log.With("part", "waypoint-config"), Registerer: cp.reg,
+	}, infs.waypoints, p.xds)
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// runners are the parts' run loops, with the serving certificate's.
+func (p *parts) runners(serving *ca.ServingCert) []func(context.Context) error {
+	rs := []func(context.Context) error{p.ctrl.Run, p.status.Run, p.roots.Run, serving.Run, p.xds.Run}
+	if p.wpConfig != nil {
+		rs = append(rs, p.wpConfig.Run)
+	}
+	if p.deploy != nil {
+		rs = append(rs, p.deploy.Run)
+	}
+	return rs
+}
+
+// listeners are the control plane's sockets.
+type listeners struct {
+	secure, mon, plain net.Listener // plain nil unless configured
+}
+
+// listen binds the listeners now, so that a port conflict fails start-up.
+func (cp *ControlPlane) listen(ctx context.Context) (*listeners, error) {
+	cfg := cp.cfg
+	var lc net.ListenConfig
+	l := &listeners{}
+	var err error
+	if l.secure, err = lc.Listen(ctx, "tcp", cfg.SecureAddr); err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", cfg.SecureAddr, err)
+	}
+	if l.mon, err = lc.Listen(ctx, "tcp", cfg.MonitorAddr); err != nil {
+		l.secure.Close()
+		return nil, fmt.Errorf("listening on %s: %w", cfg.MonitorAddr, err)
+	}
+	if cfg.PlaintextAddr != "" {
+		if l.plain, err = lc.Listen(ctx, "tcp", cfg.PlaintextAddr); err != nil {
+			l.secure.Close()
+			l.mon.Close()
+			return nil, fmt.Errorf("listening on %s: %w", cfg.PlaintextAddr, err)
+		}
+		cp.addrs["plaintext"] = l.plain.Addr()
+	}
+	cp.addrs["secure"], cp.addrs["monitor"] = l.secure.Addr(), l.mon.Addr()
+	return l, nil
+}
+
+// servers are the control plane's gRPC and HTTP servers.
+type servers struct {
+	secure, plain *grpc.Server // plain nil unless configured
+	mon           *http.Server
+}
+
+func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
+	kp := keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
+	tlsCfg := &tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	s := &servers{
+		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.KeepaliveEnforcementPolicy(kp)),
+		mon:    &http.Server{Handler: cp.monitorMux(p.xds), ReadHeaderTimeout: 5 * time.Second},
+	}
+	p.xds.Register(s.secure)
+	p.caServer.Register(s.secure)
+	if cp.cfg.PlaintextAddr != "" {
+		// The same resources, never authenticated (as istiod's 15010).
+		s.plain = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(kp))
+		p.xds.RegisterPlaintext(s.plain)
+	}
+	return s
+}
+
+// serveGRPC serves the gRPC servers in g.
+func (s *servers) serveGRPC(g *errgroup.Group, l *listeners) {
+	serve := func(srv *grpc.Server, ln net.Listener, name string) {
+		g.Go(func() error {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				return fmt.Errorf("serving %s gRPC on %s: %w", name, ln.Addr(), err)
+			}
+			return nil
+		})
+	}
+	serve(s.secure, l.secure, "TLS")
+	if s.plain != nil {
+		serve(s.plain, l.plain, "plaintext")
+	}
+}
+
+// stop stops accepting and drains, each server within grace.
+func (s *servers) stop(l *listeners, grace time.Duration) {
+	stopGRPC(s.secure, grace)
+	if s.plain != nil {
+		stopGRPC(s.plain, grace)
+	}
+	l.secure.Close()
+	if l.plain != nil {
+		l.plain.Close()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	_ = s.mon.Shutdown(sctx)
 }
 
 // stopGRPC drains s, then stops it at the deadline (xDS streams never end

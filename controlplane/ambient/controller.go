@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/weftmesh/weft/controlplane/authpolicy"
+	"github.com/weftmesh/weft/internal/debounce"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
@@ -145,7 +146,7 @@ type Controller struct {
 	events   *prometheus.CounterVec
 	debounce prometheus.Histogram
 	synced   chan struct{}
-	wake     chan struct{}
+	changed  *debounce.Debouncer
 
 	mu    sync.Mutex
 	dirty batch     // guarded by mu
@@ -184,9 +185,9 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher, status St
 			Help:    "Seconds between the first change of a batch and its processing.",
 			Buckets: []float64{.005, .01, .02, .05, .1, .2, .5, 1},
 		}),
-		synced: make(chan struct{}),
-		wake:   make(chan struct{}, 1),
-		dirty:  batch{},
+		synced:  make(chan struct{}),
+		changed: debounce.New(cfg.DebounceQuiet, cfg.DebounceMax),
+		dirty:   batch{},
 	}
 	if cfg.Registerer != nil {
 		for _, col := range []prometheus.Collector{c.events, c.debounce} {
@@ -252,12 +253,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	close(c.synced)
 
 	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-c.wake:
-		}
-		if !c.wait(ctx) {
+		if !c.changed.Wait(ctx) {
 			return nil
 		}
 		b, since := c.take()
@@ -266,30 +262,6 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		c.debounce.Observe(time.Since(since).Seconds())
 		c.publish(c.ix.process(b), since)
-	}
-}
-
-// wait debounces: it returns once no change has arrived for DebounceQuiet,
-// or DebounceMax after the oldest pending change, or false when ctx is done.
-func (c *Controller) wait(ctx context.Context) bool {
-	c.mu.Lock()
-	since := c.since
-	c.mu.Unlock()
-	quiet := time.NewTimer(c.cfg.DebounceQuiet)
-	defer quiet.Stop()
-	deadline := time.NewTimer(max(c.cfg.DebounceMax-time.Since(since), 0))
-	defer deadline.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-c.wake:
-			quiet.Reset(c.cfg.DebounceQuiet)
-		case <-quiet.C:
-			return true
-		case <-deadline.C:
-			return true
-		}
 	}
 }
 
@@ -308,10 +280,7 @@ func (c *Controller) mark(kind, key string) {
 	}
 	c.dirty.add(kind, key)
 	c.mu.Unlock()
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
+	c.changed.Notify()
 }
 
 func (c *Controller) handler(kind string) cache.ResourceEventHandler {

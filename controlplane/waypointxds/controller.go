@@ -16,6 +16,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/weftmesh/weft/controlplane/ambient"
+	"github.com/weftmesh/weft/internal/debounce"
 )
 
 // Publisher receives each waypoint's resources (*xdsserver.Server).
@@ -60,14 +61,16 @@ type ControllerConfig struct {
 // depend on few objects, and the xDS cache sends clients only the
 // resources whose bytes changed); with no waypoint Gateway it does nothing.
 type Controller struct {
-	cfg   ControllerConfig
-	inf   Informers
-	st    Stores
-	pub   Publisher
-	log   *slog.Logger
-	wake  chan struct{}
-	built map[string]map[string]map[string]proto.Message // owned by Run
-	notes map[string]string                              // owned by Run: last notes by waypoint
+	cfg ControllerConfig
+	inf Informers
+	st  Stores
+	pub Publisher
+	log *slog.Logger
+	// changed batches the informers' events into rebuilds: at most ten
+	// debounce periods after the first.
+	changed *debounce.Debouncer
+	built   map[string]map[string]map[string]proto.Message // owned by Run
+	notes   map[string]string                              // owned by Run: last notes by waypoint
 
 	builds    prometheus.Counter
 	resources *prometheus.GaugeVec
@@ -98,9 +101,9 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Control
 		st: Stores{Services: indexer(inf.Services), EndpointSlices: indexer(inf.EndpointSlices), Pods: indexer(inf.Pods),
 			Namespaces: indexer(inf.Namespaces), HTTPRoutes: indexer(inf.HTTPRoutes), GRPCRoutes: indexer(inf.GRPCRoutes),
 			Policies: indexer(inf.Policies)},
-		wake:  make(chan struct{}, 1),
-		built: map[string]map[string]map[string]proto.Message{},
-		notes: map[string]string{},
+		changed: debounce.New(cfg.Debounce, 10*cfg.Debounce),
+		built:   map[string]map[string]map[string]proto.Message{},
+		notes:   map[string]string{},
 		builds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "weft_waypoint_config_builds_total", Help: "Rebuilds of the waypoints' Envoy configuration.",
 		}),
@@ -118,12 +121,7 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Control
 	return c, nil
 }
 
-func (c *Controller) poke() {
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-}
+func (c *Controller) poke() { c.changed.Notify() }
 
 // Run watches until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
@@ -154,17 +152,10 @@ func (c *Controller) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.synced = true
 	c.mu.Unlock()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-c.wake:
-		}
-		if !c.debounce(ctx) {
-			return nil
-		}
+	for c.changed.Wait(ctx) {
 		c.rebuild()
 	}
+	return nil
 }
 
 // Synced reports whether the first build was published.
@@ -172,25 +163,6 @@ func (c *Controller) Synced() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.synced
-}
-
-func (c *Controller) debounce(ctx context.Context) bool {
-	quiet := time.NewTimer(c.cfg.Debounce)
-	defer quiet.Stop()
-	deadline := time.NewTimer(10 * c.cfg.Debounce)
-	defer deadline.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-c.wake:
-			quiet.Reset(c.cfg.Debounce)
-		case <-quiet.C:
-			return true
-		case <-deadline.C:
-			return true
-		}
-	}
 }
 
 // rebuild computes every waypoint and publishes those that changed.

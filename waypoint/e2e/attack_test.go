@@ -26,9 +26,15 @@ import (
 // namespace, as the pod's application would.
 func (m *mesh) dialFromPod(t *testing.T, addr string) (net.Conn, error) {
 	t.Helper()
+	return m.dialFrom(t, m.client.Name, addr)
+}
+
+// dialFrom opens a TCP connection from inside pod's network namespace.
+func (m *mesh) dialFrom(t *testing.T, pod, addr string) (net.Conn, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	path, err := m.c.PodNetns(ctx, appNS, m.client.Name)
+	path, err := m.c.PodNetns(ctx, appNS, pod)
 	if err != nil {
 		t.Fatal(err)
 	}

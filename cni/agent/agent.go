@@ -40,12 +40,12 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
 	"github.com/weftmesh/weft/cni/install"
 	"github.com/weftmesh/weft/cni/redirect"
+	"github.com/weftmesh/weft/internal/kubequeue"
 	"github.com/weftmesh/weft/internal/netns"
 )
 
@@ -99,9 +99,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	m := newMetrics(a.reg)
 	ctl := &controller{
 		cfg: cfg, log: a.log.With("component", "controller"), kube: a.kube, selectors: enablement.Default(), hostID: hostID, node: node,
-		queue:  workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](), workqueue.TypedRateLimitingQueueConfig[string]{Name: "pods"}),
 		synced: make(chan struct{}),
 	}
+	ctl.queue = kubequeue.New(kubequeue.Config{Name: "pods", KeyAttr: "pod", Logger: ctl.log}, ctl.reconcile)
+	defer ctl.queue.ShutDown() // for a return before it runs
 	zts := newZtunnelServer(cfg.ZtunnelSocket, cfg.ZtunnelUID, a.log, m, nil, ctl.synced, func() {
 		// A ztunnel is back: retry pods that waited for one.
 		ctl.enqueueAll()
@@ -147,7 +148,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		}
 		ctl.initialSync(kr)
-		ctl.run(gctx, 4)
+		ctl.queue.Run(gctx, 4)
 		return nil
 	})
 	g.Go(func() error {

@@ -20,11 +20,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 
 	"github.com/weftmesh/weft/cni/enablement"
 	"github.com/weftmesh/weft/cni/event"
 	"github.com/weftmesh/weft/internal/apinames"
+	"github.com/weftmesh/weft/internal/kubequeue"
 	"github.com/weftmesh/weft/internal/netns"
 )
 
@@ -42,9 +42,9 @@ type controller struct {
 	mesh      *mesh
 	selectors []enablement.Selector
 	hostID    uint64
-	node      *netns.NS // the node's netns; nil: the agent's own
-	queue     workqueue.TypedRateLimitingInterface[string]
-	synced    chan struct{} // closed after the initial sync
+	node      *netns.NS                // the node's netns; nil: the agent's own
+	queue     *kubequeue.Queue[string] // of "<ns>/<name>"; its workers call reconcile
+	synced    chan struct{}            // closed after the initial sync
 	syncOnce  sync.Once
 }
 
@@ -170,39 +170,6 @@ func (c *controller) initialSync(probes probeSets) {
 	c.syncOnce.Do(func() { close(c.synced) })
 	c.log.Info("initial sync done", "adopted_pods", len(c.mesh.uids()))
 	c.enqueueAll()
-}
-
-// run works the queue with n workers until ctx ends.
-func (c *controller) run(ctx context.Context, n int) {
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for c.processNext(ctx) {
-			}
-		}()
-	}
-	<-ctx.Done()
-	c.queue.ShutDown()
-	wg.Wait()
-}
-
-func (c *controller) processNext(ctx context.Context) bool {
-	key, shutdown := c.queue.Get()
-	if shutdown {
-		return false
-	}
-	defer c.queue.Done(key)
-	if err := c.reconcile(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			c.log.Warn("reconciling a pod failed; retrying", "pod", key, "error", err, "retries", c.queue.NumRequeues(key))
-		}
-		c.queue.AddRateLimited(key)
-		return true
-	}
-	c.queue.Forget(key)
-	return true
 }
 
 // reconcile brings one pod to its wanted state.

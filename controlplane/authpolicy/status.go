@@ -15,9 +15,9 @@ import (
 	securityclient "istio.io/client-go/pkg/clientset/versioned/typed/security/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
+
+	"github.com/weftmesh/weft/internal/kubequeue"
 )
 
 // StatusWriter writes the ZtunnelAccepted condition onto policies, leaving
@@ -27,8 +27,7 @@ import (
 type StatusWriter struct {
 	client securityclient.AuthorizationPoliciesGetter
 	store  cache.Indexer
-	log    *slog.Logger
-	queue  workqueue.TypedRateLimitingInterface[string]
+	queue  *kubequeue.Queue[string]
 	writes *prometheus.CounterVec
 
 	mu      sync.Mutex
@@ -43,13 +42,8 @@ type desired struct {
 // NewStatusWriter returns a writer that reads policies from store (the
 // policy informer's) and writes through client. It starts nothing.
 func NewStatusWriter(client securityclient.AuthorizationPoliciesGetter, store cache.Indexer, log *slog.Logger, reg prometheus.Registerer) (*StatusWriter, error) {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
 	w := &StatusWriter{
-		client: client, store: store, log: log, pending: map[string]desired{},
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "policy-status"}),
+		client: client, store: store, pending: map[string]desired{},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_policy_status_writes_total",
 			Help: "AuthorizationPolicy status writes, by result.",
@@ -60,6 +54,7 @@ func NewStatusWriter(client securityclient.AuthorizationPoliciesGetter, store ca
 			return nil, fmt.Errorf("creating policy status writer: registering metrics: %w", err)
 		}
 	}
+	w.queue = kubequeue.New(kubequeue.Config{Name: "policy-status", KeyAttr: "policy", Logger: log}, w.reconcile)
 	return w, nil
 }
 
@@ -74,37 +69,17 @@ func (w *StatusWriter) SetCondition(namespace, name string, generation int64, c 
 
 // Run writes until ctx is done.
 func (w *StatusWriter) Run(ctx context.Context) error {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		wait.UntilWithContext(ctx, w.worker, time.Second)
-	}()
-	<-ctx.Done()
-	w.queue.ShutDown()
-	wg.Wait()
+	w.queue.Run(ctx, 1)
 	return nil
 }
 
-func (w *StatusWriter) worker(ctx context.Context) {
-	for {
-		key, quit := w.queue.Get()
-		if quit {
-			return
-		}
-		err := w.sync(ctx, key)
-		switch {
-		case err == nil:
-			w.queue.Forget(key)
-		case apierrors.IsConflict(err):
-			w.queue.AddRateLimited(key) // re-read and retry, quietly
-		default:
-			w.writes.WithLabelValues("error").Inc()
-			w.log.Warn("writing policy status failed; retrying", "policy", key, "error", err)
-			w.queue.AddRateLimited(key)
-		}
-		w.queue.Done(key)
+// reconcile writes one policy's status; the queue retries an error.
+func (w *StatusWriter) reconcile(ctx context.Context, key string) error {
+	err := w.sync(ctx, key)
+	if err != nil && !kubequeue.Conflict(err) {
+		w.writes.WithLabelValues("error").Inc()
 	}
+	return err
 }
 
 func (w *StatusWriter) sync(ctx context.Context, key string) error {

@@ -4,17 +4,15 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
+
+	"github.com/weftmesh/weft/internal/kubequeue"
 )
 
 // The ConfigMap that carries the mesh root to every namespace, Istio's.
@@ -32,7 +30,7 @@ type RootCertPublisher struct {
 	configMaps cache.SharedIndexInformer // filtered to RootCertConfigMap
 	client     corev1client.ConfigMapsGetter
 	log        *slog.Logger
-	queue      workqueue.TypedRateLimitingInterface[string]
+	queue      *kubequeue.Queue[string] // of namespace names
 	writes     *prometheus.CounterVec
 }
 
@@ -46,8 +44,6 @@ func NewRootCertPublisher(rootsPEM []byte, namespaces, configMaps cache.SharedIn
 	}
 	p := &RootCertPublisher{
 		roots: string(rootsPEM), namespaces: namespaces, configMaps: configMaps, client: client, log: log,
-		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-			workqueue.TypedRateLimitingQueueConfig[string]{Name: "root-cert"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_root_cert_configmap_writes_total",
 			Help: "Writes of the istio-ca-root-cert ConfigMap, by operation (create, update) and result.",
@@ -58,6 +54,7 @@ func NewRootCertPublisher(rootsPEM []byte, namespaces, configMaps cache.SharedIn
 			return nil, fmt.Errorf("creating root certificate publisher: registering metrics: %w", err)
 		}
 	}
+	p.queue = kubequeue.New(kubequeue.Config{Name: "root-cert", KeyAttr: "namespace", Logger: log}, p.sync)
 	return p, nil
 }
 
@@ -88,15 +85,7 @@ func (p *RootCertPublisher) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), nsReg.HasSynced, cmReg.HasSynced) {
 		return nil
 	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		wait.UntilWithContext(ctx, p.worker, time.Second)
-	}()
-	<-ctx.Done()
-	p.queue.ShutDown()
-	wg.Wait()
+	p.queue.Run(ctx, 1)
 	return nil
 }
 
@@ -112,22 +101,7 @@ func (p *RootCertPublisher) enqueue(obj any, isNamespace bool) {
 	}
 }
 
-func (p *RootCertPublisher) worker(ctx context.Context) {
-	for {
-		ns, quit := p.queue.Get()
-		if quit {
-			return
-		}
-		if err := p.sync(ctx, ns); err != nil {
-			p.log.Warn("publishing the root certificate failed; retrying", "namespace", ns, "error", err)
-			p.queue.AddRateLimited(ns)
-		} else {
-			p.queue.Forget(ns)
-		}
-		p.queue.Done(ns)
-	}
-}
-
+// sync brings one namespace's ConfigMap in line; the queue retries an error.
 func (p *RootCertPublisher) sync(ctx context.Context, ns string) error {
 	obj, ok, err := p.namespaces.GetIndexer().GetByKey(ns)
 	if err != nil {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"istio.io/api/label"
@@ -19,11 +18,11 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/internal/apinames"
+	"github.com/weftmesh/weft/internal/kubequeue"
 )
 
 // FieldManager is the server-side apply manager of the deployed objects.
@@ -95,8 +94,9 @@ const classKey = "\x00class" // queue key of the GatewayClass status
 // Run reconciles until ctx ends, and returns after its workers and
 // informers have stopped.
 func (d *Deployer) Run(ctx context.Context) error {
-	queue := workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
-		workqueue.TypedRateLimitingQueueConfig[string]{Name: "waypoints"})
+	var queue *kubequeue.Queue[string]
+	queue = kubequeue.New(kubequeue.Config{Name: "waypoints", KeyAttr: "gateway", Logger: d.log},
+		func(ctx context.Context, key string) error { return d.sync(ctx, queue, key) })
 	defer queue.ShutDown()
 	enqueue := func(obj any) {
 		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
@@ -159,28 +159,15 @@ func (d *Deployer) Run(ctx context.Context) error {
 		return nil
 	}
 	d.log.Info("waypoint deployer started", "image", d.cfg.Image)
-	var wg sync.WaitGroup
-	for range 2 {
-		wg.Go(func() { d.worker(ctx, queue) })
-	}
-	<-ctx.Done()
-	queue.ShutDown()
-	wg.Wait()
+	queue.Run(ctx, 2)
 	return nil
 }
 
-// worker reconciles keys until the queue shuts down.
-func (d *Deployer) worker(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) {
-	for d.next(ctx, queue) {
-	}
-}
-
-func (d *Deployer) next(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) bool {
-	key, quit := queue.Get()
-	if quit {
-		return false
-	}
-	defer queue.Done(key)
+// sync reconciles one key and counts the result; the queue retries an
+// error. A conflict or AlreadyExists comes of a stale cache, or of an object
+// changed or made since it was read: the retry recomputes from the newer
+// version.
+func (d *Deployer) sync(ctx context.Context, queue *kubequeue.Queue[string], key string) error {
 	var result string
 	var recheck bool
 	var err error
@@ -191,27 +178,18 @@ func (d *Deployer) next(ctx context.Context, queue workqueue.TypedRateLimitingIn
 	}
 	switch {
 	case err == nil:
-		queue.Forget(key)
 		if recheck {
 			queue.AddAfter(key, d.cfg.Recheck)
 		}
-	case apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err):
-		// Stale cache, or an object changed or made since it was read:
-		// the retry recomputes from the newer version.
+	case kubequeue.Conflict(err):
 		result = resultConflict
-		d.log.Debug("waypoint status conflict; retrying", "gateway", key, "error", err)
-		queue.AddRateLimited(key)
 	default:
 		result = resultError
-		if ctx.Err() == nil {
-			d.log.Warn("waypoint reconcile failed; retrying", "gateway", key, "error", err)
-		}
-		queue.AddRateLimited(key)
 	}
 	if result != "" {
 		d.results.WithLabelValues(result).Inc()
 	}
-	return true
+	return err
 }
 
 func paramsName(gw *gwv1.Gateway) string {

@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -28,6 +27,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/weftmesh/weft/internal/reconnect"
 )
 
 // HandlerFunc applies one response of a type: upserts by resource name and
@@ -55,7 +56,8 @@ type Config struct {
 	Metadata map[string]string
 	// Subscriptions are the types to subscribe to. Required.
 	Subscriptions []Subscription
-	// MinBackoff and MaxBackoff bound the reconnect delay; defaults 10 ms and 15 s.
+	// MinBackoff and MaxBackoff bound the reconnect delay (see package
+	// reconnect); defaults 10 ms and 15 s.
 	MinBackoff, MaxBackoff time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -91,12 +93,6 @@ func New(cfg Config) (*Client, error) {
 			return nil, errors.New("xds client: every subscription needs a TypeURL and a handler")
 		}
 	}
-	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = 10 * time.Millisecond
-	}
-	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = 15 * time.Second
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -114,7 +110,8 @@ func (c *Client) Stats() Stats {
 }
 
 // Run keeps a stream open until ctx ends, reconnecting with exponential
-// backoff and jitter. It returns nil when ctx ends.
+// backoff and jitter, from MinBackoff again after a stream that was up for
+// reconnect.Healthy. It returns nil when ctx ends.
 func (c *Client) Run(ctx context.Context) error {
 	creds := insecure.NewCredentials()
 	if c.cfg.TLS != nil {
@@ -126,7 +123,7 @@ func (c *Client) Run(ctx context.Context) error {
 	}
 	defer conn.Close()
 	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
-	backoff := c.cfg.MinBackoff
+	backoff := reconnect.NewBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
 		start := time.Now()
 		err := c.stream(ctx, ads)
@@ -136,17 +133,11 @@ func (c *Client) Run(ctx context.Context) error {
 		c.mu.Lock()
 		c.stats.LastError = err.Error()
 		c.mu.Unlock()
-		if time.Since(start) > 30*time.Second {
-			backoff = c.cfg.MinBackoff // the stream was healthy for a while
-		}
-		c.cfg.Logger.Warn("xds stream ended", "address", c.cfg.Address, "error", err.Error(), "retry_in", backoff.String())
-		delay := backoff/2 + rand.N(backoff/2+1)
-		select {
-		case <-ctx.Done():
+		delay := backoff.Delay(time.Since(start))
+		c.cfg.Logger.Warn("xds stream ended", "address", c.cfg.Address, "error", err.Error(), "retry_in", delay.String())
+		if !reconnect.Sleep(ctx, delay) {
 			return nil
-		case <-time.After(delay):
 		}
-		backoff = min(2*backoff, c.cfg.MaxBackoff)
 	}
 }
 

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"sort"
 	"sync"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/zdspb"
+	"github.com/weftmesh/weft/internal/reconnect"
 	"github.com/weftmesh/weft/internal/zds"
 )
 
@@ -52,7 +52,8 @@ type Config struct {
 	SocketPath string
 	// NewProxy builds pod proxies. Required.
 	NewProxy Factory
-	// MinBackoff and MaxBackoff bound reconnects; defaults 10 ms and 15 s.
+	// MinBackoff and MaxBackoff bound reconnects (see package reconnect);
+	// defaults 10 ms and 15 s.
 	MinBackoff, MaxBackoff time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
@@ -91,12 +92,6 @@ func New(cfg Config) (*Manager, error) {
 	}
 	if cfg.SocketPath == "" {
 		cfg.SocketPath = zdspb.DefaultSocketPath
-	}
-	if cfg.MinBackoff == 0 {
-		cfg.MinBackoff = 10 * time.Millisecond
-	}
-	if cfg.MaxBackoff == 0 {
-		cfg.MaxBackoff = 15 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -150,7 +145,7 @@ func (m *Manager) Stats() Stats {
 // Run keeps a ZDS session with the node agent until ctx ends, then drains
 // every proxy and returns once they stopped.
 func (m *Manager) Run(ctx context.Context) error {
-	backoff := m.cfg.MinBackoff
+	backoff := reconnect.NewBackoff(m.cfg.MinBackoff, m.cfg.MaxBackoff)
 	for ctx.Err() == nil {
 		start := time.Now()
 		err := m.session(ctx)
@@ -160,15 +155,9 @@ func (m *Manager) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			break
 		}
-		if time.Since(start) > 10*time.Second {
-			backoff = m.cfg.MinBackoff
-		}
-		m.cfg.Logger.Warn("ZDS session ended", "socket", m.cfg.SocketPath, "error", err.Error(), "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
-		case <-time.After(backoff/2 + rand.N(backoff/2+1)):
-		}
-		backoff = min(2*backoff, m.cfg.MaxBackoff)
+		delay := backoff.Delay(time.Since(start))
+		m.cfg.Logger.Warn("ZDS session ended", "socket", m.cfg.SocketPath, "error", err.Error(), "retry_in", delay.String())
+		reconnect.Sleep(ctx, delay)
 	}
 	m.mu.Lock()
 	for uid := range m.pods {

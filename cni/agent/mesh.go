@@ -31,6 +31,8 @@ const (
 type ztunnels interface {
 	PodAdded(ctx context.Context, uid string, info *zdspb.WorkloadInfo, netns *os.File) error
 	PodDeleted(ctx context.Context, uid string) error
+	// connected is how many ztunnels have their snapshot.
+	connected() int
 }
 
 // rules installs redirection in pod namespaces and probe IPs on the node.
@@ -249,6 +251,15 @@ func (m *mesh) Enroll(ctx context.Context, pod *corev1.Pod, path string, ips []n
 		}
 	}
 
+	if m.zt.connected() == 0 {
+		// Refused before the pod is known: a ztunnel connecting now gets a
+		// snapshot without it, then the retry's Add, never a pod whose Add
+		// failed.
+		if aerr := m.annot.annotate(ctx, pod.Namespace, pod.Name, apinames.RedirectionPending); aerr != nil {
+			log.Warn("annotating the pod pending failed", "error", aerr)
+		}
+		return failed("ztunnel", fmt.Errorf("pod %s/%s: %w", pod.Namespace, pod.Name, ErrNoZtunnel))
+	}
 	st := &podState{uid: pod.UID, namespace: pod.Namespace, name: pod.Name, info: workloadInfo(pod), netns: ns, netnsID: id, ips: ips, opts: opts}
 	// Known before the Add, so a ztunnel connecting meanwhile gets it in
 	// its snapshot.

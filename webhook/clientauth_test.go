@@ -3,14 +3,10 @@ package webhook
 import (
 	"bufio"
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/json"
-	"math/big"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/weftmesh/weft/internal/testpki"
 	"github.com/weftmesh/weft/webhook/admit"
 	"github.com/weftmesh/weft/webhook/audit"
 	"github.com/weftmesh/weft/webhook/servingcert"
@@ -33,24 +30,16 @@ func clientCert(t testing.TB, ca *servingcert.CA, cn string, dnsNames []string, 
 	if len(usage) == 0 {
 		usage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	issuer := &testpki.Cert{Cert: ca.Cert, Key: ca.Key}
+	c, err := issuer.Issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: cn, Organization: []string{"test"}},
+		DNSNames:    dnsNames,
+		ExtKeyUsage: usage,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: big.NewInt(now.UnixNano()),
-		Subject:      pkix.Name{CommonName: cn, Organization: []string{"test"}},
-		DNSNames:     dnsNames,
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  usage,
-	}, ca.Cert, key.Public(), ca.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	return c.TLS()
 }
 
 // caFile writes ca's certificate as a PEM file.

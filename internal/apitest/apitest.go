@@ -14,16 +14,12 @@ package apitest
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"math/big"
 	"net"
 	"os"
 	"os/exec"
@@ -45,6 +41,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
+
+	"github.com/weftmesh/weft/internal/testpki"
 )
 
 // Env is the variable that enables these tests.
@@ -426,61 +424,33 @@ type pkiFiles struct {
 }
 
 func makePKI(dir string) (*pkiFiles, error) {
-	f := &pkiFiles{}
-	write := func(name string, blocks ...*pem.Block) (string, error) {
-		var buf bytes.Buffer
-		for _, b := range blocks {
-			_ = pem.Encode(&buf, b)
-		}
+	f := &pkiFiles{caCert: filepath.Join(dir, "ca.crt")}
+	write := func(name string, b *pem.Block) (string, error) {
 		p := filepath.Join(dir, name)
-		return p, os.WriteFile(p, buf.Bytes(), 0o600)
+		return p, os.WriteFile(p, pem.EncodeToMemory(b), 0o600)
 	}
-	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	now := time.Now()
-	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "apitest-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
-		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	ca, err := testpki.NewRoot("apitest-ca")
 	if err != nil {
 		return nil, err
 	}
-	ca, _ := x509.ParseCertificate(caDER)
-	if f.caCert, err = write("ca.crt", &pem.Block{Type: "CERTIFICATE", Bytes: caDER}); err != nil {
+	if err := os.WriteFile(f.caCert, ca.CertPEM(), 0o600); err != nil {
 		return nil, err
 	}
-	leaf := func(serial int64, tmpl *x509.Certificate) ([]byte, *ecdsa.PrivateKey, error) {
-		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		tmpl.SerialNumber = big.NewInt(serial)
-		tmpl.NotBefore, tmpl.NotAfter = now.Add(-time.Hour), now.Add(24*time.Hour)
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, k.Public(), caKey)
-		return der, k, err
-	}
-	keyBlock := func(k *ecdsa.PrivateKey) *pem.Block {
-		der, _ := x509.MarshalECPrivateKey(k)
-		return &pem.Block{Type: "EC PRIVATE KEY", Bytes: der}
-	}
-	srvDER, srvKey, err := leaf(2, &x509.Certificate{Subject: pkix.Name{CommonName: "kube-apiserver"},
-		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")}, DNSNames: []string{"localhost", "kubernetes.default.svc"},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	srv, err := ca.Server("kube-apiserver", []string{"localhost", "kubernetes.default.svc"},
+		[]net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("10.96.0.1")})
 	if err != nil {
 		return nil, err
 	}
-	if f.serverCert, err = write("apiserver.crt", &pem.Block{Type: "CERTIFICATE", Bytes: srvDER}); err != nil {
+	f.serverCert, f.serverKey = filepath.Join(dir, "apiserver.crt"), filepath.Join(dir, "apiserver.key")
+	if err := srv.WriteFiles(f.serverCert, f.serverKey); err != nil {
 		return nil, err
 	}
-	if f.serverKey, err = write("apiserver.key", keyBlock(srvKey)); err != nil {
-		return nil, err
-	}
-	admDER, admKey, err := leaf(3, &x509.Certificate{Subject: pkix.Name{CommonName: "apitest-admin", Organization: []string{"system:masters"}},
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+	adm, err := ca.Client("apitest-admin", "system:masters")
 	if err != nil {
 		return nil, err
 	}
-	if f.adminCert, err = write("admin.crt", &pem.Block{Type: "CERTIFICATE", Bytes: admDER}); err != nil {
-		return nil, err
-	}
-	if f.adminKey, err = write("admin.key", keyBlock(admKey)); err != nil {
+	f.adminCert, f.adminKey = filepath.Join(dir, "admin.crt"), filepath.Join(dir, "admin.key")
+	if err := adm.WriteFiles(f.adminCert, f.adminKey); err != nil {
 		return nil, err
 	}
 	saKey, err := rsa.GenerateKey(rand.Reader, 2048)

@@ -98,17 +98,23 @@ type ctrlFrame struct {
 // more than maxPendingWrite is pending. A flusher that wrote maxFlushShare
 // of others' frames hands the rest to writeLoop.
 //
-// Lock order (a lock is only taken while holding those before it):
+// Lock order: a goroutine holding one of these locks takes only locks of a
+// later rank (each lock's field says what it guards and where it stands):
 //
-//	Dialer.mu → conn.mu
-//	Stream.rmu or Stream.wmu → Stream.mu
-//	Stream.wmu → conn.wmu → conn.ctrlMu, conn.mu
+//  1. Stream.rmu
+//  2. Stream.wmu
+//  3. Dialer.mu or conn.wmu, never both
+//  4. conn.mu, conn.ctrlMu, conn.pingMu, Stream.mu, deadline.mu, Server.mu:
+//     leaves, never held while taking another lock
 //
-// conn.mu and Stream.mu are never held together: code that needs both
+// So conn.mu and Stream.mu are never held together: code that needs both
 // (window updates, forget, shutdown) takes one, copies what it needs and
-// releases it first. pingMu is a leaf, never held with another lock. No
-// lock is held across a blocking network write except conn.wmu's flusher,
-// which releases wmu while writing (drainLocked).
+// releases it first. Hooks (onStream, onIdle, onClose) run with no conn or
+// Stream.mu lock held, but may run under the caller's Stream.rmu or
+// Stream.wmu: a Read or Write can fail the connection, whose onClose takes
+// Dialer.mu. No conn lock and no Stream.mu is held across a blocking network
+// write: the flusher releases conn.wmu while writing (drainLocked). Stream.rmu
+// and Stream.wmu are, as they serialise one stream's readers and writers.
 type conn struct {
 	nc     net.Conn
 	server bool
@@ -122,6 +128,9 @@ type conn struct {
 	onIdle   func(*conn)                            // client: a stream left
 	onClose  func(*conn)
 
+	// wmu guards the write side: the framer's writes, the hpack encoder and
+	// the fields below. Held after Stream.rmu and Stream.wmu, before mu and
+	// ctrlMu; never with Dialer.mu.
 	wmu      sync.Mutex
 	wroom    sync.Cond     // with wmu: out shrank, the flusher finished or writing failed
 	out      []byte        // guarded by wmu: frames not yet handed to the network
@@ -136,10 +145,14 @@ type conn struct {
 	hbuf     bytes.Buffer
 	nextID   uint32 // guarded by wmu and mu (written under both): next client stream ID
 
+	// ctrlMu guards ctrl. A leaf, taken under wmu by the writers and alone by
+	// the read loop.
 	ctrlMu   sync.Mutex
 	ctrl     []ctrlFrame // guarded by ctrlMu
 	ctrlWake chan struct{}
 
+	// mu guards the connection state below. A leaf, taken under Stream.rmu,
+	// Stream.wmu, Dialer.mu or wmu; never held with Stream.mu.
 	mu             sync.Mutex
 	streams        map[uint32]*Stream // guarded by mu: streams open on the wire
 	err            error              // guarded by mu: why the connection ended
@@ -159,6 +172,7 @@ type conn struct {
 	lastIdle       time.Time          // guarded by mu: client, when reserved fell to 0
 	idleTimer      *time.Timer        // guarded by mu: client, releases an idle connection
 
+	// pingMu guards the outstanding PING. A leaf, never held with another lock.
 	pingMu   sync.Mutex
 	pingData [8]byte   // guarded by pingMu
 	pingSent time.Time // guarded by pingMu; zero when no PING is outstanding

@@ -10,7 +10,7 @@ import (
 // once and reset, so that moving the deadline (net/http-style servers do it
 // several times per request) allocates nothing.
 type deadline struct {
-	mu    sync.Mutex
+	mu    sync.Mutex    // a leaf, taken under a Stream's rmu or wmu
 	at    time.Time     // guarded by mu: the deadline in force; zero for none
 	timer *time.Timer   // guarded by mu: runs fire; made on first use
 	ch    chan struct{} // guarded by mu; closed once the deadline passed

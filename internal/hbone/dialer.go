@@ -135,6 +135,9 @@ func (e *StatusError) Error() string {
 type Dialer struct {
 	cfg DialerConfig
 
+	// mu guards the pools. Held before conn.mu, never with conn.wmu; taken
+	// under a Stream's rmu or wmu when a connection failing in a Read or
+	// Write leaves its pool (onClose).
 	mu     sync.Mutex
 	pools  map[string]*pool // guarded by mu
 	closed bool             // guarded by mu

@@ -194,6 +194,8 @@ type Server struct {
 
 	handlers sync.WaitGroup // handler goroutines
 
+	// mu guards the connection set. A leaf: the connections are told to
+	// drain after it is released.
 	mu    sync.Mutex
 	conns map[*conn]struct{} // guarded by mu
 	drain bool               // guarded by mu

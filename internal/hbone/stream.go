@@ -31,8 +31,15 @@ type Stream struct {
 	resetEarly atomic.Bool  // server: the peer reset it before it was answered
 	direct     atomic.Int64 // bytes the read loop wrote straight to WriteTo's socket
 
-	rmu sync.Mutex // serialises Read and WriteTo
-	wmu sync.Mutex // serialises Write, ReadFrom and CloseWrite
+	// rmu serialises Read and WriteTo. Held before wmu, this Stream's or
+	// another's (WriteTo into a Stream, as io.Copy between Streams or an echo
+	// does), and before every conn lock and Dialer.mu. (ReadFrom from a
+	// Stream would take them the other way round; io.Copy never does, as it
+	// prefers the source's WriteTo.)
+	rmu sync.Mutex
+	// wmu serialises Write, ReadFrom and CloseWrite. Held after rmu, before
+	// mu, conn.wmu (so before conn.mu and conn.ctrlMu) and Dialer.mu.
+	wmu sync.Mutex
 
 	readable chan struct{} // capacity 1: data, EOF or an error arrived
 	writable chan struct{} // capacity 1: send window grew or an error arrived
@@ -44,6 +51,8 @@ type Stream struct {
 	status     int
 	respHeader http.Header
 
+	// mu guards the stream state below. A leaf: nothing is taken while
+	// holding it, and it is never held with conn.mu.
 	mu         sync.Mutex
 	buf        recvBuf         // guarded by mu
 	filling    bool            // guarded by mu: the read loop is writing into buf's tail

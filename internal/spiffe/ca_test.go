@@ -24,6 +24,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/weftmesh/weft/internal/testpki"
 )
 
 // testNow is a whole second, so that certificate times (second precision)
@@ -416,29 +418,18 @@ func TestLoadCARoundTrip(t *testing.T) {
 // valid for lifetime from testNow, and its key.
 func newIntermediate(t *testing.T, root *CA, lifetime time.Duration) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
-	key := mustECKey(t, elliptic.P256())
-	serial, err := randomSerial()
+	issuer := &testpki.Cert{Cert: root.chain[0], Key: root.key}
+	inter, err := issuer.Issue(&x509.Certificate{
+		Subject:   pkix.Name{Organization: []string{"cluster.local"}, CommonName: "intermediate"},
+		NotBefore: testNow.Add(-time.Hour),
+		NotAfter:  testNow.Add(lifetime),
+		KeyUsage:  x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+		IsCA:      true,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{Organization: []string{"cluster.local"}, CommonName: "intermediate"},
-		NotBefore:             testNow.Add(-time.Hour),
-		NotAfter:              testNow.Add(lifetime),
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
-		BasicConstraintsValid: true,
-		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, root.chain[0], key.Public(), root.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cert, key
+	return inter.Cert, inter.Key.(*ecdsa.PrivateKey)
 }
 
 func TestLoadCAIntermediate(t *testing.T) {

@@ -133,16 +133,42 @@ type Assignment struct {
 	Endpoints []Endpoint
 }
 
+// The fields the waypoint supports in each message; Fields checks the names
+// against the descriptors when the package loads.
+var (
+	listenerFields       = pbcheck.Fields[*listenerv3.Listener]("name", "address", "filter_chains", "stat_prefix", "listener_filters")
+	listenerFilterFields = pbcheck.Fields[*listenerv3.ListenerFilter]("name", "typed_config")
+	httpInspectorFields  = pbcheck.Fields[*httpinspector.HttpInspector]()
+	filterChainFields    = pbcheck.Fields[*listenerv3.FilterChain]("name", "filter_chain_match", "filters")
+	chainMatchFields     = pbcheck.Fields[*listenerv3.FilterChainMatch]("prefix_ranges", "destination_port", "application_protocols")
+	filterFields         = pbcheck.Fields[*listenerv3.Filter]("name", "typed_config")
+	netRBACFields        = pbcheck.Fields[*netrbac.RBAC]("rules", "stat_prefix", "shadow_rules", "shadow_rules_stat_prefix")
+	tcpProxyFields       = pbcheck.Fields[*tcpv3.TcpProxy]("cluster", "stat_prefix")
+	hcmFields            = pbcheck.Fields[*hcmv3.HttpConnectionManager]("codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout",
+		"normalize_path", "merge_slashes", "path_with_escaped_slashes_action")
+	rdsFields             = pbcheck.Fields[*hcmv3.Rds]("route_config_name", "config_source")
+	httpFilterFields      = pbcheck.Fields[*hcmv3.HttpFilter]("name", "typed_config")
+	httpRBACFields        = pbcheck.Fields[*rbacfilter.RBAC]("rules", "shadow_rules", "shadow_rules_stat_prefix")
+	routerFields          = pbcheck.Fields[*routerv3.Router]()
+	clusterFields         = pbcheck.Fields[*clusterv3.Cluster]("name", "type", "eds_cluster_config", "lb_policy", "connect_timeout", "circuit_breakers", "typed_extension_protocol_options", "alt_stat_name")
+	breakersFields        = pbcheck.Fields[*clusterv3.CircuitBreakers]("thresholds")
+	thresholdsFields      = pbcheck.Fields[*clusterv3.CircuitBreakers_Thresholds]("priority", "max_connections", "max_pending_requests", "max_requests", "max_retries")
+	protocolOptionsFields = pbcheck.Fields[*httpopts.HttpProtocolOptions]("explicit_http_config")
+	assignmentFields      = pbcheck.Fields[*endpointv3.ClusterLoadAssignment]("cluster_name", "endpoints")
+	localityFields        = pbcheck.Fields[*endpointv3.LocalityLbEndpoints]("lb_endpoints", "locality")
+	lbEndpointFields      = pbcheck.Fields[*endpointv3.LbEndpoint]("endpoint", "health_status", "metadata", "load_balancing_weight")
+)
+
 // CompileListener compiles the waypoint Listener.
 func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 	where := fmt.Sprintf("listener %q", l.GetName())
-	if err := pbcheck.Only(l, where, "name", "address", "filter_chains", "stat_prefix", "listener_filters"); err != nil {
+	if err := listenerFields.Check(l, where); err != nil {
 		return nil, err
 	}
 	out := &Listener{}
 	for i, lf := range l.GetListenerFilters() {
 		w := fmt.Sprintf("%s: listener_filters[%d] (%s)", where, i, lf.GetName())
-		if err := pbcheck.Only(lf, w, "name", "typed_config"); err != nil {
+		if err := listenerFilterFields.Check(lf, w); err != nil {
 			return nil, err
 		}
 		if lf.GetTypedConfig() == nil {
@@ -156,7 +182,7 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		if !ok {
 			return nil, fmt.Errorf("%s.typed_config %s is not supported (the HTTP inspector only)", w, lf.GetTypedConfig().GetTypeUrl())
 		}
-		if err := pbcheck.Only(hi, w); err != nil {
+		if err := httpInspectorFields.Check(hi, w); err != nil {
 			return nil, err
 		}
 		out.Inspects = true
@@ -166,12 +192,12 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		if fc.GetName() != "" {
 			w = fmt.Sprintf("%s: filter_chain %q", where, fc.GetName())
 		}
-		if err := pbcheck.Only(fc, w, "name", "filter_chain_match", "filters"); err != nil {
+		if err := filterChainFields.Check(fc, w); err != nil {
 			return nil, err
 		}
 		c := &Chain{Name: fc.GetName()}
 		m := fc.GetFilterChainMatch()
-		if err := pbcheck.Only(m, w+".filter_chain_match", "prefix_ranges", "destination_port", "application_protocols"); err != nil {
+		if err := chainMatchFields.Check(m, w+".filter_chain_match"); err != nil {
 			return nil, err
 		}
 		protos, err := appProtocols(m.GetApplicationProtocols(), out.Inspects, w+".filter_chain_match.application_protocols")
@@ -242,7 +268,7 @@ func prefix(pr *corev3.CidrRange, where string) (netip.Prefix, error) {
 func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 	for i, f := range fs {
 		w := fmt.Sprintf("%s.filters[%d] (%s)", where, i, f.GetName())
-		if err := pbcheck.Only(f, w, "name", "typed_config"); err != nil {
+		if err := filterFields.Check(f, w); err != nil {
 			return err
 		}
 		if f.GetTypedConfig() == nil {
@@ -258,7 +284,7 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 			if last {
 				return fmt.Errorf("%s: network RBAC must precede tcp_proxy", w)
 			}
-			if err := pbcheck.Only(m, w, "rules", "stat_prefix", "shadow_rules", "shadow_rules_stat_prefix"); err != nil {
+			if err := netRBACFields.Check(m, w); err != nil {
 				return err
 			}
 			r, shadow, err := compileRBAC(m.GetRules(), m.GetShadowRules(), true, w)
@@ -271,7 +297,7 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 			if !last {
 				return fmt.Errorf("%s: tcp_proxy must be the last filter", w)
 			}
-			if err := pbcheck.Only(m, w, "cluster", "stat_prefix"); err != nil {
+			if err := tcpProxyFields.Check(m, w); err != nil {
 				return err
 			}
 			if m.GetCluster() == "" {
@@ -311,8 +337,7 @@ func unmarshalTyped(a *anypb.Any, where string) (proto.Message, error) {
 }
 
 func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
-	if err := pbcheck.Only(m, w, "codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout",
-		"normalize_path", "merge_slashes", "path_with_escaped_slashes_action"); err != nil {
+	if err := hcmFields.Check(m, w); err != nil {
 		return nil, err
 	}
 	if m.GetCodecType() != hcmv3.HttpConnectionManager_AUTO {
@@ -334,7 +359,7 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 	}
 	switch rs := m.GetRouteSpecifier().(type) {
 	case *hcmv3.HttpConnectionManager_Rds:
-		if err := pbcheck.Only(rs.Rds, w+".rds", "route_config_name", "config_source"); err != nil {
+		if err := rdsFields.Check(rs.Rds, w+".rds"); err != nil {
 			return nil, err
 		}
 		if rs.Rds.GetRouteConfigName() == "" {
@@ -353,7 +378,7 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 	fs := m.GetHttpFilters()
 	for i, f := range fs {
 		fw := fmt.Sprintf("%s.http_filters[%d] (%s)", w, i, f.GetName())
-		if err := pbcheck.Only(f, fw, "name", "typed_config"); err != nil {
+		if err := httpFilterFields.Check(f, fw); err != nil {
 			return nil, err
 		}
 		if f.GetTypedConfig() == nil {
@@ -365,7 +390,7 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 		}
 		switch fm := msg.(type) {
 		case *rbacfilter.RBAC:
-			if err := pbcheck.Only(fm, fw, "rules", "shadow_rules", "shadow_rules_stat_prefix"); err != nil {
+			if err := httpRBACFields.Check(fm, fw); err != nil {
 				return nil, err
 			}
 			r, shadow, err := compileRBAC(fm.GetRules(), fm.GetShadowRules(), false, fw)
@@ -378,7 +403,7 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 			if i != len(fs)-1 {
 				return nil, fmt.Errorf("%s: the router must be the last HTTP filter", fw)
 			}
-			if err := pbcheck.Only(fm, fw); err != nil {
+			if err := routerFields.Check(fm, fw); err != nil {
 				return nil, err
 			}
 		default:
@@ -394,7 +419,7 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 // CompileCluster compiles a Cluster.
 func CompileCluster(c *clusterv3.Cluster) (*Cluster, error) {
 	w := fmt.Sprintf("cluster %q", c.GetName())
-	if err := pbcheck.Only(c, w, "name", "type", "eds_cluster_config", "lb_policy", "connect_timeout", "circuit_breakers", "typed_extension_protocol_options", "alt_stat_name"); err != nil {
+	if err := clusterFields.Check(c, w); err != nil {
 		return nil, err
 	}
 	out := &Cluster{Name: c.GetName(), ConnectTimeout: 10 * time.Second, MaxConnections: 1024, MaxPending: 1024, MaxRequests: 1024, MaxRetries: 1024}
@@ -421,12 +446,12 @@ func CompileCluster(c *clusterv3.Cluster) (*Cluster, error) {
 		}
 	}
 	if cb := c.GetCircuitBreakers(); cb != nil {
-		if err := pbcheck.Only(cb, w+".circuit_breakers", "thresholds"); err != nil {
+		if err := breakersFields.Check(cb, w+".circuit_breakers"); err != nil {
 			return nil, err
 		}
 		if th := cb.GetThresholds(); len(th) > 0 {
 			t := th[0]
-			if err := pbcheck.Only(t, w+".circuit_breakers.thresholds[0]", "priority", "max_connections", "max_pending_requests", "max_requests", "max_retries"); err != nil {
+			if err := thresholdsFields.Check(t, w+".circuit_breakers.thresholds[0]"); err != nil {
 				return nil, err
 			}
 			set := func(dst *int, v interface{ GetValue() uint32 }, ok bool) {
@@ -449,7 +474,7 @@ func CompileCluster(c *clusterv3.Cluster) (*Cluster, error) {
 		if err := v.UnmarshalTo(&o); err != nil {
 			return nil, fmt.Errorf("%s: %v", ow, err)
 		}
-		if err := pbcheck.Only(&o, ow, "explicit_http_config"); err != nil {
+		if err := protocolOptionsFields.Check(&o, ow); err != nil {
 			return nil, err
 		}
 		if o.GetExplicitHttpConfig().GetHttp2ProtocolOptions() != nil {
@@ -462,18 +487,18 @@ func CompileCluster(c *clusterv3.Cluster) (*Cluster, error) {
 // CompileAssignment compiles a ClusterLoadAssignment.
 func CompileAssignment(a *endpointv3.ClusterLoadAssignment) (*Assignment, error) {
 	w := fmt.Sprintf("endpoints %q", a.GetClusterName())
-	if err := pbcheck.Only(a, w, "cluster_name", "endpoints"); err != nil {
+	if err := assignmentFields.Check(a, w); err != nil {
 		return nil, err
 	}
 	out := &Assignment{Name: a.GetClusterName()}
 	for i, le := range a.GetEndpoints() {
 		lw := fmt.Sprintf("%s.endpoints[%d]", w, i)
-		if err := pbcheck.Only(le, lw, "lb_endpoints", "locality"); err != nil {
+		if err := localityFields.Check(le, lw); err != nil {
 			return nil, err
 		}
 		for j, e := range le.GetLbEndpoints() {
 			ew := fmt.Sprintf("%s.lb_endpoints[%d]", lw, j)
-			if err := pbcheck.Only(e, ew, "endpoint", "health_status", "metadata", "load_balancing_weight"); err != nil {
+			if err := lbEndpointFields.Check(e, ew); err != nil {
 				return nil, err
 			}
 			sa := e.GetEndpoint().GetAddress().GetSocketAddress()

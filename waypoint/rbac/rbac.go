@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 
 	"github.com/weftmesh/weft/waypoint/internal/pbcheck"
 	"github.com/weftmesh/weft/waypoint/route"
@@ -149,6 +150,15 @@ func (m *Matcher) Match(r *Request) bool {
 	return false
 }
 
+// The fields the filter supports in each message; Fields checks the names
+// against the descriptors when the package loads.
+var (
+	rulesFields         = pbcheck.Fields[*rbacv3.RBAC]("action", "policies")
+	policyFields        = pbcheck.Fields[*rbacv3.Policy]("permissions", "principals")
+	urlPathFields       = pbcheck.Fields[*matcherv3.PathMatcher]("path")
+	authenticatedFields = pbcheck.Fields[*rbacv3.Principal_Authenticated]("principal_name")
+)
+
 // Compile compiles rules; network is true for the network filter (no
 // path or header permissions or principals: a network filter that cannot
 // be evaluated is refused, never half applied). where names the filter in errors.
@@ -156,7 +166,7 @@ func Compile(rules *rbacv3.RBAC, network bool, where string) (*Filter, error) {
 	if rules == nil {
 		return nil, fmt.Errorf("%s.rules is required", where)
 	}
-	if err := pbcheck.Only(rules, where+".rules", "action", "policies"); err != nil {
+	if err := rulesFields.Check(rules, where+".rules"); err != nil {
 		return nil, err
 	}
 	f := &Filter{}
@@ -178,7 +188,7 @@ func Compile(rules *rbacv3.RBAC, network bool, where string) (*Filter, error) {
 	for _, n := range names {
 		p := rules.GetPolicies()[n]
 		pw := fmt.Sprintf("%s.rules.policies[%q]", where, n)
-		if err := pbcheck.Only(p, pw, "permissions", "principals"); err != nil {
+		if err := policyFields.Check(p, pw); err != nil {
 			return nil, err
 		}
 		cp := &Policy{Name: n}
@@ -219,7 +229,7 @@ func compilePermission(p *rbacv3.Permission, network bool, where string) (*Match
 		if network {
 			return nil, fmt.Errorf("%s.url_path is not supported in network RBAC", where)
 		}
-		if err := pbcheck.Only(r.UrlPath, where+".url_path", "path"); err != nil {
+		if err := urlPathFields.Check(r.UrlPath, where+".url_path"); err != nil {
 			return nil, err
 		}
 		s, err := route.CompileString(r.UrlPath.GetPath(), where+".url_path.path")
@@ -275,7 +285,7 @@ func compilePrincipal(p *rbacv3.Principal, network bool, where string) (*Matcher
 		}
 		return &Matcher{kind: kNot, children: []*Matcher{c}}, nil
 	case *rbacv3.Principal_Authenticated_:
-		if err := pbcheck.Only(r.Authenticated, where+".authenticated", "principal_name"); err != nil {
+		if err := authenticatedFields.Check(r.Authenticated, where+".authenticated"); err != nil {
 			return nil, err
 		}
 		if r.Authenticated.GetPrincipalName() == nil {

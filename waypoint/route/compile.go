@@ -107,16 +107,39 @@ type Route struct {
 	DirectBody string
 }
 
+// The fields the router supports in each message; Fields checks the names
+// against the descriptors when the package loads.
+var (
+	routeConfigFields = pbcheck.Fields[*routev3.RouteConfiguration]("name", "virtual_hosts", "validate_clusters")
+	virtualHostFields = pbcheck.Fields[*routev3.VirtualHost]("name", "domains", "routes")
+	routeFields       = pbcheck.Fields[*routev3.Route]("name", "match", "route", "redirect", "direct_response",
+		"request_headers_to_add", "request_headers_to_remove", "response_headers_to_add", "response_headers_to_remove")
+	routeMatchFields     = pbcheck.Fields[*routev3.RouteMatch]("prefix", "path", "safe_regex", "path_separated_prefix", "case_sensitive", "headers", "query_parameters")
+	queryFields          = pbcheck.Fields[*routev3.QueryParameterMatcher]("name", "string_match", "present_match")
+	directResponseFields = pbcheck.Fields[*routev3.DirectResponseAction]("status", "body")
+	dataSourceFields     = pbcheck.Fields[*corev3.DataSource]("inline_string")
+	headerOptionFields   = pbcheck.Fields[*corev3.HeaderValueOption]("header", "append_action")
+	headerValueFields    = pbcheck.Fields[*corev3.HeaderValue]("key", "value")
+	actionFields         = pbcheck.Fields[*routev3.RouteAction]("cluster", "weighted_clusters", "timeout", "retry_policy", "request_mirror_policies",
+		"prefix_rewrite", "regex_rewrite", "host_rewrite_literal")
+	weightedFields      = pbcheck.Fields[*routev3.WeightedCluster]("clusters", "total_weight")
+	clusterWeightFields = pbcheck.Fields[*routev3.WeightedCluster_ClusterWeight]("name", "weight", "request_headers_to_add", "request_headers_to_remove")
+	retryFields         = pbcheck.Fields[*routev3.RetryPolicy]("retry_on", "num_retries", "per_try_timeout", "retriable_status_codes", "retry_back_off")
+	backOffFields       = pbcheck.Fields[*routev3.RetryPolicy_RetryBackOff]("base_interval", "max_interval")
+	mirrorFields        = pbcheck.Fields[*routev3.RouteAction_RequestMirrorPolicy]("cluster", "runtime_fraction")
+	redirectFields      = pbcheck.Fields[*routev3.RedirectAction]("scheme_redirect", "host_redirect", "port_redirect", "path_redirect", "prefix_rewrite", "response_code", "https_redirect")
+)
+
 // Compile compiles a RouteConfiguration; errors name the configuration and field.
 func Compile(rc *routev3.RouteConfiguration) (*Table, error) {
 	where := fmt.Sprintf("route %q", rc.GetName())
-	if err := pbcheck.Only(rc, where, "name", "virtual_hosts", "validate_clusters"); err != nil {
+	if err := routeConfigFields.Check(rc, where); err != nil {
 		return nil, err
 	}
 	t := &Table{Name: rc.GetName()}
 	for i, vh := range rc.GetVirtualHosts() {
 		vw := fmt.Sprintf("%s: virtual_hosts[%d]", where, i)
-		if err := pbcheck.Only(vh, vw, "name", "domains", "routes"); err != nil {
+		if err := virtualHostFields.Check(vh, vw); err != nil {
 			return nil, err
 		}
 		for j, r := range vh.GetRoutes() {
@@ -131,15 +154,14 @@ func Compile(rc *routev3.RouteConfiguration) (*Table, error) {
 }
 
 func compileRoute(r *routev3.Route, where string) (*Route, error) {
-	if err := pbcheck.Only(r, strings.TrimSuffix(where, ""), "name", "match", "route", "redirect", "direct_response",
-		"request_headers_to_add", "request_headers_to_remove", "response_headers_to_add", "response_headers_to_remove"); err != nil {
+	if err := routeFields.Check(r, where); err != nil {
 		return nil, err
 	}
 	m := r.GetMatch()
 	if m == nil {
 		return nil, fmt.Errorf("%s.match is required", where)
 	}
-	if err := pbcheck.Only(m, where+".match", "prefix", "path", "safe_regex", "path_separated_prefix", "case_sensitive", "headers", "query_parameters"); err != nil {
+	if err := routeMatchFields.Check(m, where+".match"); err != nil {
 		return nil, err
 	}
 	out := &Route{Name: r.GetName(), CaseSensitive: m.GetCaseSensitive() == nil || m.GetCaseSensitive().GetValue()}
@@ -171,7 +193,7 @@ func compileRoute(r *routev3.Route, where string) (*Route, error) {
 	}
 	for i, q := range m.GetQueryParameters() {
 		qw := fmt.Sprintf("%s.match.query_parameters[%d]", where, i)
-		if err := pbcheck.Only(q, qw, "name", "string_match", "present_match"); err != nil {
+		if err := queryFields.Check(q, qw); err != nil {
 			return nil, err
 		}
 		qm := &QueryMatcher{Name: q.GetName()}
@@ -201,14 +223,14 @@ func compileRoute(r *routev3.Route, where string) (*Route, error) {
 	case *routev3.Route_Redirect:
 		err = compileRedirect(out, a.Redirect, where+".redirect")
 	case *routev3.Route_DirectResponse:
-		if err := pbcheck.Only(a.DirectResponse, where+".direct_response", "status", "body"); err != nil {
+		if err := directResponseFields.Check(a.DirectResponse, where+".direct_response"); err != nil {
 			return nil, err
 		}
 		if s := a.DirectResponse.GetStatus(); s < 200 || s > 599 {
 			return nil, fmt.Errorf("%s.direct_response.status %d is outside 200..599", where, s)
 		}
 		if b := a.DirectResponse.GetBody(); b != nil {
-			if err := pbcheck.Only(b, where+".direct_response.body", "inline_string"); err != nil {
+			if err := dataSourceFields.Check(b, where+".direct_response.body"); err != nil {
 				return nil, err
 			}
 			out.DirectBody = b.GetInlineString()
@@ -227,10 +249,10 @@ func compileHeaders(add []*corev3.HeaderValueOption, rm []string, where string) 
 	var h Headers
 	for i, o := range add {
 		w := fmt.Sprintf("%s[%d]", where, i)
-		if err := pbcheck.Only(o, w, "header", "append_action"); err != nil {
+		if err := headerOptionFields.Check(o, w); err != nil {
 			return h, err
 		}
-		if err := pbcheck.Only(o.GetHeader(), w+".header", "key", "value"); err != nil {
+		if err := headerValueFields.Check(o.GetHeader(), w+".header"); err != nil {
 			return h, err
 		}
 		name := o.GetHeader().GetKey()
@@ -255,8 +277,7 @@ func compileHeaders(add []*corev3.HeaderValueOption, rm []string, where string) 
 }
 
 func compileAction(out *Route, a *routev3.RouteAction, where string) error {
-	if err := pbcheck.Only(a, where, "cluster", "weighted_clusters", "timeout", "retry_policy", "request_mirror_policies",
-		"prefix_rewrite", "regex_rewrite", "host_rewrite_literal"); err != nil {
+	if err := actionFields.Check(a, where); err != nil {
 		return err
 	}
 	switch c := a.GetClusterSpecifier().(type) {
@@ -266,12 +287,12 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 		}
 		out.Clusters = []WeightedCluster{{Name: c.Cluster, Weight: 1}}
 	case *routev3.RouteAction_WeightedClusters:
-		if err := pbcheck.Only(c.WeightedClusters, where+".weighted_clusters", "clusters", "total_weight"); err != nil {
+		if err := weightedFields.Check(c.WeightedClusters, where+".weighted_clusters"); err != nil {
 			return err
 		}
 		for i, wc := range c.WeightedClusters.GetClusters() {
 			w := fmt.Sprintf("%s.weighted_clusters.clusters[%d]", where, i)
-			if err := pbcheck.Only(wc, w, "name", "weight", "request_headers_to_add", "request_headers_to_remove"); err != nil {
+			if err := clusterWeightFields.Check(wc, w); err != nil {
 				return err
 			}
 			if wc.GetName() == "" {
@@ -295,7 +316,7 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 	out.Timeout = a.GetTimeout().AsDuration()
 	if rp := a.GetRetryPolicy(); rp != nil {
 		w := where + ".retry_policy"
-		if err := pbcheck.Only(rp, w, "retry_on", "num_retries", "per_try_timeout", "retriable_status_codes", "retry_back_off"); err != nil {
+		if err := retryFields.Check(rp, w); err != nil {
 			return err
 		}
 		r := &Retry{NumRetries: 1, PerTryTimeout: rp.GetPerTryTimeout().AsDuration(), BaseInterval: 25 * time.Millisecond}
@@ -326,7 +347,7 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 			r.StatusCodes = append(r.StatusCodes, int(c))
 		}
 		if b := rp.GetRetryBackOff(); b != nil {
-			if err := pbcheck.Only(b, w+".retry_back_off", "base_interval", "max_interval"); err != nil {
+			if err := backOffFields.Check(b, w+".retry_back_off"); err != nil {
 				return err
 			}
 			r.BaseInterval = b.GetBaseInterval().AsDuration()
@@ -339,7 +360,7 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 	}
 	for i, m := range a.GetRequestMirrorPolicies() {
 		w := fmt.Sprintf("%s.request_mirror_policies[%d]", where, i)
-		if err := pbcheck.Only(m, w, "cluster", "runtime_fraction"); err != nil {
+		if err := mirrorFields.Check(m, w); err != nil {
 			return err
 		}
 		pct := 100.0
@@ -366,7 +387,7 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 }
 
 func compileRedirect(out *Route, r *routev3.RedirectAction, where string) error {
-	if err := pbcheck.Only(r, where, "scheme_redirect", "host_redirect", "port_redirect", "path_redirect", "prefix_rewrite", "response_code", "https_redirect"); err != nil {
+	if err := redirectFields.Check(r, where); err != nil {
 		return err
 	}
 	rd := &Redirect{Scheme: r.GetSchemeRedirect(), Host: r.GetHostRedirect(), Port: r.GetPortRedirect(), Path: r.GetPathRedirect()}

@@ -16,6 +16,14 @@ import (
 	"github.com/weftmesh/weft/waypoint/internal/pbcheck"
 )
 
+// The fields the matchers support in each message; Fields checks the names
+// against the descriptors when the package loads.
+var (
+	stringMatcherFields = pbcheck.Fields[*matcherv3.StringMatcher]("exact", "prefix", "suffix", "contains", "safe_regex", "ignore_case")
+	regexFields         = pbcheck.Fields[*matcherv3.RegexMatcher]("regex", "google_re2")
+	headerMatcherFields = pbcheck.Fields[*routev3.HeaderMatcher]("name", "string_match", "present_match", "invert_match")
+)
+
 // StringMatcher is a compiled envoy.type.matcher.v3.StringMatcher.
 type StringMatcher struct {
 	Exact, Prefix, Suffix, Contains *string
@@ -28,7 +36,7 @@ func CompileString(m *matcherv3.StringMatcher, where string) (*StringMatcher, er
 	if m == nil {
 		return nil, fmt.Errorf("%s is required", where)
 	}
-	if err := pbcheck.Only(m, where, "exact", "prefix", "suffix", "contains", "safe_regex", "ignore_case"); err != nil {
+	if err := stringMatcherFields.Check(m, where); err != nil {
 		return nil, err
 	}
 	s := &StringMatcher{IgnoreCase: m.GetIgnoreCase()}
@@ -54,7 +62,7 @@ func CompileString(m *matcherv3.StringMatcher, where string) (*StringMatcher, er
 }
 
 func compileRegex(m *matcherv3.RegexMatcher, where string) (*regexp.Regexp, error) {
-	if err := pbcheck.Only(m, where, "regex", "google_re2"); err != nil {
+	if err := regexFields.Check(m, where); err != nil {
 		return nil, err
 	}
 	re, err := regexp.Compile("^(?:" + m.GetRegex() + ")$")
@@ -101,7 +109,7 @@ type HeaderMatcher struct {
 
 // CompileHeader compiles m.
 func CompileHeader(m *routev3.HeaderMatcher, where string) (*HeaderMatcher, error) {
-	if err := pbcheck.Only(m, where, "name", "string_match", "present_match", "invert_match"); err != nil {
+	if err := headerMatcherFields.Check(m, where); err != nil {
 		return nil, err
 	}
 	if m.GetName() == "" {

@@ -29,11 +29,7 @@ import (
 func BenchmarkHTTP1(b *testing.B) {
 	const conns = 16
 	m := newMesh(b)
-	payload := bytes.Repeat([]byte("w"), 1024)
-	up := backend(b, "up", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Write(payload)
-	})
+	up := kibBackend(b)
 	m.apply([]*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster("up")}}, map[string][]netip.AddrPort{"up": {up}})
 	cs := make([]net.Conn, conns)
 	for i := range cs {
@@ -49,16 +45,7 @@ func BenchmarkHTTP1(b *testing.B) {
 		if _, err := c.Write(req); err != nil {
 			return err
 		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			return err
-		}
-		n, err := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err == nil && (resp.StatusCode != 200 || n != 1024) {
-			err = fmt.Errorf("response %d with %d bytes", resp.StatusCode, n)
-		}
-		return err
+		return readKiB(http.ReadResponse(br, nil))
 	}
 	brs := make([]*bufio.Reader, conns)
 	for i, c := range cs { // warm up every connection
@@ -77,25 +64,10 @@ func BenchmarkHTTP1(b *testing.B) {
 // each request, so that the cost of serving a connection shows.
 func BenchmarkHTTP2(b *testing.B) {
 	m := newMesh(b)
-	payload := bytes.Repeat([]byte("w"), 1024)
-	up := backend(b, "up", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Write(payload)
-	})
+	up := kibBackend(b)
 	m.applyClusters([]*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster("up")}},
 		map[string]clusterSpec{"up": {eps: []endpointSpec{{addr: up}}, http2: true}})
-	exchange := func(rt http.RoundTripper) error {
-		resp, err := rt.RoundTrip(get("/"))
-		if err != nil {
-			return err
-		}
-		n, err := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err == nil && (resp.StatusCode != 200 || n != 1024) {
-			err = fmt.Errorf("response %d with %d bytes", resp.StatusCode, n)
-		}
-		return err
-	}
+	exchange := func(rt http.RoundTripper) error { return readKiB(rt.RoundTrip(get("/"))) }
 	b.Run("streams", func(b *testing.B) {
 		const conns, streams = 4, 4
 		ccs := make([]http.RoundTripper, conns)
@@ -115,7 +87,7 @@ func BenchmarkHTTP2(b *testing.B) {
 				return err
 			}
 			defer c.Close()
-			//lint:ignore SA1019 a client on one given connection
+			//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 			cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(c)
 			if err != nil {
 				return err
@@ -124,6 +96,28 @@ func BenchmarkHTTP2(b *testing.B) {
 			return exchange(cc)
 		})
 	})
+}
+
+// kibBackend is an upstream answering every request with 1 KiB.
+func kibBackend(b *testing.B) netip.AddrPort {
+	payload := bytes.Repeat([]byte("w"), 1024)
+	return backend(b, "up", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write(payload)
+	})
+}
+
+// readKiB reads to its end a response that should be kibBackend's.
+func readKiB(resp *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && (resp.StatusCode != 200 || n != 1024) {
+		err = fmt.Errorf("response %d with %d bytes", resp.StatusCode, n)
+	}
+	return err
 }
 
 // benchParallel runs b.N calls of op spread over n goroutines (op's

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"golang.org/x/net/http2"
 )
 
 // BenchmarkHTTP1 is test/bench's waypoint_rps_vs_nginx load in one
@@ -28,11 +29,7 @@ import (
 func BenchmarkHTTP1(b *testing.B) {
 	const conns = 16
 	m := newMesh(b)
-	payload := bytes.Repeat([]byte("w"), 1024)
-	up := backend(b, "up", func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Write(payload)
-	})
+	up := kibBackend(b)
 	m.apply([]*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster("up")}}, map[string][]netip.AddrPort{"up": {up}})
 	cs := make([]net.Conn, conns)
 	for i := range cs {
@@ -48,16 +45,7 @@ func BenchmarkHTTP1(b *testing.B) {
 		if _, err := c.Write(req); err != nil {
 			return err
 		}
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil {
-			return err
-		}
-		n, err := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err == nil && (resp.StatusCode != 200 || n != 1024) {
-			err = fmt.Errorf("response %d with %d bytes", resp.StatusCode, n)
-		}
-		return err
+		return readKiB(http.ReadResponse(br, nil))
 	}
 	brs := make([]*bufio.Reader, conns)
 	for i, c := range cs { // warm up every connection
@@ -66,21 +54,91 @@ func BenchmarkHTTP1(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+	benchParallel(b, conns, func(i int) error { return exchange(cs[i], brs[i]) })
+}
+
+// BenchmarkHTTP2 is BenchmarkHTTP1's load over HTTP/2: h2c prior knowledge
+// downstream, each connection a CONNECT stream on one HBONE connection, to
+// an h2c upstream cluster answering 1 KiB. streams: 4 connections carrying
+// 4 concurrent streams each, back to back. conns: a new connection for
+// each request, so that the cost of serving a connection shows.
+func BenchmarkHTTP2(b *testing.B) {
+	m := newMesh(b)
+	up := kibBackend(b)
+	m.applyClusters([]*routev3.Route{{Name: "default", Match: prefix("/"), Action: toCluster("up")}},
+		map[string]clusterSpec{"up": {eps: []endpointSpec{{addr: up}}, http2: true}})
+	exchange := func(rt http.RoundTripper) error { return readKiB(rt.RoundTrip(get("/"))) }
+	b.Run("streams", func(b *testing.B) {
+		const conns, streams = 4, 4
+		ccs := make([]http.RoundTripper, conns)
+		for i := range ccs {
+			ccs[i] = m.h2client(vip)
+			if err := exchange(ccs[i]); err != nil { // warm up
+				b.Fatal(err)
+			}
+		}
+		benchParallel(b, conns*streams, func(i int) error { return exchange(ccs[i%conns]) })
+	})
+	b.Run("conns", func(b *testing.B) {
+		const conns = 4
+		benchParallel(b, conns, func(int) error {
+			c, err := m.dial(vip)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
+			cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(c)
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			return exchange(cc)
+		})
+	})
+}
+
+// kibBackend is an upstream answering every request with 1 KiB.
+func kibBackend(b *testing.B) netip.AddrPort {
+	payload := bytes.Repeat([]byte("w"), 1024)
+	return backend(b, "up", func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write(payload)
+	})
+}
+
+// readKiB reads to its end a response that should be kibBackend's.
+func readKiB(resp *http.Response, err error) error {
+	if err != nil {
+		return err
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err == nil && (resp.StatusCode != 200 || n != 1024) {
+		err = fmt.Errorf("response %d with %d bytes", resp.StatusCode, n)
+	}
+	return err
+}
+
+// benchParallel runs b.N calls of op spread over n goroutines (op's
+// argument says which) and reports the process's CPU and write calls per
+// call.
+func benchParallel(b *testing.B, n int, op func(int) error) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0, w0 := cpuTime(), writeCalls()
 	var wg sync.WaitGroup
-	errs := make(chan error, conns)
-	for i := range conns {
-		n := b.N / conns
-		if i < b.N%conns {
-			n++
+	errs := make(chan error, n)
+	for i := range n {
+		k := b.N / n
+		if i < b.N%n {
+			k++
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range n {
-				if err := exchange(cs[i], brs[i]); err != nil {
+			for range k {
+				if err := op(i); err != nil {
 					errs <- err
 					return
 				}

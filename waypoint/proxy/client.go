@@ -114,8 +114,9 @@ const maxUnprocessedAttempts = 4
 // unprocessed reports whether an HTTP/2 round trip failed before the
 // upstream processed the request (RFC 9113 section 8.7): its stream was
 // above the last one a graceful GOAWAY kept, was refused, or the
-// connection could not take it. x/net/http2 does not export these errors;
-// its Transport retries the same ones.
+// connection could not take it. net/http does not export these errors (its
+// stream errors convert to x/net's StreamError); its Transport retries the
+// same ones.
 func unprocessed(err error) bool {
 	var se http2.StreamError
 	if errors.As(err, &se) {
@@ -224,7 +225,7 @@ func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster st
 		var resp *http.Response
 		var again bool
 		if h2 {
-			resp, again, err = l.h2.roundTrip(req, done)
+			resp, again, err = l.h2.roundTrip(withHost(req, l.h.ep.Addr), done)
 		} else {
 			resp, again, err = l.h1.roundTrip(ctx, req, done)
 		}
@@ -508,6 +509,20 @@ func (c *h2conn) roundTrip(req *http.Request, done func()) (*http.Response, bool
 	return resp, false, nil
 }
 
+// withHost returns req or, when it names no host (HTTP/1.0 without Host),
+// a copy naming addr, the endpoint's address: net/http's HTTP/2 client sends
+// no request without an authority.
+func withHost(req *http.Request, addr netip.AddrPort) *http.Request {
+	if req.URL.Host != "" {
+		return req
+	}
+	r := *req
+	u := *req.URL
+	u.Host = addr.String()
+	r.URL = &u
+	return &r
+}
+
 // endBody runs done once the body has delivered its declared length, hits
 // its end or is closed, and then end, when set, once it hits its end or is
 // closed. The HTTP/2 client reports the end only on the read after the
@@ -559,13 +574,11 @@ func (p *Proxy) roundTripPassthrough(ctx context.Context, snap *config.Snapshot,
 	}
 	info.upstream = ep
 	if h2 {
-		//lint:ignore SA1019 see dialHost
-		cc, err := p.h2.NewClientConn(nc)
+		cc, err := p.newH2ClientConn(ctx, nc)
 		if err != nil {
-			nc.Close()
 			return nil, err
 		}
-		resp, err := cc.RoundTrip(req)
+		resp, err := cc.RoundTrip(withHost(req, ep))
 		if err != nil {
 			cc.Close()
 			return nil, err

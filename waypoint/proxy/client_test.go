@@ -212,61 +212,43 @@ func TestClosedBeforeDelivery(t *testing.T) {
 	}
 }
 
-// TestUnprocessedGOAWAY: an HTTP/2 upstream that answers a request's stream
-// with a graceful GOAWAY below it (as Go's server does when its idle
-// timeout closes a connection a request is racing) has not processed the
-// request, and the error says so to x/net's client.
-func TestUnprocessedGOAWAY(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		preface := make([]byte, len(http2.ClientPreface))
-		if _, err := io.ReadFull(c, preface); err != nil {
-			return
-		}
-		fr := http2.NewFramer(c, c)
-		fr.WriteSettings()
-		for {
-			f, err := fr.ReadFrame()
+// TestUnprocessed: the errors of the waypoint's HTTP/2 client for a
+// request its upstream did not process (a graceful GOAWAY below its stream,
+// as Go's server sends when its idle timeout closes a connection a request
+// is racing; a refused stream) say so, and those for a request it may have
+// processed do not.
+func TestUnprocessed(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		answer func(fr *http2.Framer, stream uint32)
+		want   bool
+	}{
+		{"goaway", func(fr *http2.Framer, _ uint32) { fr.WriteGoAway(0, http2.ErrCodeNo, nil) }, true},
+		{"refused", func(fr *http2.Framer, id uint32) { fr.WriteRSTStream(id, http2.ErrCodeRefusedStream) }, true},
+		{"internal error", func(fr *http2.Framer, id uint32) { fr.WriteRSTStream(id, http2.ErrCodeInternal) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			up := rawH2Backend(t, func(fr *http2.Framer, h *http2.HeadersFrame) { tc.answer(fr, h.StreamID) })
+			nc, err := net.Dial("tcp", up.String())
 			if err != nil {
-				return
+				t.Fatal(err)
 			}
-			if _, ok := f.(*http2.HeadersFrame); ok {
-				fr.WriteGoAway(0, http2.ErrCodeNo, nil)
-				return
+			cc, err := (&Proxy{h2: newH2Transport()}).newH2ClientConn(context.Background(), nc)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-	}()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+			defer cc.Close()
+			req, _ := http.NewRequest("GET", "http://svc.ns/", nil)
+			_, err = cc.RoundTrip(req)
+			if err == nil {
+				t.Fatal("the request succeeded")
+			}
+			if got := unprocessed(err); got != tc.want {
+				t.Errorf("unprocessed(%q) = %v, want %v", err, got, tc.want)
+			}
+		})
 	}
-	//lint:ignore SA1019 the waypoint's HTTP/2 upstream client is x/net's (see dialHost)
-	cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	req, _ := http.NewRequest("GET", "http://svc.ns/", nil)
-	_, err = cc.RoundTrip(req)
-	if err == nil {
-		t.Fatal("a request the upstream sent GOAWAY for succeeded")
-	}
-	if !unprocessed(err) {
-		t.Errorf("unprocessed(%q) = false: the request would not go again", err)
-	}
-	if unprocessed(errors.New("http2: response body closed")) || unprocessed(http2.StreamError{Code: http2.ErrCodeInternal}) {
-		t.Error("errors after processing count as unprocessed")
-	}
-	if !unprocessed(http2.StreamError{Code: http2.ErrCodeRefusedStream}) {
-		t.Error("a refused stream does not count as unprocessed")
+	if unprocessed(errors.New("http2: response body closed")) {
+		t.Error("an error after processing counts as unprocessed")
 	}
 }

@@ -45,14 +45,14 @@ func rawBackend(t *testing.T, serve func(net.Conn)) netip.AddrPort {
 
 // h2client opens an h2c connection through the waypoint.
 //
-//lint:ignore SA1019 a client on one given connection, as the proxy uses
+//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 func (m *mesh) h2client(target netip.AddrPort) *http2.ClientConn {
 	m.t.Helper()
 	c, err := m.dial(target)
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	//lint:ignore SA1019 a client on one given connection, as the proxy uses
+	//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 	cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(c)
 	if err != nil {
 		m.t.Fatal(err)

@@ -19,8 +19,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"golang.org/x/net/http2"
-
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/rbac"
 	"github.com/weftmesh/weft/waypoint/route"
@@ -41,22 +39,66 @@ func idle(d time.Duration) time.Duration {
 	return d
 }
 
+// serveH2 serves c, a connection that began with the HTTP/2 preface, until
+// it ends: net/http's server, speaking HTTP/2 with prior knowledge only,
+// on a listener that yields c alone.
 func (s *session) serveH2(c net.Conn) {
-	// net/http serves h2c only from a listener; one tunnelled connection at
-	// a time needs x/net/http2's ServeConn.
-	//lint:ignore SA1019 no net/http equivalent serves a single connection
-	h2 := &http2.Server{MaxConcurrentStreams: maxConcurrentStreams, MaxDecoderHeaderTableSize: 4096, IdleTimeout: idle(s.chain.HTTP.IdleTimeout)}
-	//lint:ignore SA1019 see above
-	h2.ServeConn(c, &http2.ServeConnOpts{
-		BaseConfig: &http.Server{MaxHeaderBytes: maxHeaderBytes},
+	l := &connListener{c: c, addr: c.LocalAddr(), done: make(chan struct{})}
+	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if s.handle(w, r, true) {
-				// x/net/http2's server resets the stream for this value
+				// net/http's HTTP/2 server resets the stream for this value
 				// and logs nothing.
 				panic(http.ErrAbortHandler)
 			}
 		}),
-	})
+		Protocols:      h2cOnly,
+		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: maxConcurrentStreams, MaxDecoderHeaderTableSize: 4096},
+		IdleTimeout:    idle(s.chain.HTTP.IdleTimeout),
+		MaxHeaderBytes: maxHeaderBytes,
+		// OPTIONS * is routed and authorized as any other request.
+		DisableGeneralOptionsHandler: true,
+		ConnState:                    l.track,
+	}
+	srv.Serve(l)
+}
+
+// h2cOnly is HTTP/2 with prior knowledge, without TLS and without HTTP/1.
+var h2cOnly = func() *http.Protocols {
+	var p http.Protocols
+	p.SetUnencryptedHTTP2(true)
+	return &p
+}()
+
+// connListener hands one connection to an http.Server: Accept returns it,
+// then blocks until the server is done with it and says the listener is
+// closed, so that Serve returns once the connection ended.
+type connListener struct {
+	c    net.Conn // nil once accepted; only Serve's goroutine reads it
+	addr net.Addr
+	done chan struct{} // closed when the server closed the connection
+	once sync.Once
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	if c := l.c; c != nil {
+		l.c = nil
+		return c, nil
+	}
+	<-l.done
+	return nil, net.ErrClosed
+}
+
+// Close does nothing: the connection's end stops the listener.
+func (l *connListener) Close() error { return nil }
+
+func (l *connListener) Addr() net.Addr { return l.addr }
+
+// track is the server's ConnState hook.
+func (l *connListener) track(_ net.Conn, st http.ConnState) {
+	if st == http.StateClosed || st == http.StateHijacked {
+		l.once.Do(func() { close(l.done) })
+	}
 }
 
 // reqInfo is what the access log and metrics record about a request.

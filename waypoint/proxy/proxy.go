@@ -55,13 +55,12 @@ type Config struct {
 
 // Proxy is the waypoint data path.
 type Proxy struct {
-	cfg    Config
-	srv    *hbone.Server
-	dialer *hbone.Dialer
-	//lint:ignore SA1019 see dialHost
-	h2       *http2.Transport
-	clusters sync.Map       // cluster name -> *upstream
-	drains   sync.WaitGroup // retired HTTP/2 connections finishing their streams
+	cfg      Config
+	srv      *hbone.Server
+	dialer   *hbone.Dialer
+	h2       *http.Transport // starts the upstream HTTP/2 connections (newH2ClientConn)
+	clusters sync.Map        // cluster name -> *upstream
+	drains   sync.WaitGroup  // retired HTTP/2 connections finishing their streams
 }
 
 // New returns a proxy; Serve starts it.
@@ -87,8 +86,7 @@ func New(cfg Config) (*Proxy, error) {
 			return d.DialContext(ctx, "tcp", a.String())
 		}
 	}
-	//lint:ignore SA1019 see dialHost
-	p := &Proxy{cfg: cfg, h2: &http2.Transport{AllowHTTP: true, IdleConnTimeout: upstreamIdleTimeout}}
+	p := &Proxy{cfg: cfg, h2: newH2Transport()}
 	var err error
 	p.srv, err = hbone.NewServer(hbone.ServerConfig{
 		TLS:     spiffe.ServerConfig(cfg.Certificate, cfg.Roots, cfg.Identity.TrustDomain()),

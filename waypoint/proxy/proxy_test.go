@@ -484,7 +484,7 @@ func TestFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	//lint:ignore SA1019 a client on one given connection, as the proxy uses
+	//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 	cc, err := (&http2.Transport{AllowHTTP: true}).NewClientConn(c)
 	if err != nil {
 		t.Fatal(err)

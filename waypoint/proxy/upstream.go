@@ -5,13 +5,12 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -407,14 +406,13 @@ func (p *Proxy) dialHost(ctx context.Context, pl *pool, h *host, useH2 bool) (le
 	if !useH2 {
 		return lease{h: h, h1: newH1Conn(nc, h)}, nil
 	}
-	//lint:ignore SA1019 the upstream connection is ours (often an HBONE stream); net/http cannot take it
-	cc, err := p.h2.NewClientConn(nc)
+	cc, err := p.newH2ClientConn(ctx, nc)
 	if err != nil {
-		nc.Close()
 		return lease{}, err
 	}
 	c := &h2conn{cc: cc, b: &h.u.b}
-	cc.ReserveNewRequest()
+	// A connection that cannot take the stream fails its round trip.
+	cc.Reserve()
 	h.mu.Lock()
 	retired := h.retired
 	if !retired {
@@ -422,17 +420,47 @@ func (p *Proxy) dialHost(ctx context.Context, pl *pool, h *host, useH2 bool) (le
 	}
 	h.mu.Unlock()
 	if retired {
-		// Serves this one request, then closes.
-		cc.SetDoNotReuse()
+		// Not pooled: serves this one request, then closes.
 		c.closeWhenIdle = true
 	}
 	return lease{h: h, h2: c}, nil
 }
 
+// openConnKey is the context key under which newH2ClientConn hands its
+// connection to the transport's dial.
+type openConnKey struct{}
+
+// newH2Transport returns the transport that starts the upstream HTTP/2
+// client connections: HTTP/2 with prior knowledge on a connection the pool
+// opened itself (often an HBONE stream), which its dial hands back.
+func newH2Transport() *http.Transport {
+	return &http.Transport{
+		Protocols:       h2cOnly,
+		IdleConnTimeout: upstreamIdleTimeout,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if nc, ok := ctx.Value(openConnKey{}).(net.Conn); ok {
+				return nc, nil
+			}
+			return nil, errors.New("an HTTP/2 upstream connection is started on an open connection only")
+		},
+	}
+}
+
+// newH2ClientConn starts an HTTP/2 client connection on nc, which is
+// closed when that fails.
+func (p *Proxy) newH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
+	// The address is not dialled: the transport's dial returns nc.
+	cc, err := p.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, nc), "http", "upstream:80")
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	return cc, nil
+}
+
 // h2conn is a shared HTTP/2 client connection.
 type h2conn struct {
-	//lint:ignore SA1019 see dialHost
-	cc            *http2.ClientConn
+	cc            *http.ClientConn
 	b             *breaker
 	once          sync.Once
 	closeWhenIdle bool
@@ -457,15 +485,13 @@ func (h *host) scanH2(reserve bool) *h2conn {
 	h.mu.Lock()
 	keep := h.h2[:0]
 	for _, c := range h.h2 {
-		st := c.cc.State()
-		if st.Closed || (st.Closing && st.StreamsActive == 0 && st.StreamsReserved == 0) {
+		if reserve && got == nil && c.cc.Reserve() == nil {
+			got = c
+		} else if c.spent() {
 			dead = append(dead, c)
 			continue
 		}
 		keep = append(keep, c)
-		if reserve && got == nil && c.cc.ReserveNewRequest() {
-			got = c
-		}
 	}
 	clear(h.h2[len(keep):])
 	h.h2 = keep
@@ -474,6 +500,32 @@ func (h *host) scanH2(reserve bool) *h2conn {
 		c.close()
 	}
 	return got
+}
+
+// spent reports whether c is closed, or takes no new stream (after a
+// GOAWAY, past its idle timeout) and has none open or reserved.
+func (c *h2conn) spent() bool {
+	return c.cc.Err() != nil || c.cc.Available() == 0 && c.cc.InFlight() == 0
+}
+
+// drain closes c once its streams, open or reserved, are done, or when ctx
+// ends.
+func (c *h2conn) drain(ctx context.Context) {
+	idle := make(chan struct{})
+	var once sync.Once
+	check := func(cc *http.ClientConn) {
+		if cc.InFlight() == 0 || cc.Err() != nil {
+			once.Do(func() { close(idle) })
+		}
+	}
+	c.cc.SetStateHook(check) // called as streams end
+	check(c.cc)
+	select {
+	case <-idle:
+	case <-ctx.Done():
+	}
+	c.cc.SetStateHook(nil)
+	c.close()
 }
 
 // retire stops pooling on h: idle connections close now, busy HTTP/1.1 ones
@@ -493,8 +545,7 @@ func (p *Proxy) retire(h *host) {
 			defer p.drains.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), h2DrainTimeout)
 			defer cancel()
-			c.cc.Shutdown(ctx)
-			c.close()
+			c.drain(ctx)
 		}()
 	}
 }

@@ -20,7 +20,8 @@ import (
 	"github.com/weftmesh/weft/test/echo"
 )
 
-// x/net/http2 reads GODEBUG once, as the process starts: the tests of
+// net/http's HTTP/2 (the waypoint's) and x/net/http2 (the tests' client)
+// read GODEBUG once, as the process starts: the tests of
 // WebSocket over HTTP/2 run in a process of their own with extended
 // CONNECT on, as the deployer starts every waypoint.
 

@@ -363,7 +363,7 @@ func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *s
 		}
 		backoff.Reset()
 		if !p.acquire(s) {
-			refuseOverLimit(c)
+			reset(c) // over the cap
 			continue
 		}
 		if !p.take(c) {

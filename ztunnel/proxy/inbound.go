@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
@@ -70,7 +69,7 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 	}
 	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
 	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-	recv, sent, err := hbone.Join(st, up)
+	recv, sent, err := relay.Join(up, st, 0)
 	p.done(lbl, start, dst, state.Route{Kind: state.Tunnel, Workload: w}, sent, recv, err)
 }
 
@@ -186,37 +185,4 @@ func (p *Pod) accessAttrs(lbl *connLabels, src net.Addr, dst netip.AddrPort, sta
 		attrs = append(attrs, "error", err.Error())
 	}
 	return attrs
-}
-
-// splice relays two plain connections with half-close both ways and returns
-// the bytes a->b and b->a.
-func splice(a, b net.Conn) (ab, ba int64, err error) {
-	var wg sync.WaitGroup
-	var errAB error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		ab, errAB = io.Copy(b, a)
-		closeWrite(b)
-	}()
-	var errBA error
-	ba, errBA = io.Copy(a, b)
-	closeWrite(a)
-	wg.Wait()
-	a.Close()
-	b.Close()
-	return ab, ba, errors.Join(ignoreClosed(errAB), ignoreClosed(errBA))
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	}
-}
-
-func ignoreClosed(err error) error {
-	if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
-		return nil
-	}
-	return err
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
 
@@ -74,7 +75,7 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		cancel()
 		p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
 		p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-		sent, recv, err := hbone.Join(st, c)
+		sent, recv, err := relay.Join(c, st, 0)
 		p.done(lbl, start, dst, route, sent, recv, err)
 	}
 }
@@ -83,7 +84,7 @@ func (p *Pod) serveOutbound(c net.Conn) {
 func (p *Pod) relayPlain(lbl *connLabels, a, b net.Conn, start time.Time, dst netip.AddrPort, route state.Route) {
 	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
 	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-	sent, recv, err := splice(a, b)
+	sent, recv, err := relay.Join(a, b, 0)
 	p.done(lbl, start, dst, route, sent, recv, err)
 }
 

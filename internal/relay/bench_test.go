@@ -19,8 +19,8 @@ func BenchmarkTCP(b *testing.B) {
 		{"io.Copy", copyPair},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			client, down := benchPair(b)
-			up, server := benchPair(b)
+			client, down := tcpPair(b)
+			up, server := tcpPair(b)
 			go bc.relay(down, up)
 			go io.Copy(io.Discard, client)
 			drained := make(chan struct{})
@@ -49,22 +49,4 @@ func copyPair(a, b *net.TCPConn) {
 	wg.Wait()
 	a.Close()
 	b.Close()
-}
-
-func benchPair(b *testing.B) (*net.TCPConn, *net.TCPConn) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		b.Fatal(err)
-	}
-	s, err := ln.Accept()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close(); s.Close() })
-	return c.(*net.TCPConn), s.(*net.TCPConn)
 }

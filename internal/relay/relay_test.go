@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 }
 
 // tcpPair is both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

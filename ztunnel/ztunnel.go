@@ -26,6 +26,7 @@ import (
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/internal/xdsclient"
 	"github.com/weftmesh/weft/ztunnel/admin"
@@ -162,9 +163,9 @@ const certWait = 3 * time.Second
 // capturePorts are the TCP ports a pod's proxy listens on; a successor
 // holds a pod once it listens on all of them.
 func (c *Config) capturePorts() []uint16 {
-	ports := []uint16{proxy.OutboundPort, proxy.InboundPort, proxy.HBONEPort}
+	ports := []uint16{podnet.OutboundPort, podnet.InboundPlaintextPort, podnet.HBONEPort}
 	if !c.DNSProxyOff {
-		ports = append(ports, proxy.DNSPort)
+		ports = append(ports, podnet.DNSPort)
 	}
 	return ports
 }

@@ -16,6 +16,8 @@ import (
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // pod and peer addresses of the test topology: one veth between two
@@ -184,7 +186,7 @@ func TestApplyPodRedirects(t *testing.T) {
 	})
 	t.Run("inbound HBONE reaches 15008 directly", func(t *testing.T) {
 		got := acceptOne(t, hbone)
-		c, err := dial(t, tp.peer, "tcp", netip.AddrPortFrom(podV4, InboundPort).String(), 0, netip.Addr{})
+		c, err := dial(t, tp.peer, "tcp", netip.AddrPortFrom(podV4, podnet.HBONEPort).String(), 0, netip.Addr{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -195,7 +197,7 @@ func TestApplyPodRedirects(t *testing.T) {
 	})
 	t.Run("ztunnel-marked sockets bypass capture", func(t *testing.T) {
 		got := acceptOne(t, peerApp)
-		c, err := dial(t, tp.pod, "tcp", netip.AddrPortFrom(peerV4, 9091).String(), int(ZtunnelMark), netip.Addr{})
+		c, err := dial(t, tp.pod, "tcp", netip.AddrPortFrom(peerV4, 9091).String(), int(podnet.ZtunnelMark), netip.Addr{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,7 +280,7 @@ func dialTransparent(t *testing.T, ns string, src, dst netip.AddrPort) (net.Conn
 		Control: func(_, _ string, c syscall.RawConn) error {
 			var serr error
 			c.Control(func(fd uintptr) {
-				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(ZtunnelMark)); serr != nil {
+				if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(podnet.ZtunnelMark)); serr != nil {
 					return
 				}
 				serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)

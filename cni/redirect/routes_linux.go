@@ -7,6 +7,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // ErrConflict is wrapped by errors about routing state in the pod that is
@@ -44,15 +46,15 @@ func markRule(family int) *netlink.Rule {
 	r.Family = family
 	r.Priority = RulePriority
 	r.Table = RouteTable
-	r.Mark = ConnMark
-	mask := MarkMask
+	r.Mark = podnet.ConnMark
+	mask := podnet.MarkMask
 	r.Mask = &mask
 	return r
 }
 
 func isOurRule(r netlink.Rule) bool {
-	return r.Priority == RulePriority && r.Table == RouteTable && r.Mark == ConnMark &&
-		r.Mask != nil && *r.Mask == MarkMask && r.Src == nil && r.Dst == nil && r.IifName == "" && r.OifName == "" && !r.Invert
+	return r.Priority == RulePriority && r.Table == RouteTable && r.Mark == podnet.ConnMark &&
+		r.Mask != nil && *r.Mask == podnet.MarkMask && r.Src == nil && r.Dst == nil && r.IifName == "" && r.OifName == "" && !r.Invert
 }
 
 func isOurRoute(r netlink.Route, lo int) bool {
@@ -157,7 +159,7 @@ func addRouting(lo int, v6 bool, st routingState) (undo func(), err error) {
 		rule := markRule(fam)
 		if err := netlink.RuleAdd(rule); err != nil && !errors.Is(err, unix.EEXIST) {
 			undo()
-			return nil, fmt.Errorf("adding policy rule fwmark %#x/%#x lookup %d: %w", ConnMark, MarkMask, RouteTable, err)
+			return nil, fmt.Errorf("adding policy rule fwmark %#x/%#x lookup %d: %w", podnet.ConnMark, podnet.MarkMask, RouteTable, err)
 		}
 		undos = append(undos, func() { _ = netlink.RuleDel(rule) })
 	}

@@ -12,25 +12,15 @@ import (
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 	"istio.io/api/annotation"
+
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
-// Ports ztunnel listens on inside each pod (protocols.md §3.1).
+// The routing table and the rule priority (protocols.md §3.2); the ports
+// and marks are podnet's.
 const (
-	OutboundPort         = 15001
-	InboundPlaintextPort = 15006
-	InboundPort          = 15008
-	DNSPort              = 15053
-)
-
-// Marks, the routing table and the rule priority (protocols.md §3.2).
-const (
-	// ZtunnelMark is the SO_MARK ztunnel sets on its sockets in a pod.
-	ZtunnelMark uint32 = 0x539
-	// ConnMark marks connections ztunnel opened into the pod.
-	ConnMark uint32 = 0x111
-	// MarkMask masks both marks.
-	MarkMask uint32 = 0xfff
-	// RouteTable holds the local default routes for ConnMark traffic.
+	// RouteTable holds the local default routes for podnet.ConnMark
+	// traffic.
 	RouteTable = 100
 	// RulePriority is the priority of the fwmark policy rule.
 	RulePriority = 32764
@@ -175,16 +165,16 @@ func Pod(opts Options) *Ruleset {
 	nat := hookedTable(NATTable, nftables.ChainTypeNAT, nftables.ChainTypeNAT, *nftables.ChainPriorityNATDest)
 	mangle := hookedTable(MangleTable, nftables.ChainTypeFilter, nftables.ChainTypeRoute, *nftables.ChainPriorityMangle)
 	v6 := opts.IPv6
-	notMarked := markMasked(expr.CmpOpNeq, MarkMask, ZtunnelMark)
+	notMarked := markMasked(expr.CmpOpNeq, podnet.MarkMask, podnet.ZtunnelMark)
 
 	// nat istio-prerouting: virtual interfaces first, as short-circuits.
 	for _, ifc := range opts.VirtualInterfaces {
-		nat.add(chainIstioPrerouting, ifname(unix.NFT_META_IIFNAME, expr.CmpOpEq, ifc), l4proto(unix.IPPROTO_TCP), counter(), redirectTo(OutboundPort))
+		nat.add(chainIstioPrerouting, ifname(unix.NFT_META_IIFNAME, expr.CmpOpEq, ifc), l4proto(unix.IPPROTO_TCP), counter(), redirectTo(podnet.OutboundPort))
 		nat.add(chainIstioPrerouting, ifname(unix.NFT_META_IIFNAME, expr.CmpOpEq, ifc), l4proto(unix.IPPROTO_TCP), counter(), verdict(expr.VerdictReturn))
 	}
 	// mangle istio-prerouting: packets ztunnel sends into the pod mark
 	// their connection.
-	mangle.add(chainIstioPrerouting, markMasked(expr.CmpOpEq, MarkMask, ZtunnelMark), counter(), ctMarkSet(^MarkMask, ConnMark))
+	mangle.add(chainIstioPrerouting, markMasked(expr.CmpOpEq, podnet.MarkMask, podnet.ZtunnelMark), counter(), ctMarkSet(^podnet.MarkMask, podnet.ConnMark))
 	if !opts.BypassInbound {
 		// Kubelet probes, SNATed on the node, go straight to the app.
 		nat.add(chainIstioPrerouting, l4proto(unix.IPPROTO_TCP), addr(srcAddr, expr.CmpOpEq, ProbeSNATv4), counter(), accept())
@@ -198,40 +188,40 @@ func Pod(opts Options) *Ruleset {
 	}
 	if !opts.BypassInbound {
 		// Inbound plaintext to 15006; HBONE reaches 15008 directly.
-		nat.add(chainIstioPrerouting, addr(dstAddr, expr.CmpOpNeq, loopback4), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpNeq, InboundPort), notMarked, counter(), redirectTo(InboundPlaintextPort))
+		nat.add(chainIstioPrerouting, addr(dstAddr, expr.CmpOpNeq, loopback4), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpNeq, podnet.HBONEPort), notMarked, counter(), redirectTo(podnet.InboundPlaintextPort))
 		if v6 {
-			nat.add(chainIstioPrerouting, addr(dstAddr, expr.CmpOpNeq, loopback6), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpNeq, InboundPort), notMarked, counter(), redirectTo(InboundPlaintextPort))
+			nat.add(chainIstioPrerouting, addr(dstAddr, expr.CmpOpNeq, loopback6), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpNeq, podnet.HBONEPort), notMarked, counter(), redirectTo(podnet.InboundPlaintextPort))
 		}
 	}
 	// mangle istio-output: restore the connection mark onto the app's
 	// replies on ztunnel-originated connections.
-	mangle.add(chainIstioOutput, ctMarkMasked(expr.CmpOpEq, MarkMask, ConnMark), counter(), metaMarkFromCt())
+	mangle.add(chainIstioOutput, ctMarkMasked(expr.CmpOpEq, podnet.MarkMask, podnet.ConnMark), counter(), metaMarkFromCt())
 
 	tables := []*Table{nat, mangle}
 	if opts.DNSCapture {
-		nat.add(chainIstioOutput, ifname(unix.NFT_META_OIFNAME, expr.CmpOpNeq, "lo"), notMarked, port(unix.IPPROTO_UDP, dstPort, expr.CmpOpEq, 53), counter(), redirectTo(DNSPort))
-		nat.add(chainIstioOutput, addr(dstAddr, expr.CmpOpNeq, loopback4), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpEq, 53), notMarked, counter(), redirectTo(DNSPort))
+		nat.add(chainIstioOutput, ifname(unix.NFT_META_OIFNAME, expr.CmpOpNeq, "lo"), notMarked, port(unix.IPPROTO_UDP, dstPort, expr.CmpOpEq, 53), counter(), redirectTo(podnet.DNSPort))
+		nat.add(chainIstioOutput, addr(dstAddr, expr.CmpOpNeq, loopback4), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpEq, 53), notMarked, counter(), redirectTo(podnet.DNSPort))
 		if v6 {
-			nat.add(chainIstioOutput, addr(dstAddr, expr.CmpOpNeq, loopback6), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpEq, 53), notMarked, counter(), redirectTo(DNSPort))
+			nat.add(chainIstioOutput, addr(dstAddr, expr.CmpOpNeq, loopback6), port(unix.IPPROTO_TCP, dstPort, expr.CmpOpEq, 53), notMarked, counter(), redirectTo(podnet.DNSPort))
 		}
 		// ztunnel's upstream DNS and the replies to it get their own
 		// conntrack zone (istio/istio#33469).
 		raw := hookedTable(RawTable, nftables.ChainTypeFilter, nftables.ChainTypeFilter, *nftables.ChainPriorityRaw)
-		raw.add(chainIstioOutput, port(unix.IPPROTO_UDP, dstPort, expr.CmpOpEq, 53), markMasked(expr.CmpOpEq, MarkMask, ZtunnelMark), counter(), ctZoneSet(1))
+		raw.add(chainIstioOutput, port(unix.IPPROTO_UDP, dstPort, expr.CmpOpEq, 53), markMasked(expr.CmpOpEq, podnet.MarkMask, podnet.ZtunnelMark), counter(), ctZoneSet(1))
 		raw.add(chainIstioPrerouting, port(unix.IPPROTO_UDP, srcPort, expr.CmpOpEq, 53), notMarked, counter(), ctZoneSet(1))
 		tables = append(tables, raw)
 	}
 	// The app's replies on ztunnel-originated connections, and the app
 	// talking to itself, are not captured again.
-	nat.add(chainIstioOutput, l4proto(unix.IPPROTO_TCP), markMasked(expr.CmpOpEq, MarkMask, ConnMark), counter(), accept())
+	nat.add(chainIstioOutput, l4proto(unix.IPPROTO_TCP), markMasked(expr.CmpOpEq, podnet.MarkMask, podnet.ConnMark), counter(), accept())
 	nat.add(chainIstioOutput, ifname(unix.NFT_META_OIFNAME, expr.CmpOpEq, "lo"), addr(dstAddr, expr.CmpOpNeq, loopback4), counter(), accept())
 	if v6 {
 		nat.add(chainIstioOutput, ifname(unix.NFT_META_OIFNAME, expr.CmpOpEq, "lo"), addr(dstAddr, expr.CmpOpNeq, loopback6), counter(), accept())
 	}
 	// Everything else outbound goes to 15001.
-	nat.add(chainIstioOutput, l4proto(unix.IPPROTO_TCP), addr(dstAddr, expr.CmpOpNeq, loopback4), notMarked, counter(), redirectTo(OutboundPort))
+	nat.add(chainIstioOutput, l4proto(unix.IPPROTO_TCP), addr(dstAddr, expr.CmpOpNeq, loopback4), notMarked, counter(), redirectTo(podnet.OutboundPort))
 	if v6 {
-		nat.add(chainIstioOutput, l4proto(unix.IPPROTO_TCP), addr(dstAddr, expr.CmpOpNeq, loopback6), notMarked, counter(), redirectTo(OutboundPort))
+		nat.add(chainIstioOutput, l4proto(unix.IPPROTO_TCP), addr(dstAddr, expr.CmpOpNeq, loopback6), notMarked, counter(), redirectTo(podnet.OutboundPort))
 	}
 	return &Ruleset{Tables: tables}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -74,7 +75,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 			up.Close()
 			return
 		}
-		Join(st, up)
+		relay.Join(up, st, 0)
 	}), func(c *ServerConfig) { c.KeepAlive = -1 })
 	e.d = newDialer(b, p, func(c *DialerConfig) { c.KeepAlive = -1 })
 	return e
@@ -110,7 +111,7 @@ func (e *benchEnv) hboneRelay(b *testing.B, target net.Addr) net.Listener {
 			c.Close()
 			return
 		}
-		Join(st, c)
+		relay.Join(c, st, 0)
 	})
 }
 
@@ -135,7 +136,7 @@ func (e *benchEnv) mtlsPair(b *testing.B, target net.Addr) net.Listener {
 					c.Close()
 					return
 				}
-				relayPlain(c, up)
+				relay.Join(c, up, 0)
 			}()
 		}
 	}()
@@ -147,29 +148,8 @@ func (e *benchEnv) mtlsPair(b *testing.B, target net.Addr) net.Listener {
 			return
 		}
 		tc := tls.Client(raw, clientCfg)
-		relayPlain(c, tc)
+		relay.Join(c, tc, 0)
 	})
-}
-
-// relayPlain copies both ways with io.Copy, half-closing, as a simple Go
-// TLS relay does.
-func relayPlain(a, b net.Conn) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		io.Copy(b, a)
-		if cw, ok := b.(closeWriter); ok {
-			cw.CloseWrite()
-		}
-	}()
-	io.Copy(a, b)
-	if cw, ok := a.(closeWriter); ok {
-		cw.CloseWrite()
-	}
-	wg.Wait()
-	a.Close()
-	b.Close()
 }
 
 // measureThroughput sends bytes to addr for about d and returns bytes/s.

@@ -28,8 +28,9 @@
 // status otherwise) and hands each accepted tunnel to its caller as a
 // Stream, a net.Conn. Dialer opens tunnels over a pool keyed by source
 // identity, acceptable peer identities, next hop and source IP
-// (as ztunnel keys its pool). Join relays a tunnel and a TCP connection with
-// half-close propagated both ways.
+// (as ztunnel keys its pool). A Stream's ReadFrom and WriteTo are the
+// zero-copy paths package relay takes to relay a tunnel and a TCP
+// connection.
 //
 // Abuse is bounded: header blocks (64 KiB server, 16 KiB client, with
 // CONTINUATION floods cut off by the framer), concurrent handlers per

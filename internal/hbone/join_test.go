@@ -9,9 +9,11 @@ import (
 	"net"
 	"net/http"
 	"testing"
+
+	"github.com/weftmesh/weft/internal/relay"
 )
 
-// TestJoinEndToEnd runs TCP client -> relay (Join) -> HBONE -> server (Join)
+// TestJoinEndToEnd runs TCP client -> relay -> HBONE -> server (relay)
 // -> TCP echo, the shape of a node proxy pair, and checks data, half-close
 // and the byte counts both relays report.
 func TestJoinEndToEnd(t *testing.T) {
@@ -44,7 +46,7 @@ func TestJoinEndToEnd(t *testing.T) {
 			up.Close()
 			return
 		}
-		s, rcv, err := Join(st, up)
+		s, rcv, err := relay.Join(up, st, 0)
 		if err != nil {
 			t.Errorf("server Join: %v", err)
 		}
@@ -68,7 +70,7 @@ func TestJoinEndToEnd(t *testing.T) {
 			c.Close()
 			return
 		}
-		s, rcv, err := Join(st, c)
+		s, rcv, err := relay.Join(c, st, 0)
 		if err != nil {
 			t.Errorf("client Join: %v", err)
 		}

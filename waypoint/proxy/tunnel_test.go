@@ -16,6 +16,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -69,7 +70,7 @@ func (tb *tunnelBackend) serve(r *hbone.Request) {
 		c.Close()
 		return
 	}
-	hbone.Join(st, c)
+	relay.Join(c, st, 0)
 }
 
 // seen returns the CONNECTs so far.

@@ -4,16 +4,16 @@ import (
 	"crypto/rand"
 	"crypto/sha1"
 	"encoding/base64"
-	"errors"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/weftmesh/weft/internal/relay"
 )
 
 // Protocol upgrades (RFC 9110 section 7.8) through the waypoint. An
@@ -105,7 +105,7 @@ func (s *session) switchedStream(w http.ResponseWriter, resp *http.Response, st 
 		info.flags = flagDownstreamConnection
 		return
 	}
-	sent, recv := relayTunnel(down, up, idle(s.chain.HTTP.IdleTimeout))
+	recv, sent, _ := relay.Join(down, up, idle(s.chain.HTTP.IdleTimeout))
 	cw.n += sent
 	info.reqBytes.Add(recv)
 }
@@ -203,87 +203,10 @@ func (s *session) switched(w http.ResponseWriter, resp *http.Response, token str
 		info.flags = flagDownstreamConnection
 		return
 	}
-	sent, recv := relayTunnel(down, up, idle(s.chain.HTTP.IdleTimeout))
+	recv, sent, _ := relay.Join(down, up, idle(s.chain.HTTP.IdleTimeout))
 	cw.n += sent
 	info.reqBytes.Add(recv)
 }
-
-// tunnel is the state the two directions of a switched connection share.
-type tunnel struct {
-	idle    time.Duration
-	last    atomic.Int64 // unix nanoseconds of the last byte either way
-	aborted atomic.Bool
-	once    sync.Once
-}
-
-// relayTunnel copies both ways between the client (down) and the upstream
-// (up) until both directions ended, one failed, or the tunnel was idle for
-// idleTimeout. It returns the bytes sent to the client and received from
-// it. The caller closes both ends.
-func relayTunnel(down, up tunnelEnd, idleTimeout time.Duration) (sent, recv int64) {
-	t := &tunnel{idle: idleTimeout}
-	t.last.Store(time.Now().UnixNano())
-	abort := func() {
-		t.once.Do(func() {
-			t.aborted.Store(true)
-			// Unblocks both copies.
-			past := time.Unix(1, 0)
-			down.SetReadDeadline(past)
-			up.SetReadDeadline(past)
-		})
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		var err error
-		if recv, err = t.copy(up, down); err != nil {
-			abort()
-		}
-	}()
-	sent, err := t.copy(down, up)
-	if err != nil {
-		abort()
-	}
-	wg.Wait()
-	return sent, recv
-}
-
-// copy copies src to dst, then half-closes dst. It returns the error that
-// ended the copy other than src's end.
-func (t *tunnel) copy(dst, src tunnelEnd) (int64, error) {
-	bp := copyBuffers.Get().(*[]byte)
-	defer copyBuffers.Put(bp)
-	buf := *bp
-	var n int64
-	for {
-		if t.aborted.Load() {
-			return n, errTunnelAborted
-		}
-		src.SetReadDeadline(time.Now().Add(t.idle))
-		if t.aborted.Load() { // abort may have set its deadline before ours
-			return n, errTunnelAborted
-		}
-		m, err := src.Read(buf)
-		if m > 0 {
-			t.last.Store(time.Now().UnixNano())
-			if _, werr := dst.Write(buf[:m]); werr != nil {
-				return n, werr
-			}
-			n += int64(m)
-		}
-		switch {
-		case err == io.EOF:
-			return n, dst.CloseWrite()
-		case errors.Is(err, os.ErrDeadlineExceeded) && !t.aborted.Load() && time.Since(time.Unix(0, t.last.Load())) < t.idle:
-			continue // the other direction carried bytes meanwhile
-		case err != nil:
-			return n, err
-		}
-	}
-}
-
-var errTunnelAborted = errors.New("tunnel aborted")
 
 // switchProtocols writes the 101 with the response's header and hands over
 // the client's connection (net/http's Hijack for the server of a stream).

@@ -15,6 +15,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/weftmesh/weft/internal/accept"
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // Sockets opens the proxy's sockets in the pod's network.
@@ -51,9 +52,6 @@ type ServerConfig struct {
 	Logger *slog.Logger
 }
 
-// Port is where the redirection rules send a pod's DNS.
-const Port = 15053
-
 // Server is the DNS proxy of one pod.
 type Server struct {
 	cfg      ServerConfig
@@ -78,7 +76,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 func (s *Server) Listen(ctx context.Context) error {
 	addrs, optional := s.cfg.Addrs, false
 	if len(addrs) == 0 {
-		addrs = []netip.AddrPort{netip.AddrPortFrom(netip.IPv6Loopback(), Port), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), Port)}
+		addrs = []netip.AddrPort{netip.AddrPortFrom(netip.IPv6Loopback(), podnet.DNSPort), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), podnet.DNSPort)}
 		optional = true
 	}
 	for _, a := range addrs {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/proxy"
 	"github.com/weftmesh/weft/ztunnel/state"
@@ -53,12 +54,12 @@ func redirectApp(t *testing.T, ns *netns.NS) {
 		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg},
 			&expr.Bitwise{SourceRegister: reg, DestRegister: reg, Len: 4, Mask: native32(0xfff), Xor: native32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg, Data: native32(Mark)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: reg, Data: native32(podnet.ZtunnelMark)},
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: []byte{unix.IPPROTO_TCP}},
 			&expr.Payload{DestRegister: reg, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: reg, Data: binary.BigEndian.AppendUint16(nil, 8080)},
-			&expr.Immediate{Register: reg, Data: binary.BigEndian.AppendUint16(nil, proxy.InboundPort)},
+			&expr.Immediate{Register: reg, Data: binary.BigEndian.AppendUint16(nil, podnet.InboundPlaintextPort)},
 			&expr.Redir{RegisterProtoMin: reg},
 		}})
 		return c.Flush()

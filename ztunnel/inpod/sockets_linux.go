@@ -17,12 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weftmesh/weft/internal/netns"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/ztunnel/proxy"
 )
-
-// Mark is the packet mark on every socket ztunnel opens in a pod, which the
-// pod's redirection rules let through (0x539, as Istio's).
-const Mark = 0x539
 
 // Sockets opens ztunnel's sockets inside a pod's network namespace:
 // listeners with SO_REUSEPORT (so an old and a new ztunnel can overlap) and
@@ -144,8 +141,8 @@ func control(listener bool) func(network, address string, c syscall.RawConn) err
 	return func(_, _ string, c syscall.RawConn) error {
 		var serr error
 		err := c.Control(func(fd uintptr) {
-			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, Mark); serr != nil {
-				serr = fmt.Errorf("setting SO_MARK %#x (needs CAP_NET_ADMIN): %w", Mark, serr)
+			if serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, int(podnet.ZtunnelMark)); serr != nil {
+				serr = fmt.Errorf("setting SO_MARK %#x (needs CAP_NET_ADMIN): %w", podnet.ZtunnelMark, serr)
 				return
 			}
 			if listener {

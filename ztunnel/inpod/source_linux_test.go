@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/weftmesh/weft/internal/netns"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/ztunnel/proxy"
 )
 
@@ -75,7 +76,7 @@ func returnRoute(t *testing.T, ns *netns.NS) {
 			Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityMangle})
 		// meta mark & 0xfff == 0x539 ct mark set 0x111
 		c.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: append(append([]expr.Any{
-			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg}}, masked(Mark)...),
+			&expr.Meta{Key: expr.MetaKeyMARK, Register: reg}}, masked(podnet.ZtunnelMark)...),
 			&expr.Immediate{Register: reg, Data: native32(0x111)},
 			&expr.Ct{Key: expr.CtKeyMARK, Register: reg, SourceRegister: true},
 		)})

@@ -5,13 +5,9 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/weftmesh/weft/ztunnel/dnsproxy"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
-
-// DNSPort is where ztunnel's DNS proxy listens in a pod when DNS capture
-// is on.
-const DNSPort = dnsproxy.Port
 
 // A connection that reaches one of ztunnel's listeners without being
 // redirected reads that listener as its original destination. Connecting
@@ -38,7 +34,7 @@ const DNSPort = dnsproxy.Port
 // ownPort reports whether port is one of ztunnel's listeners in a pod.
 func ownPort(port uint16) bool {
 	switch port {
-	case OutboundPort, InboundPort, HBONEPort, DNSPort:
+	case podnet.OutboundPort, podnet.InboundPlaintextPort, podnet.HBONEPort, podnet.DNSPort:
 		return true
 	}
 	return false

@@ -19,6 +19,7 @@ import (
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
@@ -259,7 +260,7 @@ func TestAcceptLoopsSurviveTemporaryErrors(t *testing.T) {
 }
 
 func TestDeadListenerFailsHealth(t *testing.T) {
-	for i, port := range []uint16{OutboundPort, InboundPort, HBONEPort} {
+	for i, port := range []uint16{podnet.OutboundPort, podnet.InboundPlaintextPort, podnet.HBONEPort} {
 		t.Run(fmt.Sprint(port), func(t *testing.T) {
 			m := newMesh(t)
 			ip := fmt.Sprintf("127.0.0.%d", 40+i)

@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
@@ -26,40 +25,33 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 	dst := r.Authority.AddrPort()
 	if r.Authority.IsIP() {
 		if err := p.checkTarget(dst, true); err != nil {
-			r.Reject(http.StatusBadRequest)
-			p.logRejected(lbl, r, dst, start, err)
+			p.refuse(r, lbl, dst, start, rejection{http.StatusBadRequest, flagNone, err})
 			return
 		}
 	}
 	w, err := p.workload()
 	if err != nil {
-		r.Reject(http.StatusServiceUnavailable)
-		p.logRejected(lbl, r, dst, start, err)
+		p.refuse(r, lbl, dst, start, rejection{http.StatusServiceUnavailable, flagNone, err})
 		return
 	}
 	lbl.dst, lbl.dstPrincipal = w, w.Identity.String()
 	if !r.Authority.IsIP() || !slices.Contains(w.IPs, dst.Addr()) {
-		r.Reject(http.StatusBadRequest)
-		p.logRejected(lbl, r, dst, start, fmt.Errorf("CONNECT target %s is not this pod (%v)", r.Authority, w.IPs))
+		p.refuse(r, lbl, dst, start, rejection{http.StatusBadRequest, flagNone, fmt.Errorf("CONNECT target %s is not this pod (%v)", r.Authority, w.IPs)})
 		return
 	}
 	srcAddr := tcpAddrPort(r.RemoteAddr)
 	lbl.src = p.cfg.Store.WorkloadByIP(srcAddr.Addr())
 	peer, err := spiffe.IdentityFromID(r.Peer)
 	if err != nil {
-		r.Reject(http.StatusUnauthorized)
-		p.logRejected(lbl, r, dst, start, fmt.Errorf("peer identity: %w", err))
+		p.refuse(r, lbl, dst, start, rejection{http.StatusUnauthorized, flagNone, fmt.Errorf("peer identity: %w", err)})
 		return
 	}
 	if d := p.cfg.Store.Authorize(w, state.Conn{Source: peer, Src: srcAddr, Dst: dst}); !d.Allowed {
-		lbl.flags = "DENY"
-		r.Reject(http.StatusUnauthorized)
-		p.logRejected(lbl, r, dst, start, errors.New(d.Reason))
+		p.refuse(r, lbl, dst, start, rejection{http.StatusUnauthorized, flagDenied, errors.New(d.Reason)})
 		return
 	}
 	if !p.acquire(&p.in) {
-		r.Reject(http.StatusServiceUnavailable)
-		p.logRejected(lbl, r, dst, start, fmt.Errorf("pod at its limit of %d inbound connections", p.cfg.MaxConnections))
+		p.refuse(r, lbl, dst, start, rejection{http.StatusServiceUnavailable, flagNone, fmt.Errorf("pod at its limit of %d inbound connections", p.cfg.MaxConnections)})
 		return
 	}
 	defer p.in.release()
@@ -67,9 +59,7 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 	up, err := p.dialApp(ctx, dst, srcAddr)
 	cancel()
 	if err != nil {
-		lbl.flags = "CONNECT"
-		r.Reject(http.StatusServiceUnavailable)
-		p.logRejected(lbl, r, dst, start, fmt.Errorf("connecting to the app at %s: %w", dst, err))
+		p.refuse(r, lbl, dst, start, rejection{http.StatusServiceUnavailable, flagConnect, fmt.Errorf("connecting to the app at %s: %w", dst, err)})
 		return
 	}
 	st, err := r.Accept(nil)
@@ -79,7 +69,7 @@ func (p *Pod) serveHBONE(r *hbone.Request) {
 	}
 	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
 	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-	recv, sent, err := hbone.Join(st, up)
+	recv, sent, err := relay.Join(up, st, 0)
 	p.done(lbl, start, dst, state.Route{Kind: state.Tunnel, Workload: w}, sent, recv, err)
 }
 
@@ -98,32 +88,30 @@ func (p *Pod) servePlaintext(c net.Conn) {
 	lbl.dst, lbl.dstPrincipal = w, w.Identity.String()
 	dst, err := p.cfg.OrigDst(c)
 	if err != nil {
-		p.fail(lbl, c, start, dst, fmt.Errorf("reading the original destination: %w", err))
+		p.fail(c, lbl, dst, start, rejection{err: fmt.Errorf("reading the original destination: %w", err)})
 		return
 	}
 	if err := p.checkTarget(dst, true); err != nil {
-		p.fail(lbl, c, start, dst, err)
+		p.fail(c, lbl, dst, start, rejection{err: err})
 		return
 	}
 	if !slices.Contains(w.IPs, dst.Addr().Unmap()) {
 		// The redirect takes any TCP entering the pod, whatever its
 		// destination; relaying elsewhere would lend the pod's address.
-		p.fail(lbl, c, start, dst, fmt.Errorf("original destination %s is not this pod (%v)", dst, w.IPs))
+		p.fail(c, lbl, dst, start, rejection{err: fmt.Errorf("original destination %s is not this pod (%v)", dst, w.IPs)})
 		return
 	}
 	src := tcpAddrPort(c.RemoteAddr())
 	lbl.src = p.cfg.Store.WorkloadByIP(src.Addr())
 	if d := p.cfg.Store.Authorize(w, state.Conn{Src: src, Dst: dst}); !d.Allowed {
-		lbl.flags = "DENY"
-		p.fail(lbl, c, start, dst, errors.New(d.Reason))
+		p.fail(c, lbl, dst, start, rejection{flag: flagDenied, err: errors.New(d.Reason)})
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
 	up, err := p.dialApp(ctx, dst, src)
 	cancel()
 	if err != nil {
-		lbl.flags = "CONNECT"
-		p.fail(lbl, c, start, dst, fmt.Errorf("connecting to the app at %s: %w", dst, err))
+		p.fail(c, lbl, dst, start, rejection{flag: flagConnect, err: fmt.Errorf("connecting to the app at %s: %w", dst, err)})
 		return
 	}
 	p.relayPlain(lbl, c, up, start, dst, state.Route{Kind: state.Passthrough, Workload: w})
@@ -155,22 +143,6 @@ func tcpAddrPort(a net.Addr) netip.AddrPort {
 		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 	}
 	return netip.AddrPort{}
-}
-
-// fail records a connection that could not be proxied and closes it with a
-// reset, as a refused TCP connection would look.
-func (p *Pod) fail(lbl *connLabels, c net.Conn, start time.Time, dst netip.AddrPort, err error) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
-	}
-	c.Close()
-	p.cfg.Metrics.failed.WithLabelValues(lbl.values()...).Inc()
-	p.cfg.AccessLog.Warn("connection failed", p.accessAttrs(lbl, c.RemoteAddr(), dst, start, 0, 0, err)...)
-}
-
-func (p *Pod) logRejected(lbl *connLabels, r *hbone.Request, dst netip.AddrPort, start time.Time, err error) {
-	p.cfg.Metrics.failed.WithLabelValues(lbl.values()...).Inc()
-	p.cfg.AccessLog.Warn("connection refused", p.accessAttrs(lbl, r.RemoteAddr, dst, start, 0, 0, err)...)
 }
 
 // done records a finished connection: metrics and one access-log line.
@@ -213,37 +185,4 @@ func (p *Pod) accessAttrs(lbl *connLabels, src net.Addr, dst netip.AddrPort, sta
 		attrs = append(attrs, "error", err.Error())
 	}
 	return attrs
-}
-
-// splice relays two plain connections with half-close both ways and returns
-// the bytes a->b and b->a.
-func splice(a, b net.Conn) (ab, ba int64, err error) {
-	var wg sync.WaitGroup
-	var errAB error
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		ab, errAB = io.Copy(b, a)
-		closeWrite(b)
-	}()
-	var errBA error
-	ba, errBA = io.Copy(a, b)
-	closeWrite(a)
-	wg.Wait()
-	a.Close()
-	b.Close()
-	return ab, ba, errors.Join(ignoreClosed(errAB), ignoreClosed(errBA))
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	}
-}
-
-func ignoreClosed(err error) error {
-	if errors.Is(err, net.ErrClosed) || errors.Is(err, io.EOF) {
-		return nil
-	}
-	return err
 }

@@ -39,14 +39,6 @@ func (p *Pod) overLimit() {
 		"pod", p.name(), "max_connections", p.cfg.MaxConnections)
 }
 
-// refuseOverLimit resets a connection accepted over the cap.
-func refuseOverLimit(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetLinger(0)
-	}
-	c.Close()
-}
-
 // limitListener gives each accepted connection a slot of s, held until
 // the connection is closed, and resets those over the cap.
 type limitListener struct {
@@ -64,7 +56,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if l.p.acquire(l.s) {
 			return &slotConn{Conn: c, s: l.s}, nil
 		}
-		refuseOverLimit(c)
+		reset(c) // over the cap
 	}
 }
 

@@ -69,7 +69,7 @@ type connLabels struct {
 	dstPrincipal string
 	svc          *state.Service
 	mtls         bool
-	flags        string
+	flags        flag
 }
 
 func (l *connLabels) values() []string {
@@ -88,8 +88,8 @@ func (l *connLabels) values() []string {
 	if l.mtls {
 		security = "mutual_tls"
 	}
-	flags := l.flags
-	if flags == "" {
+	flags := string(l.flags)
+	if l.flags == flagNone {
 		flags = "-"
 	}
 	return append(v, "tcp", flags, security)

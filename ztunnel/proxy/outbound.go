@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
 
@@ -28,21 +28,21 @@ func (p *Pod) serveOutbound(c net.Conn) {
 	lbl.srcPrincipal = p.id.String()
 	dst, err := p.cfg.OrigDst(c)
 	if err != nil {
-		p.fail(lbl, c, start, netip.AddrPort{}, fmt.Errorf("reading the original destination: %w", err))
+		p.fail(c, lbl, netip.AddrPort{}, start, rejection{err: fmt.Errorf("reading the original destination: %w", err)})
 		return
 	}
 	if err := p.checkOutbound(src, dst, nil); err != nil {
-		p.fail(lbl, c, start, dst, err)
+		p.fail(c, lbl, dst, start, rejection{err: err})
 		return
 	}
 	route, err := p.cfg.Store.Route(src, dst, state.RouteOptions{})
 	if err != nil {
-		p.fail(lbl, c, start, dst, err)
+		p.fail(c, lbl, dst, start, rejection{err: err})
 		return
 	}
 	lbl.dst, lbl.svc = route.Workload, route.Service
 	if err := p.checkOutbound(src, dst, &route); err != nil {
-		p.fail(lbl, c, start, dst, err)
+		p.fail(c, lbl, dst, start, rejection{err: err})
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
@@ -51,8 +51,7 @@ func (p *Pod) serveOutbound(c net.Conn) {
 	case state.Passthrough, state.Plain:
 		up, err := p.cfg.Sockets.Dial(ctx, route.Addr, netip.AddrPort{})
 		if err != nil {
-			lbl.flags = "CONNECT"
-			p.fail(lbl, c, start, dst, fmt.Errorf("connecting to %s: %w", route.Addr, err))
+			p.fail(c, lbl, dst, start, rejection{flag: flagConnect, err: fmt.Errorf("connecting to %s: %w", route.Addr, err)})
 			return
 		}
 		cancel()
@@ -70,18 +69,13 @@ func (p *Pod) serveOutbound(c net.Conn) {
 			Header:    p.connectHeaders(src, c.RemoteAddr(), route),
 		})
 		if err != nil {
-			lbl.flags = "CONNECT"
-			var se *hbone.StatusError
-			if errors.As(err, &se) && se.Code == http.StatusUnauthorized {
-				lbl.flags = "DENY"
-			}
-			p.fail(lbl, c, start, dst, fmt.Errorf("opening HBONE to %s via %s: %w", route.Authority, route.Addr, err))
+			p.fail(c, lbl, dst, start, rejection{flag: tunnelFailure(err), err: fmt.Errorf("opening HBONE to %s via %s: %w", route.Authority, route.Addr, err)})
 			return
 		}
 		cancel()
 		p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
 		p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-		sent, recv, err := hbone.Join(st, c)
+		sent, recv, err := relay.Join(c, st, 0)
 		p.done(lbl, start, dst, route, sent, recv, err)
 	}
 }
@@ -90,7 +84,7 @@ func (p *Pod) serveOutbound(c net.Conn) {
 func (p *Pod) relayPlain(lbl *connLabels, a, b net.Conn, start time.Time, dst netip.AddrPort, route state.Route) {
 	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
 	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-	sent, recv, err := splice(a, b)
+	sent, recv, err := relay.Join(a, b, 0)
 	p.done(lbl, start, dst, route, sent, recv, err)
 }
 

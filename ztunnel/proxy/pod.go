@@ -17,16 +17,10 @@ import (
 
 	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/dnsproxy"
 	"github.com/weftmesh/weft/ztunnel/state"
-)
-
-// In-pod ports ztunnel listens on (inside each enrolled pod's netns).
-const (
-	OutboundPort = 15001
-	InboundPort  = 15006
-	HBONEPort    = 15008
 )
 
 // Sockets opens sockets in the pod's network: listeners for the capture
@@ -251,7 +245,7 @@ func (p *Pod) Run(ctx context.Context) error {
 			dns.Close()
 		}
 	}
-	for _, port := range []uint16{OutboundPort, InboundPort, HBONEPort} {
+	for _, port := range []uint16{podnet.OutboundPort, podnet.InboundPlaintextPort, podnet.HBONEPort} {
 		ln, err := p.cfg.Sockets.Listen(ctx, netip.AddrPortFrom(any, port))
 		if err != nil {
 			closeAll()
@@ -276,8 +270,11 @@ func (p *Pod) Run(ctx context.Context) error {
 	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	loops.Add(3)
-	go func() { defer loops.Done(); p.acceptLoop(ctx, OutboundPort, lns[0], &p.out, p.serveOutbound) }()
-	go func() { defer loops.Done(); p.acceptLoop(ctx, InboundPort, lns[1], &p.in, p.servePlaintext) }()
+	go func() { defer loops.Done(); p.acceptLoop(ctx, podnet.OutboundPort, lns[0], &p.out, p.serveOutbound) }()
+	go func() {
+		defer loops.Done()
+		p.acceptLoop(ctx, podnet.InboundPlaintextPort, lns[1], &p.in, p.servePlaintext)
+	}()
 	if dns != nil {
 		// Queries being answered finish (within the upstream timeout)
 		// once the sockets close with ctx.
@@ -285,14 +282,14 @@ func (p *Pod) Run(ctx context.Context) error {
 		go func() {
 			defer loops.Done()
 			if err := dns.Serve(ctx); err != nil {
-				p.listenerDied(DNSPort, err)
+				p.listenerDied(podnet.DNSPort, err)
 			}
 		}()
 	}
 	go func() {
 		defer loops.Done()
 		if err := srv.Serve(serveCtx, &limitListener{Listener: lns[2], p: p, s: &p.in}); err != nil {
-			p.listenerDied(HBONEPort, err)
+			p.listenerDied(podnet.HBONEPort, err)
 		}
 	}()
 
@@ -363,7 +360,7 @@ func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *s
 		}
 		backoff.Reset()
 		if !p.acquire(s) {
-			refuseOverLimit(c)
+			reset(c) // over the cap
 			continue
 		}
 		if !p.take(c) {

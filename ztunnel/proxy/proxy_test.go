@@ -294,7 +294,7 @@ func TestInboundPolicy(t *testing.T) {
 	if *accepted != before {
 		t.Errorf("the app saw %d connections it should never have seen", *accepted-before)
 	}
-	denied := testutil.ToFloat64(m.metrics.failed.WithLabelValues((&connLabels{reporter: "destination", mtls: true, flags: "DENY",
+	denied := testutil.ToFloat64(m.metrics.failed.WithLabelValues((&connLabels{reporter: "destination", mtls: true, flags: flagDenied,
 		src: m.store.WorkloadByIP(netip.MustParseAddr("127.0.0.12")), srcPrincipal: "spiffe://cluster.local/ns/demo/sa/other",
 		dst: m.store.WorkloadByIP(netip.MustParseAddr("127.0.0.21")), dstPrincipal: "spiffe://cluster.local/ns/demo/sa/echo"}).values()...))
 	if denied != 1 {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
@@ -96,7 +97,7 @@ func (s *Store) Route(src *Workload, dst netip.AddrPort, opt RouteOptions) (Rout
 		}
 		return Route{
 			Kind:      Tunnel,
-			Addr:      netip.AddrPortFrom(w.IPs[0], HBONEPort),
+			Addr:      netip.AddrPortFrom(w.IPs[0], apinames.HBONEPort),
 			Authority: target,
 			Peers:     appendUnique(identityPeers(w), svc.SANs...),
 			Workload:  w,
@@ -120,15 +121,12 @@ func (s *Store) Route(src *Workload, dst netip.AddrPort, opt RouteOptions) (Rout
 	}
 	return Route{
 		Kind:      Tunnel,
-		Addr:      netip.AddrPortFrom(dst.Addr(), HBONEPort),
+		Addr:      netip.AddrPortFrom(dst.Addr(), apinames.HBONEPort),
 		Authority: dst,
 		Peers:     identityPeers(w),
 		Workload:  w,
 	}, nil
 }
-
-// HBONEPort is where ztunnels and waypoints terminate HBONE.
-const HBONEPort = 15008
 
 // waypointRouteLocked resolves a waypoint reference to one waypoint pod.
 func (s *Store) waypointRouteLocked(src *Workload, gw *Gateway, opt RouteOptions) (Route, error) {

@@ -1,0 +1,184 @@
+// Package relay copies bytes both ways between two connections, the one
+// bidirectional relay of the mesh: ztunnel's plain and HBONE connections
+// and the waypoint's switched (WebSocket) sessions all go through Join.
+//
+// Each direction copies until its source ends (io.EOF) and then passes the
+// end on as a half-close (CloseWrite) of its destination, so a peer that
+// shuts down its write side keeps receiving, as TCP allows. The relay ends
+// once both directions have ended, or as soon as one fails: an error in
+// either direction aborts both, resetting TCP connections (SO_LINGER 0) as
+// the failing peer would have. With an idle timeout it also ends once
+// neither direction carried a byte for that long; its ends are then closed,
+// not reset.
+//
+// Without an idle timeout the copies take the ends' own fast paths
+// (io.WriterTo and io.ReaderFrom: splice(2) between two TCP connections,
+// an HBONE stream's buffers written straight to the socket), so the relay
+// adds no copy of its own.
+package relay
+
+import (
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// End is one side of a relay: a net.Conn, an HBONE stream or a switched
+// HTTP exchange. The relay also uses, when an End has them, CloseWrite to
+// pass on a half-close, SetWriteDeadline and SetLinger to abort, and Close
+// once the relay is over.
+type End interface {
+	io.Reader
+	io.Writer
+	SetReadDeadline(time.Time) error
+}
+
+type (
+	closeWriter    interface{ CloseWrite() error }
+	writeDeadliner interface{ SetWriteDeadline(time.Time) error }
+	lingerer       interface{ SetLinger(sec int) error }
+)
+
+// ErrIdle is the error of a relay that ended because neither direction
+// carried a byte for its idle timeout.
+var ErrIdle = errors.New("relay: idle timeout")
+
+// Join relays between a and b until both directions have ended, one
+// failed, or, when idle is positive, neither carried a byte for idle. It
+// then closes both ends (those that are io.Closer) and returns the bytes
+// copied from a to b, from b to a, and the error that ended the relay: nil
+// when both directions reached their end, ErrIdle, or the first error of
+// either direction. An end closed from outside (net.ErrClosed) ends the
+// relay without an error.
+//
+// Join copies one direction on the calling goroutine and the other on a
+// goroutine of its own; both have returned when Join returns.
+func Join(a, b End, idle time.Duration) (ab, ba int64, err error) {
+	j := &join{a: a, b: b, idle: idle}
+	j.touch()
+	done := make(chan struct{})
+	go j.forward(b, a, &ab, done)
+	ba = j.copy(a, b)
+	<-done
+	for _, e := range [...]End{a, b} {
+		if c, ok := e.(io.Closer); ok {
+			c.Close()
+		}
+	}
+	return ab, ba, j.err
+}
+
+// join is the state the two directions of a relay share.
+type join struct {
+	a, b    End
+	idle    time.Duration
+	last    atomic.Int64 // unix nanoseconds of the last byte read either way
+	aborted atomic.Bool
+	once    sync.Once
+	err     error // set once, by abort
+}
+
+// forward is the second direction's goroutine.
+func (j *join) forward(dst, src End, n *int64, done chan<- struct{}) {
+	defer close(done)
+	*n = j.copy(dst, src)
+}
+
+// copy copies src to dst and passes src's end on to dst; an error aborts
+// the relay.
+func (j *join) copy(dst, src End) int64 {
+	var r io.Reader = src
+	if j.idle > 0 {
+		r = &idleReader{j: j, src: src}
+	}
+	n, err := copyData(dst, r)
+	if err == nil {
+		if cw, ok := dst.(closeWriter); ok {
+			err = cw.CloseWrite()
+		}
+	}
+	if err != nil {
+		j.abort(err)
+	}
+	return n
+}
+
+// buffers hold the copies of ends that have no fast path.
+var buffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyData is io.Copy, with a pooled buffer when neither end copies by
+// itself, so an idle relay pins no buffer of its own.
+func copyData(dst io.Writer, src io.Reader) (int64, error) {
+	_, wt := src.(io.WriterTo)
+	_, rf := dst.(io.ReaderFrom)
+	if wt || rf {
+		return io.Copy(dst, src)
+	}
+	bp := buffers.Get().(*[]byte)
+	defer buffers.Put(bp)
+	return io.CopyBuffer(dst, src, *bp)
+}
+
+// abort ends both directions once, recording the first error: past
+// deadlines unblock their reads and writes, and a TCP end is set to reset
+// when closed.
+func (j *join) abort(err error) {
+	j.once.Do(func() {
+		if !errors.Is(err, net.ErrClosed) && !errors.Is(err, io.EOF) {
+			j.err = err
+		}
+		j.aborted.Store(true)
+		past := time.Unix(1, 0)
+		for _, e := range [...]End{j.a, j.b} {
+			if l, ok := e.(lingerer); ok && !errors.Is(err, ErrIdle) {
+				l.SetLinger(0)
+			}
+			e.SetReadDeadline(past)
+			if w, ok := e.(writeDeadliner); ok {
+				w.SetWriteDeadline(past)
+			}
+		}
+	})
+}
+
+func (j *join) touch() { j.last.Store(time.Now().UnixNano()) }
+
+// idleReader reads src with a read deadline of the idle timeout, renewed
+// while either direction carries bytes.
+type idleReader struct {
+	j   *join
+	src End
+}
+
+var errAborted = errors.New("relay: aborted")
+
+func (r *idleReader) Read(p []byte) (int, error) {
+	for {
+		if r.j.aborted.Load() {
+			return 0, errAborted
+		}
+		r.src.SetReadDeadline(time.Now().Add(r.j.idle))
+		if r.j.aborted.Load() { // abort may have set its deadline before ours
+			return 0, errAborted
+		}
+		n, err := r.src.Read(p)
+		timedOut := errors.Is(err, os.ErrDeadlineExceeded)
+		switch {
+		case n > 0:
+			r.j.touch()
+			if timedOut {
+				err = nil
+			}
+			return n, err
+		case !timedOut || r.j.aborted.Load():
+			return n, err
+		case time.Since(time.Unix(0, r.j.last.Load())) < r.j.idle:
+			continue // the other direction carried bytes meanwhile
+		}
+		return 0, ErrIdle
+	}
+}

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -78,7 +79,7 @@ func New(cfg Config) (*Proxy, error) {
 		cfg.AccessLog = cfg.Logger
 	}
 	if cfg.UpstreamHBONEPort == 0 {
-		cfg.UpstreamHBONEPort = 15008
+		cfg.UpstreamHBONEPort = apinames.HBONEPort
 	}
 	if cfg.DialTCP == nil {
 		cfg.DialTCP = func(ctx context.Context, a netip.AddrPort) (net.Conn, error) {

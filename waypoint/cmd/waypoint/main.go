@@ -27,6 +27,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -39,6 +40,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/caclient"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/internal/xdsclient"
@@ -123,7 +125,7 @@ func loadConfig(args []string) (Config, error) {
 	c.ClusterID = env("CLUSTER_ID", "Kubernetes")
 	c.TrustDomain = env("TRUST_DOMAIN", "cluster.local")
 	c.InstanceIP, c.PodName = os.Getenv("INSTANCE_IP"), os.Getenv("POD_NAME")
-	c.HBONEAddr = env("HBONE_ADDR", ":15008")
+	c.HBONEAddr = env("HBONE_ADDR", ":"+strconv.Itoa(apinames.HBONEPort))
 	c.MetricsAddr = env("METRICS_ADDR", ":15020")
 	c.ReadinessAddr = env("READINESS_ADDR", ":15021")
 	c.DebugAddr = os.Getenv("DEBUG_ADDR")

@@ -43,6 +43,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"strconv"
 	"strings"
 	"time"
 
@@ -222,7 +223,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 				Replicas: ptr(int32(1)),
 				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}},
 				Template: corev1.PodTemplateSpec{
-					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: maps.Clone(annotations)},
+					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: podAnnotations(annotations)},
 					Spec: corev1.PodSpec{
 						ServiceAccountName:            name,
 						TerminationGracePeriodSeconds: ptr(int64(5)),
@@ -378,3 +379,16 @@ func patch[T any](obj *T, patchYAML string, schema *T, key, where string) error 
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// podAnnotations are the waypoint pods' annotations: the infrastructure's,
+// and Prometheus's scrape annotations where those do not set their own, as
+// Istio's waypoints carry them (and on the same port and path).
+func podAnnotations(infra map[string]string) map[string]string {
+	a := map[string]string{
+		"prometheus.io/scrape": "true",
+		"prometheus.io/port":   strconv.Itoa(PortMetrics),
+		"prometheus.io/path":   apinames.MetricsPath,
+	}
+	maps.Copy(a, infra)
+	return a
+}

@@ -24,6 +24,9 @@ const (
 	HBONEPort = 15008
 	// ProtocolHBONE is the protocol of a waypoint's listener.
 	ProtocolHBONE = "HBONE"
+	// MetricsPath is where ztunnel and waypoints serve Prometheus metrics
+	// (on 15020), Envoy's path, which Istio's scrape annotations name.
+	MetricsPath = "/stats/prometheus"
 )
 
 // Values of the label istio.io/dataplane-mode.

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -203,6 +204,7 @@ func checkWorkloads(t *testing.T, o *objects) {
 		if got := w.pod.Labels["istio.io/dataplane-mode"]; got != "none" {
 			t.Errorf("%s: pods labelled istio.io/dataplane-mode=%q; the mesh's own pods must never be enrolled (none)", w, got)
 		}
+		checkScrape(t, w)
 		sa := w.pod.Spec.ServiceAccountName
 		if !slices.ContainsFunc(o.serviceAccounts, func(s *corev1.ServiceAccount) bool { return s.Name == sa && s.Namespace == namespace }) {
 			t.Errorf("%s runs as service account %q, which the chart does not create", w, sa)
@@ -509,4 +511,30 @@ func ports(s *corev1.Service) string {
 		out = append(out, fmt.Sprintf("%s %d→%s", p.Name, p.Port, p.TargetPort.String()))
 	}
 	return strings.Join(out, ", ")
+}
+
+// checkScrape checks that a long-running workload's pods ask Prometheus to
+// scrape them (the annotations Istio's charts and dashboards use) on a
+// port a container declares.
+func checkScrape(t *testing.T, w workload) {
+	t.Helper()
+	if w.kind == "Job" {
+		return
+	}
+	a := w.pod.Annotations
+	if a["prometheus.io/scrape"] != "true" {
+		t.Errorf("%s: pods not annotated prometheus.io/scrape: \"true\"", w)
+		return
+	}
+	port, err := strconv.Atoi(a["prometheus.io/port"])
+	if err != nil {
+		t.Errorf("%s: prometheus.io/port %q is not a port", w, a["prometheus.io/port"])
+		return
+	}
+	for _, c := range w.pod.Spec.Containers {
+		if slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return int(p.ContainerPort) == port }) {
+			return
+		}
+	}
+	t.Errorf("%s: prometheus.io/port %d is no container's port", w, port)
 }

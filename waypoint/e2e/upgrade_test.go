@@ -21,7 +21,12 @@ func (m *mesh) waypointMetrics(ctx context.Context, t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	text, err := m.c.HTTPGet(ctx, appNS, pods[0].Name, "http://127.0.0.1:15020/metrics")
+	// Where the pod's scrape annotations say, as Prometheus would.
+	a := pods[0].Annotations
+	if a["prometheus.io/scrape"] != "true" {
+		t.Fatalf("waypoint pod annotations %v: not prometheus.io/scrape", a)
+	}
+	text, err := m.c.HTTPGet(ctx, appNS, pods[0].Name, "http://127.0.0.1:"+a["prometheus.io/port"]+a["prometheus.io/path"])
 	if err != nil {
 		t.Fatal(err)
 	}

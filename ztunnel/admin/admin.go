@@ -18,6 +18,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // Config configures the servers. Empty addresses disable a server.
@@ -74,7 +76,7 @@ func (s *Servers) handlers() map[string]http.Handler {
 	metrics := http.NewServeMux()
 	mh := promhttp.HandlerFor(s.cfg.Gatherer, promhttp.HandlerOpts{})
 	metrics.Handle("GET /metrics", mh)
-	metrics.Handle("GET /stats/prometheus", mh)
+	metrics.Handle("GET "+apinames.MetricsPath, mh)
 
 	ready := http.NewServeMux()
 	ready.HandleFunc("GET /healthz/ready", func(w http.ResponseWriter, r *http.Request) {

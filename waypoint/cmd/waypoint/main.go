@@ -264,7 +264,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	g.Go(func() error { return p.Serve(ctx, ln) })
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	mux.Handle("/metrics", metrics)
+	mux.Handle(apinames.MetricsPath, metrics) // what the pods' scrape annotations name
 	ready := http.NewServeMux()
 	ready.HandleFunc("/healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
 		var missing []string

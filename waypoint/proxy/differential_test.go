@@ -111,11 +111,12 @@ func sendRaw(c net.Conn, in []byte, wait bool) []byte {
 // hopHeader reports the fields a proxy may drop, add or rewrite: those of
 // the hop (RFC 9110 section 7.6.1, and the ones Connection names), the
 // framing, which the waypoint writes anew, the trace context it continues,
+// the request id it adds when missing (TestRequestID checks it is kept),
 // and the internal headers it strips.
 func hopHeader(k string, connection []string) bool {
 	switch k {
 	case "Connection", "Proxy-Connection", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade", "Proxy-Authenticate",
-		"Proxy-Authorization", "Content-Length", "Trailer", "Traceparent", "X-Forwarded-Client-Cert":
+		"Proxy-Authorization", "Content-Length", "Trailer", "Traceparent", "X-Request-Id", "X-Forwarded-Client-Cert":
 		return true
 	}
 	if strings.HasPrefix(k, "X-Envoy-") {

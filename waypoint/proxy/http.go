@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/rbac"
 	"github.com/weftmesh/weft/waypoint/route"
@@ -171,6 +173,10 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	}
 	tp := traceparent(r.Header.Get("Traceparent"))
 	r.Header["Traceparent"] = []string{tp}
+	if r.Header.Get("X-Request-Id") == "" {
+		// As Envoy: a request without one gets one, and keeps it upstream.
+		r.Header.Set("X-Request-Id", uuid.NewString())
+	}
 	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 	s.route(cw, r, h2, info)
 	info.status = cw.status
@@ -634,7 +640,9 @@ func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request,
 
 // traceparent keeps the trace id and flags of a valid incoming W3C
 // traceparent (version 00: 00-<32 hex trace id>-<16 hex span id>-<2 hex
-// flags>) with a new span id, or starts a new trace.
+// flags>) with a new span id, or starts a new trace, never sampled: the
+// waypoint reports no spans, so whether a trace is recorded is the
+// caller's decision.
 func traceparent(in string) string {
 	var r [24]byte
 	rand.Read(r[:])
@@ -649,7 +657,7 @@ func traceparent(in string) string {
 		copy(b[53:], in[53:])
 	} else {
 		hex.Encode(b[3:35], r[:16])
-		copy(b[53:], "01")
+		copy(b[53:], "00")
 	}
 	return string(b[:])
 }

@@ -147,7 +147,7 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 		"dst_addr", s.target.String(), "dst_service", l.host, "dst_workload", k.dstWL, "dst_namespace", k.dstNS, "dst_identity", k.dstPrin,
 		"method", r.Method, "path", r.URL.RequestURI(), "protocol", r.Proto, "status", info.status, "route", info.route,
 		"cluster", info.cluster, "upstream", upstreamString(info), "response_flags", k.flags,
-		"bytes_recv", reqBytes, "bytes_sent", info.rspBytes, "duration_ms", d.Milliseconds(), "traceparent", tp}
+		"bytes_recv", reqBytes, "bytes_sent", info.rspBytes, "duration_ms", d.Milliseconds(), "traceparent", tp, "request_id", r.Header.Get("X-Request-Id")}
 	if info.audit {
 		attrs = append(attrs, "audit", true, "audit_policy", info.auditPolicy)
 	}

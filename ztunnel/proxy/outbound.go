@@ -126,9 +126,10 @@ func baggage(w *state.Workload, cluster string) []hbone.Member {
 	return ms
 }
 
-// newTraceparent makes a sampled W3C trace context for one connection.
+// newTraceparent makes a W3C trace context for one connection, not
+// sampled: ztunnel reports no spans.
 func newTraceparent() string {
 	var b [24]byte
 	rand.Read(b[:])
-	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-01"
+	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-00"
 }

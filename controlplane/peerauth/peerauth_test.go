@@ -69,7 +69,7 @@ func TestConvert(t *testing.T) {
 		name     string
 		policies string
 		keys     []string
-		want     string // the converted policy, YAML
+		want     string // the rules of the converted policy, YAML
 	}{
 		{name: "none"},
 		{
@@ -117,12 +117,7 @@ func TestConvert(t *testing.T) {
 			policies: `metadata: {name: strict-and-permissive-mtls}
 spec: {selector: {matchLabels: {app: a}}, mtls: {mode: STRICT}, portLevelMtls: {9090: {mode: PERMISSIVE}}}`,
 			keys: []string{"foo/converted_peer_authentication_strict-and-permissive-mtls"},
-			want: `name: converted_peer_authentication_strict-and-permissive-mtls
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}]}]
   - matches: [{notDestinationPorts: [9090]}]`,
 		},
@@ -131,12 +126,7 @@ rules:
 			policies: `metadata: {name: strict-and-disable-mtls}
 spec: {selector: {matchLabels: {app: a}}, mtls: {mode: STRICT}, portLevelMtls: {9090: {mode: DISABLE}}}`,
 			keys: []string{"foo/converted_peer_authentication_strict-and-disable-mtls"},
-			want: `name: converted_peer_authentication_strict-and-disable-mtls
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}]}]
   - matches: [{notDestinationPorts: [9090]}]`,
 		},
@@ -151,12 +141,7 @@ spec: {selector: {matchLabels: {app: a}}, mtls: {mode: STRICT}, portLevelMtls: {
 			policies: `metadata: {name: disable-mtls}
 spec: {selector: {matchLabels: {app: a}}, mtls: {mode: DISABLE}, portLevelMtls: {9090: {mode: STRICT}}}`,
 			keys: []string{"foo/converted_peer_authentication_disable-mtls"},
-			want: `name: converted_peer_authentication_disable-mtls
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [9090]}]`,
 		},
 		{
@@ -164,12 +149,7 @@ rules:
 			policies: `metadata: {name: w}
 spec: {selector: {matchLabels: {app: a}}, mtls: {mode: PERMISSIVE}, portLevelMtls: {8080: {mode: STRICT}, 9090: {mode: PERMISSIVE}}}`,
 			keys: []string{"foo/converted_peer_authentication_w"},
-			want: `name: converted_peer_authentication_w
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [8080]}]`,
 		},
 		{
@@ -177,12 +157,7 @@ rules:
 			policies: `metadata: {name: strict-mtls}
 spec: {selector: {matchLabels: {app: a}}, mtls: {mode: UNSET}, portLevelMtls: {8080: {mode: STRICT}}}`,
 			keys: []string{"foo/converted_peer_authentication_strict-mtls"},
-			want: `name: converted_peer_authentication_strict-mtls
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [8080]}]`,
 		},
 		{
@@ -196,12 +171,7 @@ spec: {mtls: {mode: PERMISSIVE}}
 metadata: {name: workload}
 spec: {selector: {matchLabels: {app: a}}, portLevelMtls: {9090: {mode: STRICT}, 8080: {mode: STRICT}}}`,
 			keys: []string{"foo/converted_peer_authentication_workload"},
-			want: `name: converted_peer_authentication_workload
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [8080]}]
 - clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [9090]}]`,
@@ -217,12 +187,7 @@ spec: {mtls: {mode: UNSET}}
 metadata: {name: workload}
 spec: {selector: {matchLabels: {app: a}}, portLevelMtls: {9090: {mode: STRICT}, 8080: {mode: PERMISSIVE}}}`,
 			keys: []string{"foo/converted_peer_authentication_workload"},
-			want: `name: converted_peer_authentication_workload
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [9090]}]`,
 		},
 		{
@@ -233,12 +198,7 @@ spec: {mtls: {mode: STRICT}}
 metadata: {name: workload}
 spec: {selector: {matchLabels: {app: a}}, portLevelMtls: {9090: {mode: PERMISSIVE}, 8080: {mode: PERMISSIVE}}}`,
 			keys: []string{"foo/converted_peer_authentication_workload"},
-			want: `name: converted_peer_authentication_workload
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notDestinationPorts: [8080]}]
   - matches: [{notDestinationPorts: [9090]}]
   - matches: [{notPrincipals: [{presence: {}}]}]`,
@@ -254,12 +214,7 @@ spec: {mtls: {}}
 metadata: {name: workload}
 spec: {selector: {matchLabels: {app: a}}, portLevelMtls: {9090: {mode: DISABLE}}}`,
 			keys: []string{"foo/converted_peer_authentication_workload"},
-			want: `name: converted_peer_authentication_workload
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notDestinationPorts: [9090]}]
   - matches: [{notPrincipals: [{presence: {}}]}]`,
 		},
@@ -271,12 +226,7 @@ spec: {mtls: {mode: STRICT}}
 metadata: {name: workload}
 spec: {selector: {matchLabels: {app: a}}, mtls: {mode: PERMISSIVE}, portLevelMtls: {8080: {mode: STRICT}}}`,
 			keys: []string{"foo/converted_peer_authentication_workload"},
-			want: `name: converted_peer_authentication_workload
-namespace: foo
-scope: WORKLOAD_SELECTOR
-action: DENY
-rules:
-- clauses:
+			want: `- clauses:
   - matches: [{notPrincipals: [{presence: {}}], destinationPorts: [8080]}]`,
 		},
 		{
@@ -360,7 +310,12 @@ spec: {selector: {matchLabels: {app: a}}, mtls: {mode: STRICT}}`,
 			if e.Workload != nil {
 				got = Convert(root, e.Workload, e.ParentStrict())
 			}
-			if diff := cmp.Diff(authz(t, tc.want), got, protocmp.Transform()); diff != "" {
+			var want *securitypb.Authorization
+			if tc.want != "" {
+				name := strings.TrimPrefix(tc.keys[0], "foo/")
+				want = authz(t, "name: "+name+"\nnamespace: foo\nscope: WORKLOAD_SELECTOR\naction: DENY\nrules:\n"+tc.want)
+			}
+			if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {
 				t.Errorf("converted policy (-want +got):\n%s", diff)
 			}
 		})

@@ -40,13 +40,17 @@ spec:
 	if err := c.Apply(ctx, strict); err != nil {
 		t.Fatal(err)
 	}
-	waitRefused(t, c, plainNS, plain.Name, httpTarget)
-	waitRefused(t, c, plainNS, plain.Name, tcpTarget)
-	for _, target := range []string{httpTarget, tcpTarget} {
-		if _, err := c.Request(ctx, ns, client.Name, target, 3); err != nil {
-			t.Errorf("STRICT refused the mesh client: %v", err)
+	meshGetsIn := func(when string) {
+		t.Helper()
+		for _, target := range []string{httpTarget, tcpTarget} {
+			if _, err := c.Request(ctx, ns, client.Name, target, 3); err != nil {
+				t.Errorf("%s, the mesh client was refused: %v", when, err)
+			}
 		}
 	}
+	waitRefused(t, c, plainNS, plain.Name, httpTarget)
+	waitRefused(t, c, plainNS, plain.Name, tcpTarget)
+	meshGetsIn("STRICT")
 
 	// A port exception for the echo workload: plaintext to 9090 only.
 	exception := fmt.Sprintf(`apiVersion: security.istio.io/v1
@@ -67,11 +71,7 @@ spec:
 	if _, err := c.Request(ctx, plainNS, plain.Name, httpTarget, 3); err == nil {
 		t.Error("the port exception let plaintext in on another port")
 	}
-	for _, target := range []string{httpTarget, tcpTarget} {
-		if _, err := c.Request(ctx, ns, client.Name, target, 3); err != nil {
-			t.Errorf("with the port exception, the mesh client was refused: %v", err)
-		}
-	}
+	meshGetsIn("with the port exception")
 
 	if err := c.Delete(ctx, strict+"---\n"+exception); err != nil {
 		t.Fatal(err)

@@ -91,7 +91,8 @@ type Config struct {
 	ClusterDomain string
 	// Network of every workload. Default "".
 	Network string
-	// RootNamespace holds mesh-wide AuthorizationPolicies. Default Namespace.
+	// RootNamespace holds mesh-wide AuthorizationPolicies and
+	// PeerAuthentications. Default Namespace.
 	RootNamespace string
 	// PathNormalization is how waypoints normalize request paths before
 	// policy and routing (Istio's meshConfig.pathNormalization): NONE,
@@ -393,6 +394,7 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 		EndpointSlices: s.kube.Discovery().V1().EndpointSlices().Informer(),
 		Namespaces:     s.kube.Core().V1().Namespaces().Informer(),
 		Policies:       s.istio.Security().V1().AuthorizationPolicies().Informer(),
+		PeerAuths:      s.istio.Security().V1().PeerAuthentications().Informer(),
 	}
 	if err := ca.AddPodIndexers(s.ambient.Pods); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -337,6 +338,42 @@ func TestWorkloadDiscovery(t *testing.T) {
 	wait("pod unlisted", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
 		return len(workload(m).GetAuthorizationPolicies()) == 0
 	})
+
+	// A STRICT namespace PeerAuthentication: the static STRICT policy is
+	// sent before the workload that names it, and goes after it.
+	static := rel + "/istio_converted_static_strict" // the root namespace
+	before = len(client.Responses())
+	pa := &securityv1.PeerAuthentication{ObjectMeta: metav1.ObjectMeta{Name: "default", Namespace: app}}
+	pa.Spec.Mtls = &securityv1beta1.PeerAuthentication_MutualTLS{Mode: securityv1beta1.PeerAuthentication_MutualTLS_STRICT}
+	if _, err := istio.SecurityV1().PeerAuthentications(app).Create(ctx, pa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("pod lists the static STRICT policy", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+		p := workload(m).GetAuthorizationPolicies()
+		return len(p) == 1 && p[0] == static
+	})
+	if a := xdstest.Authorization(client.Resources(securitypb.AuthorizationTypeURL)[static]); a.GetAction() != securitypb.Action_DENY {
+		t.Errorf("static STRICT policy = %v", a)
+	}
+	policyAt, workloadAt := -1, -1
+	for i, r := range client.Responses()[before:] {
+		if r.TypeURL == securitypb.AuthorizationTypeURL && policyAt < 0 && slices.Contains(r.Upserts, static) {
+			policyAt = i
+		}
+		if r.TypeURL == workloadpb.AddressTypeURL && workloadAt < 0 && slices.Contains(r.Upserts, uid) {
+			workloadAt = i
+		}
+	}
+	if policyAt < 0 || policyAt > workloadAt {
+		t.Errorf("static STRICT policy sent in response %d, the workload naming it in %d", policyAt, workloadAt)
+	}
+	if err := istio.SecurityV1().PeerAuthentications(app).Delete(ctx, "default", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	wait("static STRICT policy removed", securitypb.AuthorizationTypeURL, func(m map[string]*anypb.Any) bool { return m[static] == nil })
+	if p := xdstest.Workload(client.Resources(workloadpb.AddressTypeURL)[uid]).GetAuthorizationPolicies(); len(p) != 0 {
+		t.Errorf("after the PeerAuthentication is deleted the pod lists %v", p)
+	}
 
 	// Deletions.
 	if err := c.Kube.CoreV1().Services(app).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {

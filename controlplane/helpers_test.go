@@ -22,9 +22,10 @@ import (
 )
 
 // api is the package's API server, with the chart's CRDs for
-// AuthorizationPolicies, GatewayClasses and Gateways.
+// AuthorizationPolicies, PeerAuthentications, GatewayClasses and Gateways.
 var api = apitest.NewShared(
 	chartCRD("authorizationpolicies.security.istio.io.yaml"),
+	chartCRD("peerauthentications.security.istio.io.yaml"),
 	chartCRD("gateway.networking.k8s.io_gatewayclasses.yaml"),
 	chartCRD("gateway.networking.k8s.io_gateways.yaml"))
 

@@ -131,8 +131,8 @@ func TestChart(t *testing.T) {
 			t.Errorf("%s: reinvocationPolicy %v; defaulting is idempotent, IfNeeded keeps it applied", w.Name, w.ReinvocationPolicy)
 		}
 	}
-	if len(hooks) != 7 {
-		t.Errorf("%d webhooks, want 7", len(hooks))
+	if len(hooks) != 8 {
+		t.Errorf("%d webhooks, want 8", len(hooks))
 	}
 	for _, h := range hooks {
 		if h.policy == nil || *h.policy != admissionregistrationv1.Ignore {

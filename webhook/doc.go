@@ -1,7 +1,7 @@
 // Package webhook is Weft's admission webhook server: the HTTPS endpoint the
 // API server calls with admission.k8s.io/v1 AdmissionReviews for waypoint
 // Gateways, ambient labels on Namespaces, Services, Pods and pod templates,
-// Service-parented routes and AuthorizationPolicies.
+// Service-parented routes, AuthorizationPolicies and PeerAuthentications.
 //
 // # Endpoints
 //

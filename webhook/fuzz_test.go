@@ -87,6 +87,7 @@ var fuzzKinds = []metav1.GroupVersionKind{
 	{Group: "apps", Version: "v1", Kind: "ReplicaSet"},
 	{Group: "batch", Version: "v1", Kind: "CronJob"},
 	{Group: "security.istio.io", Version: "v1", Kind: "AuthorizationPolicy"},
+	{Group: "security.istio.io", Version: "v1", Kind: "PeerAuthentication"},
 	{Version: "v1", Kind: "ConfigMap"},
 }
 

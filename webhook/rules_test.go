@@ -44,13 +44,14 @@ type ruleCase struct {
 var resources = map[string]string{
 	"Gateway": "gateways", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "Namespace": "namespaces",
 	"Service": "services", "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "CronJob": "cronjobs",
-	"AuthorizationPolicy": "authorizationpolicies", "ConfigMap": "configmaps",
+	"AuthorizationPolicy": "authorizationpolicies", "PeerAuthentication": "peerauthentications", "ConfigMap": "configmaps",
 }
 
 const (
 	gatewayKind = "gateway.networking.k8s.io/v1/Gateway"
 	routeKind   = "gateway.networking.k8s.io/v1/HTTPRoute"
 	authzKind   = "security.istio.io/v1/AuthorizationPolicy"
+	peerKind    = "security.istio.io/v1/PeerAuthentication"
 )
 
 // review builds the AdmissionReview the API server would send.
@@ -428,6 +429,54 @@ spec:
 	{name: "authz-undecodable-action", kind: authzKind, ns: "shop", object: `
 metadata: {name: bad}
 spec: {action: PERMIT}`},
+
+	// PeerAuthentications.
+	{name: "peerauth-namespace-strict", kind: peerKind, ns: "shop", object: `
+metadata: {name: default}
+spec: {mtls: {mode: STRICT}}`},
+	{name: "peerauth-workload-ports", kind: "security.istio.io/v1beta1/PeerAuthentication", ns: "shop", object: `
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  mtls: {mode: STRICT}
+  portLevelMtls: {"8080": {mode: PERMISSIVE}, "9090": {}}`},
+	{name: "peerauth-ports-without-selector", kind: peerKind, ns: "shop", object: `
+metadata: {name: default}
+spec:
+  selector: {}
+  mtls: {mode: STRICT}
+  portLevelMtls: {"8080": {mode: PERMISSIVE}}`},
+	{name: "peerauth-ports-invalid", kind: peerKind, ns: "shop", object: `
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  portLevelMtls: {"0": {mode: STRICT}, "70000": {mode: STRICT}, "8080": {mode: 9}}`},
+	{name: "peerauth-ports-empty", kind: peerKind, ns: "shop", object: `
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  portLevelMtls: {}`},
+	{name: "peerauth-selector-invalid", kind: peerKind, ns: "shop", object: `
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {"": web, "app": "web-*"}}
+  mtls: {mode: STRICT}`},
+	{name: "peerauth-unknown-fields", kind: peerKind, ns: "shop", object: `
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}, matchExpressions: []}
+  mtls: {mode: STRICT, minProtocolVersion: TLSV1_3}
+  portLevelMtls: {"8080": {mode: PERMISSIVE, ciphers: [x]}}
+  action: DENY`},
+	{name: "peerauth-mode-undecodable", kind: peerKind, ns: "shop", object: `
+metadata: {name: default}
+spec: {mtls: {mode: REQUIRED}}`},
+	{name: "peerauth-disable", kind: peerKind, ns: "shop", object: `
+metadata: {name: default}
+spec: {mtls: {mode: DISABLE}}`},
+	{name: "peerauth-selector-in-root", kind: peerKind, ns: "weft-system", object: `
+metadata: {name: web}
+spec: {selector: {matchLabels: {app: web}}, mtls: {mode: STRICT}}`},
 
 	// Requests no rule is about.
 	{name: "delete-not-applicable", kind: "v1/Namespace", op: admissionv1.Delete, old: `

@@ -49,7 +49,9 @@ type EventRecorder interface {
 // optional (nil when the Gateway API CRDs are not installed).
 type Informers struct {
 	Pods, Services, EndpointSlices, Namespaces, Policies cache.SharedIndexInformer
-	Gateways                                             cache.SharedIndexInformer
+	// PeerAuths watches security.istio.io PeerAuthentications.
+	PeerAuths cache.SharedIndexInformer
+	Gateways  cache.SharedIndexInformer
 }
 
 func (inf Informers) stores() Stores {
@@ -59,6 +61,7 @@ func (inf Informers) stores() Stores {
 		EndpointSlices: inf.EndpointSlices.GetIndexer(),
 		Namespaces:     inf.Namespaces.GetIndexer(),
 		Policies:       inf.Policies.GetIndexer(),
+		PeerAuths:      inf.PeerAuths.GetIndexer(),
 	}
 	if inf.Gateways != nil {
 		s.Gateways = inf.Gateways.GetIndexer()
@@ -160,7 +163,7 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher, status St
 	if err != nil {
 		return nil, fmt.Errorf("creating workload controller: %w", err)
 	}
-	if inf.Pods == nil || inf.Services == nil || inf.EndpointSlices == nil || inf.Namespaces == nil || inf.Policies == nil {
+	if inf.Pods == nil || inf.Services == nil || inf.EndpointSlices == nil || inf.Namespaces == nil || inf.Policies == nil || inf.PeerAuths == nil {
 		return nil, errors.New("creating workload controller: an informer is missing")
 	}
 	if pub == nil {
@@ -221,7 +224,8 @@ func (c *Controller) Run(ctx context.Context) error {
 		inf  cache.SharedIndexInformer
 	}{
 		{kindPod, c.inf.Pods}, {kindService, c.inf.Services}, {kindEndpointSlice, c.inf.EndpointSlices},
-		{kindNamespace, c.inf.Namespaces}, {kindPolicy, c.inf.Policies}, {kindGateway, c.inf.Gateways},
+		{kindNamespace, c.inf.Namespaces}, {kindPolicy, c.inf.Policies}, {kindPeerAuth, c.inf.PeerAuths},
+		{kindGateway, c.inf.Gateways},
 	}
 	var synced []cache.InformerSynced
 	for _, w := range watch {
@@ -313,14 +317,23 @@ func accessor(obj any) interface{ GetResourceVersion() string } {
 
 func (c *Controller) publish(u *Update, since time.Time) {
 	if !u.empty() {
+		// New policies go out before the workloads that name them, and
+		// removed ones after the workloads that stopped naming them:
+		// ztunnel denies every connection to a workload naming a policy
+		// it has not received.
+		if len(u.Authz) > 0 {
+			if err := c.pub.Publish(securitypb.AuthorizationTypeURL, u.Authz, nil, since); err != nil {
+				c.log.Error("publishing authorization resources failed", "error", err)
+			}
+		}
 		if len(u.Addresses)+len(u.AddressRemoved) > 0 {
 			if err := c.pub.Publish(workloadpb.AddressTypeURL, u.Addresses, u.AddressRemoved, since); err != nil {
 				c.log.Error("publishing workload resources failed", "error", err)
 			}
 		}
-		if len(u.Authz)+len(u.AuthzRemoved) > 0 {
-			if err := c.pub.Publish(securitypb.AuthorizationTypeURL, u.Authz, u.AuthzRemoved, since); err != nil {
-				c.log.Error("publishing authorization resources failed", "error", err)
+		if len(u.AuthzRemoved) > 0 {
+			if err := c.pub.Publish(securitypb.AuthorizationTypeURL, nil, u.AuthzRemoved, since); err != nil {
+				c.log.Error("removing authorization resources failed", "error", err)
 			}
 		}
 		if c.log.Enabled(context.Background(), slog.LevelDebug) {

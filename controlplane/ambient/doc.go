@@ -1,8 +1,8 @@
 // Package ambient builds the workload discovery state that ztunnel and
 // waypoints receive over delta xDS: one istio.workload.Address per pod
-// (a Workload) and per Service (a Service), and one istio.security.Authorization
-// per AuthorizationPolicy, from the Kubernetes objects the control plane
-// watches.
+// (a Workload) and per Service (a Service), and the istio.security.Authorization
+// resources of AuthorizationPolicies and PeerAuthentications, from the
+// Kubernetes objects the control plane watches.
 //
 // # Resources
 //
@@ -14,7 +14,10 @@
 // EndpointSlices that list it, with each service port's target port resolved
 // as the slice resolved it; its authorization_policies are the
 // workload-selector policies of its namespace and of the root namespace whose
-// selector matches its labels.
+// selector matches its labels, then the one its effective PeerAuthentication
+// mode names (package peerauth): the static STRICT policy, published while
+// any PeerAuthentication exists, or the converted form of its workload
+// PeerAuthentication.
 //
 // A Service (other than ExternalName) is a Service named
 // "<namespace>/<hostname>", with its cluster IPs as addresses and its ports

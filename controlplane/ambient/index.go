@@ -28,6 +28,7 @@ const (
 	kindNamespace     = "Namespace"
 	kindGateway       = "Gateway"
 	kindPolicy        = "AuthorizationPolicy"
+	kindPeerAuth      = "PeerAuthentication"
 	// kindSliceWorkloads marks an EndpointSlice whose endpoints that are not
 	// pods must be rebuilt (its own change, or its Service's).
 	kindSliceWorkloads = "EndpointSliceWorkloads"
@@ -40,6 +41,8 @@ const IndexServiceName = "weft-service-name"
 // the Gateway API is not installed (then there are no waypoints).
 type Stores struct {
 	Pods, Services, EndpointSlices, Namespaces, Gateways, Policies cache.Indexer
+	// PeerAuths holds the PeerAuthentications.
+	PeerAuths cache.Indexer
 }
 
 // Update is the outcome of one batch: the resources to publish and remove,
@@ -120,6 +123,12 @@ type index struct {
 	boundTo  map[string]map[objRef]struct{}
 	// denied is the message of each binding refused for want of consent.
 	denied map[objRef]string
+	// peerAuths is the PeerAuthentications as last processed, by
+	// namespace and then key. Workloads' keys and converted policies are
+	// both computed from it, so a workload never names a policy that is
+	// not in authz.
+	peerAuths     map[string]map[string]*securityv1.PeerAuthentication
+	peerAuthCount int
 }
 
 func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
@@ -130,6 +139,7 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		addresses:      map[string]*workloadpb.Address{},
 		authz:          map[string]*securitypb.Authorization{},
 		policies:       map[string]*policyEntry{},
+		peerAuths:      map[string]map[string]*securityv1.PeerAuthentication{},
 		waypoints:      map[string]*Waypoint{},
 		sliceTargets:   map[string][]string{},
 		podSlices:      map[string]map[string]struct{}{},
@@ -154,6 +164,7 @@ func (ix *index) all() batch {
 	add(kindNamespace, ix.stores.Namespaces)
 	add(kindGateway, ix.stores.Gateways)
 	add(kindPolicy, ix.stores.Policies)
+	add(kindPeerAuth, ix.stores.PeerAuths)
 	add(kindEndpointSlice, ix.stores.EndpointSlices)
 	add(kindService, ix.stores.Services)
 	add(kindPod, ix.stores.Pods)
@@ -172,6 +183,9 @@ func (ix *index) process(b batch) *Update {
 	}
 	for _, key := range sortedKeys(b[kindPolicy]) {
 		ix.policyChanged(key, b, u)
+	}
+	for _, key := range sortedKeys(b[kindPeerAuth]) {
+		ix.peerAuthChanged(key, b, u)
 	}
 	for key := range b[kindEndpointSlice] {
 		ix.sliceChanged(key, b)
@@ -276,16 +290,7 @@ func (ix *index) policyChanged(key string, b batch, u *Update) {
 			}
 		}
 	}
-	// Publish or remove the resource.
-	if res.Authorization != nil {
-		if prev := ix.authz[key]; prev == nil || !proto.Equal(prev, res.Authorization) {
-			ix.authz[key] = res.Authorization
-			u.Authz[key] = res.Authorization
-		}
-	} else if _, ok := ix.authz[key]; ok {
-		delete(ix.authz, key)
-		u.AuthzRemoved = append(u.AuthzRemoved, key)
-	}
+	ix.publishAuthz(key, res.Authorization, u)
 	// Status: only when it changed (or the policy is new to this process).
 	if p != nil && (old == nil || !condEqual(old.cond, res.Condition)) {
 		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation, Condition: res.Condition})
@@ -312,6 +317,24 @@ func (ix *index) policyChanged(key string, b batch, u *Update) {
 	}
 	for _, pod := range ix.byNamespace(ix.stores.Pods, ns) {
 		b.add(kindPod, keyOf(pod))
+	}
+}
+
+// publishAuthz records the Authorization named key (nil: none) and adds
+// it to u if it differs from what was published.
+func (ix *index) publishAuthz(key string, a *securitypb.Authorization, u *Update) {
+	if a == nil {
+		if _, ok := ix.authz[key]; ok {
+			delete(ix.authz, key)
+			delete(u.Authz, key)
+			u.AuthzRemoved = append(u.AuthzRemoved, key)
+		}
+		return
+	}
+	if prev := ix.authz[key]; prev == nil || !proto.Equal(prev, a) {
+		ix.authz[key] = a
+		u.Authz[key] = a
+		u.AuthzRemoved = slices.DeleteFunc(u.AuthzRemoved, func(k string) bool { return k == key })
 	}
 }
 
@@ -458,7 +481,7 @@ func (ix *index) podChanged(key string, u *Update) {
 		in.Waypoint = ix.waypoints[in.Binding.Key]
 		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[label.IoK8sNetworkingGatewayGatewayName.Name]] != nil
 		in.Services = ix.podServices(key)
-		in.Policies = ix.podPolicies(pod)
+		in.Policies = append(ix.podPolicies(pod), ix.podPeerAuthKeys(pod)...)
 		var refused *Refusal
 		res, refused = ix.cfg.Workload(in)
 		ix.refused(ref, pod, refused, u)

@@ -38,7 +38,7 @@ func newWorld(t *testing.T) *world {
 	s := Stores{
 		Pods: newStore(nil), Services: newStore(nil), Namespaces: newStore(nil),
 		EndpointSlices: newStore(cache.Indexers{IndexServiceName: SliceServiceIndex}),
-		Gateways:       newStore(nil), Policies: newStore(nil),
+		Gateways:       newStore(nil), Policies: newStore(nil), PeerAuths: newStore(nil),
 	}
 	return &world{t: t, stores: s, ix: newIndex(testCfg, s, slog.New(slog.DiscardHandler))}
 }
@@ -57,6 +57,8 @@ func (w *world) store(kind string) cache.Indexer {
 		return w.stores.Gateways
 	case kindPolicy:
 		return w.stores.Policies
+	case kindPeerAuth:
+		return w.stores.PeerAuths
 	}
 	panic(kind)
 }

@@ -70,7 +70,10 @@ func doInstall(c *cluster.Cluster) (*installed, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	repo := filepath.Join("..", "..")
-	crds := []string{filepath.Join(repo, "charts", "weft", "crds", "authorizationpolicies.security.istio.io.yaml")}
+	crds := []string{
+		filepath.Join(repo, "charts", "weft", "crds", "authorizationpolicies.security.istio.io.yaml"),
+		filepath.Join(repo, "charts", "weft", "crds", "peerauthentications.security.istio.io.yaml"),
+	}
 	gwDir, err := apitest.ModuleDir("sigs.k8s.io/gateway-api")
 	if err != nil {
 		return nil, err

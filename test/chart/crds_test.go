@@ -100,6 +100,7 @@ func TestCRDs(t *testing.T) {
 		"httproutes.gateway.networking.k8s.io":     "v1",
 		"grpcroutes.gateway.networking.k8s.io":     "v1",
 		"authorizationpolicies.security.istio.io":  "v1",
+		"peerauthentications.security.istio.io":    "v1",
 	} {
 		c, ok := crds[name]
 		if !ok {
@@ -112,6 +113,9 @@ func TestCRDs(t *testing.T) {
 	}
 	if c := crds["authorizationpolicies.security.istio.io"]; c != nil && (c.Spec.Names.Kind != "AuthorizationPolicy" || !c.served("v1beta1")) {
 		t.Errorf("AuthorizationPolicy CRD: kind %s, v1beta1 served %v; Istio's policies use both versions", c.Spec.Names.Kind, c.served("v1beta1"))
+	}
+	if c := crds["peerauthentications.security.istio.io"]; c != nil && (c.Spec.Names.Kind != "PeerAuthentication" || !c.served("v1beta1")) {
+		t.Errorf("PeerAuthentication CRD: kind %s, v1beta1 served %v; Istio's policies use both versions", c.Spec.Names.Kind, c.served("v1beta1"))
 	}
 
 	h := newHelm(t)

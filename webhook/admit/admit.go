@@ -99,7 +99,9 @@ type Config struct {
 	// Access reviews cross-namespace waypoint use; required.
 	Access AccessReviewer
 	// RootNamespace is the mesh root namespace, the only one whose
-	// AuthorizationPolicies may target a GatewayClass; default istio-system.
+	// AuthorizationPolicies may target a GatewayClass, and where a
+	// PeerAuthentication with a selector has no effect; default
+	// istio-system.
 	RootNamespace string
 	// WaypointUserRole names the ClusterRole that grants the use verb, for
 	// messages; default weft-waypoint-user.
@@ -161,6 +163,7 @@ var (
 	jobGK         = groupKind{"batch", "Job"}
 	cronJobGK     = groupKind{"batch", "CronJob"}
 	authzPolicyGK = groupKind{"security.istio.io", "AuthorizationPolicy"}
+	peerAuthGK    = groupKind{"security.istio.io", "PeerAuthentication"}
 )
 
 func (a *Admitter) validators() map[groupKind]func(*review) {
@@ -178,6 +181,7 @@ func (a *Admitter) validators() map[groupKind]func(*review) {
 		jobGK:         a.validateWorkload,
 		cronJobGK:     a.validateWorkload,
 		authzPolicyGK: a.validateAuthorizationPolicy,
+		peerAuthGK:    a.validatePeerAuthentication,
 	}
 }
 

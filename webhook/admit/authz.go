@@ -2,9 +2,7 @@ package admit
 
 import (
 	"fmt"
-	"maps"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -109,13 +107,7 @@ func (a *Admitter) validateAuthorizationPolicy(rv *review) {
 	if spec.GetSelector() != nil && targeted {
 		rep.deny("authz-selector", "spec.selector", "a policy has a selector or targetRefs, not both; remove one")
 	}
-	matchLabels := spec.GetSelector().GetMatchLabels()
-	for _, k := range slices.Sorted(maps.Keys(matchLabels)) {
-		field := labelField("spec.selector.matchLabels", k)
-		if checkValue(rep, "authz-selector", field, k) {
-			checkValue(rep, "authz-selector", field, matchLabels[k])
-		}
-	}
+	checkSelector(rep, "authz-selector", spec.GetSelector())
 	if ref := spec.GetTargetRef(); ref != nil {
 		a.checkTargetRef(rep, "spec.targetRef", ref, home)
 	}

@@ -68,7 +68,8 @@
 //	authz-target-refs   targetRef(s) of kind Gateway, GatewayClass (root namespace only),
 //	                    Service or ServiceEntry, named, in the policy's namespace; not
 //	                    targetRef and targetRefs both
-//	authz-selector      not a selector and targetRefs both
+//	authz-selector      not a selector and targetRefs both; no empty label key, no '*' in
+//	                    a key or value; warning: a selector without labels
 //	authz-provider      CUSTOM has a provider; other actions have none
 //	authz-rule          no empty source, operation or condition; known condition keys;
 //	                    valid ports, IPs and CIDRs; '*' only whole, as prefix or suffix;
@@ -76,6 +77,17 @@
 //	authz-l7-on-ztunnel warning: HTTP attributes (or CUSTOM) on a policy without targetRefs,
 //	                    which only ztunnel enforces: an ALLOW rule becomes deny-all, a DENY
 //	                    or AUDIT rule has no effect
+//
+// PeerAuthentications (security.istio.io v1 and v1beta1):
+//
+//	peerauth-unknown-field  only selector.matchLabels, mtls.mode and portLevelMtls[port].mode
+//	peerauth-selector       as authz-selector
+//	peerauth-mode           a mode Istio defines (a name it does not is undecodable)
+//	peerauth-port-level     portLevelMtls only with a selector with matchLabels, not empty,
+//	                        ports 1-65535
+//	peerauth-disable        warning: ztunnel treats DISABLE as PERMISSIVE
+//	peerauth-ignored        warning: a selector policy in the root namespace, which istiod
+//	                        ignores for ambient workloads
 //
 // Everywhere: every consumed free-form value is at most [MaxValueBytes] and
 // has no control, bidirectional-formatting or invalid UTF-8 characters. An

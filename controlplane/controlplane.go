@@ -380,6 +380,9 @@ type informerSet struct {
 // newInformers makes the informers the parts share; the Gateway API ones
 // only when waypoints are on and the Gateway API is installed.
 func (cp *ControlPlane) newInformers() (*informerSet, error) {
+	if err := requireIstioSecurityAPI(cp.clients.Kube); err != nil {
+		return nil, err
+	}
 	s := &informerSet{
 		kube: informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields)),
 		configMaps: informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
@@ -641,6 +644,29 @@ func portOf(addr string) string {
 
 // hasGatewayAPI reports whether gateway.networking.k8s.io/v1 Gateways are
 // served.
+// requireIstioSecurityAPI fails start-up, with what to do, when the API
+// server does not serve the Istio security kinds the control plane
+// watches: their informers would wait for ever. Helm installs the chart's
+// CRDs on install but never on upgrade.
+func requireIstioSecurityAPI(kube kubernetes.Interface) error {
+	const gv = "security.istio.io/v1"
+	res, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
+	if err != nil && !strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "could not find") {
+		return fmt.Errorf("discovering %s: %w", gv, err)
+	}
+	var missing []string
+	for _, name := range []string{"authorizationpolicies", "peerauthentications"} {
+		if res == nil || !slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == name }) {
+			missing = append(missing, name+"."+strings.Split(gv, "/")[0])
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("the API server does not serve %s %s: install the CRDs of the chart's crds/ directory (Helm does not upgrade CRDs: kubectl apply --server-side -f charts/weft/crds/)",
+			gv, strings.Join(missing, " and "))
+	}
+	return nil
+}
+
 func hasGatewayAPI(kube kubernetes.Interface) (bool, error) {
 	res, err := kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
 	if err != nil {

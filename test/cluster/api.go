@@ -277,22 +277,33 @@ func (c *Cluster) WaitPodGone(ctx context.Context, namespace, name string) error
 // Helm runs bin/helm against the cluster, with its state in the run's
 // directory, and returns its combined output.
 func (c *Cluster) Helm(ctx context.Context, args ...string) (string, error) {
-	bin := filepath.Join(c.cfg.BinDir, "helm")
-	if _, err := os.Stat(bin); err != nil {
-		return "", fmt.Errorf("helm not found at %s; build it with `make tools`", bin)
-	}
 	home := c.path("helm")
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = []string{
-		"KUBECONFIG=" + c.kubeconfig, "HOME=" + home, "PATH=" + os.Getenv("PATH"),
+	return c.runTool(ctx, "helm", []string{"HOME=" + home,
 		"HELM_CACHE_HOME=" + filepath.Join(home, "cache"),
 		"HELM_CONFIG_HOME=" + filepath.Join(home, "config"),
 		"HELM_DATA_HOME=" + filepath.Join(home, "data"),
+	}, args...)
+}
+
+// Kubectl runs bin/kubectl against the cluster from the repository's root,
+// as a user follows README, and returns its combined output.
+func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
+	return c.runTool(ctx, "kubectl", []string{"HOME=" + c.path("kubectl")}, args...)
+}
+
+// runTool runs bin/<name> from the repository's root with the cluster's
+// kubeconfig, PATH and env.
+func (c *Cluster) runTool(ctx context.Context, name string, env []string, args ...string) (string, error) {
+	bin := filepath.Join(c.cfg.BinDir, name)
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("%s not found at %s; build it with `make tools`", name, bin)
 	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append([]string{"KUBECONFIG=" + c.kubeconfig, "PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Dir = c.cfg.RepoDir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
 }

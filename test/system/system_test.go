@@ -104,6 +104,10 @@ func TestHelmUpgrade(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	before := podUIDs(ctx, t, c, meshNS)
+	// README's step for CRDs, which helm upgrade leaves as they were.
+	if out, err := c.Kubectl(ctx, "apply", "--server-side", "-f", "charts/weft/crds/"); err != nil {
+		t.Fatalf("applying the chart's CRDs as README says: %v\n%s", err, out)
+	}
 	out, err := c.Helm(ctx, "upgrade", "weft", c.RepoPath("charts/weft"), "--namespace", meshNS,
 		"--reuse-values", "--set", "global.logLevel=debug", "--wait", "--timeout", "4m")
 	if err != nil {

@@ -42,8 +42,9 @@ type ruleCase struct {
 }
 
 var resources = map[string]string{
-	"Gateway": "gateways", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "Namespace": "namespaces",
-	"Service": "services", "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "CronJob": "cronjobs",
+	"Gateway": "gateways", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes",
+	"Namespace": "namespaces",
+	"Service":   "services", "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "CronJob": "cronjobs",
 	"AuthorizationPolicy": "authorizationpolicies", "PeerAuthentication": "peerauthentications", "ConfigMap": "configmaps",
 }
 
@@ -351,6 +352,17 @@ spec: {parentRefs: [{group: gateway.networking.k8s.io, kind: Service, name: web}
 	{name: "route-gateway-parent", kind: routeKind, ns: "shop", object: `
 metadata: {name: web}
 spec: {parentRefs: [{name: ingress}]}`},
+	{name: "route-tcp-service-parent", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: db}
+spec:
+  parentRefs: [{name: ingress}, {group: "", kind: Service, name: web, port: 80}]
+  rules: [{backendRefs: [{name: web, port: 80}]}]`},
+	{name: "route-tls-gateway-parent", kind: "gateway.networking.k8s.io/v1/TLSRoute", ns: "shop", object: `
+metadata: {name: tls}
+spec:
+  parentRefs: [{name: ingress}]
+  hostnames: [a.example.com]
+  rules: [{backendRefs: [{name: web, port: 443}]}]`},
 
 	// AuthorizationPolicies.
 	{name: "authz-l4-selector", kind: authzKind, ns: "shop", object: `

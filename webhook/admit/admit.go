@@ -153,6 +153,9 @@ var (
 	gatewayGK     = groupKind{gwv1.GroupName, "Gateway"}
 	httpRouteGK   = groupKind{gwv1.GroupName, "HTTPRoute"}
 	grpcRouteGK   = groupKind{gwv1.GroupName, "GRPCRoute"}
+	tcpRouteGK    = groupKind{gwv1.GroupName, "TCPRoute"}
+	tlsRouteGK    = groupKind{gwv1.GroupName, "TLSRoute"}
+	udpRouteGK    = groupKind{gwv1.GroupName, "UDPRoute"}
 	namespaceGK   = groupKind{"", "Namespace"}
 	serviceGK     = groupKind{"", "Service"}
 	podGK         = groupKind{"", "Pod"}
@@ -171,6 +174,9 @@ func (a *Admitter) validators() map[groupKind]func(*review) {
 		gatewayGK:     a.validateGateway,
 		httpRouteGK:   a.validateRoute,
 		grpcRouteGK:   a.validateRoute,
+		tcpRouteGK:    a.refuseMeshRoute,
+		tlsRouteGK:    a.refuseMeshRoute,
+		udpRouteGK:    a.refuseMeshRoute,
 		namespaceGK:   a.validateLabelled,
 		serviceGK:     a.validateLabelled,
 		podGK:         a.validateLabelled,

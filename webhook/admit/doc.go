@@ -63,6 +63,10 @@
 //	route-consumer         warning: a Service in another namespace (a consumer route)
 //	route-no-waypoint      warning: neither the Service nor its namespace uses a waypoint
 //
+// TCPRoutes, TLSRoutes and UDPRoutes with a Service parent:
+//
+//	route-kind-unsupported  refused: waypoints do not apply these kinds yet
+//
 // AuthorizationPolicies (security.istio.io v1 and v1beta1):
 //
 //	authz-target-refs   targetRef(s) of kind Gateway, GatewayClass (root namespace only),

@@ -125,3 +125,34 @@ func portList(svc *corev1.Service, names bool) string {
 	}
 	return clip(strings.Join(parts, ", "), 200)
 }
+
+// routeParents is the part of any Gateway API route that names its
+// parents.
+type routeParents struct {
+	Spec struct {
+		ParentRefs []gwv1.ParentReference `json:"parentRefs"`
+	} `json:"spec"`
+}
+
+// refuseMeshRoute refuses a route kind waypoints do not apply yet (TCPRoute,
+// TLSRoute, UDPRoute) when it names a Service parent, the mesh attachment:
+// accepted, it would be dropped without a word. Routes of those kinds
+// under a Gateway are another controller's business.
+func (a *Admitter) refuseMeshRoute(rv *review) {
+	var r routeParents // the rest of the route is not looked at
+	if !rv.decodeObject(&r, nil) {
+		return
+	}
+	any := false
+	for i, p := range r.Spec.ParentRefs {
+		if p.Kind == nil || *p.Kind != "Service" {
+			continue
+		}
+		any = true
+		rv.rep.deny("route-kind-unsupported", fmt.Sprintf("spec.parentRefs[%d]", i),
+			"waypoints do not apply %ss yet, so this route would do nothing; route HTTP and gRPC with an HTTPRoute or GRPCRoute, and leave other traffic to the Service", rv.req.Kind.Kind)
+	}
+	if !any {
+		rv.rep.skip()
+	}
+}

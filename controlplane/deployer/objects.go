@@ -32,8 +32,9 @@
 // Accepted=False (InvalidParameters) with the field's path named, as does
 // an AppArmor, seccomp or ambient.istio.io/ annotation in
 // spec.infrastructure.annotations (which go on the pods too). So does
-// a missing ConfigMap or a patch that does not apply, and nothing is
-// applied; so does an object the API server rejects, which stops the
+// a missing ConfigMap, a patch that does not apply, or any other key
+// (Istio's horizontalPodAutoscaler and podDisruptionBudget among them: the
+// deployer creates neither yet), and nothing is applied; so does an object the API server rejects, which stops the
 // apply there (ServiceAccount, Deployment, Service, in that order).
 package deployer
 
@@ -43,6 +44,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -300,6 +302,21 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		return o, nil
 	}
 	where := "parametersRef ConfigMap " + params.Namespace + "/" + params.Name + " key "
+	if len(params.BinaryData) > 0 {
+		k := slices.Sorted(maps.Keys(params.BinaryData))[0]
+		return nil, &ParamsError{fmt.Sprintf("%s%s is binary data; the keys %s, %s and %s hold YAML patches", where, k, KeyDeployment, KeyService, KeyServiceAccount)}
+	}
+	for _, k := range slices.Sorted(maps.Keys(params.Data)) {
+		switch k {
+		case KeyDeployment, KeyService, KeyServiceAccount:
+		case "horizontalPodAutoscaler", "podDisruptionBudget":
+			// Istio's keys for objects the deployer does not create yet:
+			// refused, not dropped.
+			return nil, &ParamsError{fmt.Sprintf("%s%s: waypoints get no %s yet; set spec.replicas in key %s instead", where, k, k, KeyDeployment)}
+		default:
+			return nil, &ParamsError{fmt.Sprintf("%s%s is not one the deployer reads (%s, %s or %s)", where, k, KeyDeployment, KeyService, KeyServiceAccount)}
+		}
+	}
 	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, KeyServiceAccount, where); err != nil {
 		return nil, err
 	}

@@ -238,27 +238,12 @@ func TestUpgradeNotPassed(t *testing.T) {
 // the waypoint passes is a protocol error, not a tunnel.
 func TestUnaskedSwitch(t *testing.T) {
 	m := newMesh(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				http.ReadRequest(bufio.NewReader(c))
-				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nraw bytes")
-				c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				io.Copy(io.Discard, c) // until the waypoint closes it
-			}()
-		}
-	}()
-	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {ln.Addr().(*net.TCPAddr).AddrPort()}})
+	up := rawUpstream(t, func(c net.Conn) {
+		http.ReadRequest(bufio.NewReader(c))
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\nraw bytes")
+		io.Copy(io.Discard, c) // until the waypoint closes it
+	})
+	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {up}})
 	for _, hdr := range [][]string{
 		{"Connection: Upgrade", "Upgrade: h2c"},
 		{"Connection: Upgrade", "Upgrade: websocket"}, // the upstream switched to another protocol

@@ -31,6 +31,7 @@ import (
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/internal/h1server"
 	"github.com/weftmesh/weft/waypoint/rbac"
 )
 
@@ -202,7 +203,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 			return
 		}
 	}
-	hl := &headLimiter{r: st}
+	hl := h1server.NewHeadLimiter(st)
 	br := bufio.NewReaderSize(hl, 4096)
 	st.SetReadDeadline(time.Now().Add(sniffTimeout))
 	kind := sniff(br)
@@ -224,7 +225,11 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	default:
 		// HTTP/1, or bytes that stopped before telling: the HTTP/1 server
 		// answers what is malformed.
-		s.serveH1(st, br, hl)
+		h1server.Serve(st, br, hl, h1server.Config{
+			Handler:        func(w http.ResponseWriter, r *http.Request) bool { return s.handle(w, r, false) },
+			IdleTimeout:    idle(s.chain.HTTP.IdleTimeout),
+			MaxHeaderBytes: maxHeaderBytes,
+		})
 	}
 }
 
@@ -243,9 +248,7 @@ func (s *session) use(ch *config.Chain, proto string) {
 func (s *session) refuseNotHTTP(st *hbone.Stream) {
 	s.p.cfg.AccessLog.Warn("connection refused", "src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(),
 		"chain", s.chain.Name, "error", "not HTTP on an HTTP port", "status", 400, "response_flags", string(flagDownstreamProtocol))
-	c := &h1Server{s: s, st: st, hl: &headLimiter{r: st}}
-	c.br = bufio.NewReader(c.hl)
-	c.refuse(&requestError{http.StatusBadRequest, "not an HTTP request"})
+	h1server.RefuseNotHTTP(st)
 }
 
 type sniffed int

@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/weftmesh/weft/waypoint/internal/h1server"
+
 	"github.com/weftmesh/weft/internal/relay"
 )
 
@@ -170,9 +172,9 @@ func upgradeToken(r *http.Request, h2 bool) string {
 }
 
 // switcher is a downstream response that can hand over its connection
-// after a 101: the HTTP/1.1 server's.
+// after a 101: the HTTP/1.1 server's (h1server.Response).
 type switcher interface {
-	switchProtocols(token string) (tunnelEnd, error)
+	SwitchProtocols(token string) (*h1server.Tunnel, error)
 }
 
 // tunnelEnd is one side of a switched connection.
@@ -197,7 +199,7 @@ func (s *session) switched(w http.ResponseWriter, resp *http.Response, token str
 		reply(w, info, replyUnaskedSwitch)
 		return
 	}
-	down, err := sw.switchProtocols(token)
+	down, err := sw.SwitchProtocols(token)
 	cw.status = http.StatusSwitchingProtocols
 	if err != nil {
 		info.flags = flagDownstreamConnection
@@ -207,39 +209,6 @@ func (s *session) switched(w http.ResponseWriter, resp *http.Response, token str
 	cw.n += sent
 	info.reqBytes.Add(recv)
 }
-
-// switchProtocols writes the 101 with the response's header and hands over
-// the client's connection (net/http's Hijack for the server of a stream).
-func (w *h1Response) switchProtocols(token string) (tunnelEnd, error) {
-	w.status, w.head, w.bodyless, w.switched = http.StatusSwitchingProtocols, true, true, true
-	b := appendStatusLine(w.c.buffer(), http.StatusSwitchingProtocols)
-	w.header.Del("Content-Length")
-	w.header.Del("Upgrade")
-	b = appendHeader(b, w.header, hopSkip)
-	b = append(b, "Connection: Upgrade\r\nUpgrade: "...)
-	b = append(b, token...)
-	w.c.out = append(b, "\r\n\r\n"...)
-	if err := w.c.flush(); err != nil {
-		return nil, err
-	}
-	return &clientTunnel{br: w.c.br, st: w.c.st}, nil
-}
-
-// clientTunnel is the client's side of a switched connection: what the
-// server had buffered, then the stream.
-type clientTunnel struct {
-	br io.Reader
-	st interface {
-		io.Writer
-		CloseWrite() error
-		SetReadDeadline(time.Time) error
-	}
-}
-
-func (c *clientTunnel) Read(p []byte) (int, error)        { return c.br.Read(p) }
-func (c *clientTunnel) Write(p []byte) (int, error)       { return c.st.Write(p) }
-func (c *clientTunnel) CloseWrite() error                 { return c.st.CloseWrite() }
-func (c *clientTunnel) SetReadDeadline(t time.Time) error { return c.st.SetReadDeadline(t) }
 
 // upstreamTunnel is the upstream's side of a switched HTTP/1.1
 // connection, the response body of a 101; closing it closes the

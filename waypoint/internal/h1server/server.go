@@ -1,4 +1,31 @@
-package proxy
+// Package h1server is the waypoint's downstream HTTP/1.1 server (RFC 9112):
+// it serves the requests of one HBONE stream, one at a time, to a handler.
+//
+// It is our own rather than net/http's, which serves only from a listener,
+// reads in a goroutine of its own during every request to notice a client
+// leaving, and moves the read deadline several times per request; here the
+// stream says when the client left (hbone.Stream.AfterPeerEnd), and a
+// request costs the parsing (http.ReadRequest) and one write of the
+// response.
+//
+// It keeps what clients see of net/http's server: requests answered one at
+// a time in order (pipelined ones wait in the buffer); keep-alive for
+// HTTP/1.1 unless either side says Connection: close, and for HTTP/1.0 with
+// Connection: keep-alive; 400 for a malformed request, a missing or bad
+// Host or an invalid header, 431 past Config.MaxHeaderBytes, 501 for an unknown
+// transfer coding, 505 for another major version, 417 for an expectation
+// other than 100-continue, each ending the connection; 100 Continue sent
+// when the body is first read; a body the handler left unread skipped up to
+// 256 KiB, past that the connection ends; responses framed by the declared
+// length, by a length the server computes for a small body sent at the end,
+// chunked with trailers (announced in Trailer or set with
+// http.TrailerPrefix), or for HTTP/1.0 by the end of the connection; HEAD,
+// 1xx, 204 and 304 without a body; a Date header; a response that breaks
+// off ends the connection without its last chunk. Unlike net/http it does
+// not guess a Content-Type from the body, and it cancels a request only
+// when its client ended its side of the stream (net/http also cancels it
+// when it cannot read the connection).
+package h1server
 
 import (
 	"bufio"
@@ -17,31 +44,6 @@ import (
 
 	"github.com/weftmesh/weft/internal/hbone"
 )
-
-// The HTTP/1.1 server (RFC 9112) of a CONNECT stream. It is our own rather
-// than net/http's, which serves only from a listener, reads in a goroutine
-// of its own during every request to notice a client leaving, and moves
-// the read deadline several times per request; here the stream says when
-// the client left (hbone.Stream.AfterPeerEnd), and a request costs the
-// parsing (http.ReadRequest) and one write of the response.
-//
-// It keeps what clients see of net/http's server: requests answered one at
-// a time in order (pipelined ones wait in the buffer); keep-alive for
-// HTTP/1.1 unless either side says Connection: close, and for HTTP/1.0 with
-// Connection: keep-alive; 400 for a malformed request, a missing or bad
-// Host or an invalid header, 431 past maxHeaderBytes, 501 for an unknown
-// transfer coding, 505 for another major version, 417 for an expectation
-// other than 100-continue, each ending the connection; 100 Continue sent
-// when the body is first read; a body the handler left unread skipped up to
-// 256 KiB, past that the connection ends; responses framed by the declared
-// length, by a length the server computes for a small body sent at the end,
-// chunked with trailers (announced in Trailer or set with
-// http.TrailerPrefix), or for HTTP/1.0 by the end of the connection; HEAD,
-// 1xx, 204 and 304 without a body; a Date header; a response that breaks
-// off ends the connection without its last chunk. Unlike net/http it does
-// not guess a Content-Type from the body, and it cancels a request only
-// when its client ended its side of the stream (net/http also cancels it
-// when it cannot read the connection).
 
 const (
 	// headerTimeout bounds reading a request's head (net/http's
@@ -63,21 +65,22 @@ const (
 	maxOut = 64 << 10
 )
 
-// errTooLarge is headLimiter's error past its limit.
+// errTooLarge is HeadLimiter's error past its limit.
 var errTooLarge = errors.New("request head too large")
 
-// headLimiter is the stream under the server's bufio.Reader. While a
-// request head is read it lets through at most remain bytes (net/http's
-// limit: maxHeaderBytes and 4 KiB); it keeps the stream's last error, which
-// tells a failed read from a malformed request.
-type headLimiter struct {
+// HeadLimiter is the stream under the server's bufio.Reader (the sniffer
+// reads through it first). While a request head is read it lets through at
+// most remain bytes (net/http's limit: the maximum header bytes and 4 KiB);
+// it keeps the stream's last error, which tells a failed read from a
+// malformed request.
+type HeadLimiter struct {
 	r      io.Reader
 	limit  bool
 	remain int
 	err    error
 }
 
-func (l *headLimiter) Read(p []byte) (int, error) {
+func (l *HeadLimiter) Read(p []byte) (int, error) {
 	if l.limit {
 		if l.remain <= 0 {
 			l.err = errTooLarge
@@ -95,12 +98,29 @@ func (l *headLimiter) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// NewHeadLimiter returns the limiter to read r through.
+func NewHeadLimiter(r io.Reader) *HeadLimiter { return &HeadLimiter{r: r} }
+
+// Handler serves one request; it reports whether the response broke off
+// after its head was sent, which ends the connection without the rest.
+type Handler func(w http.ResponseWriter, r *http.Request) (aborted bool)
+
+// Config is what a connection's server needs besides the stream.
+type Config struct {
+	Handler Handler
+	// IdleTimeout bounds the wait for the next request.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request head (431 past it, with 4 KiB of
+	// slack as net/http).
+	MaxHeaderBytes int
+}
+
 // h1Server serves the requests of one stream, one at a time.
 type h1Server struct {
-	s  *session
-	st *hbone.Stream
-	hl *headLimiter
-	br *bufio.Reader // over hl
+	cfg Config
+	st  *hbone.Stream
+	hl  *HeadLimiter
+	br  *bufio.Reader // over hl
 
 	// wmu orders what the handler writes after a 100 Continue that a body
 	// reader in another goroutine (an HTTP/2 upstream's) may send.
@@ -119,12 +139,14 @@ type h1Server struct {
 // connection holds none.
 var outBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
-func (s *session) serveH1(st *hbone.Stream, br *bufio.Reader, hl *headLimiter) {
-	c := &h1Server{s: s, st: st, hl: hl, br: br}
+// Serve serves the requests of st, read through br over hl, until the
+// connection ends.
+func Serve(st *hbone.Stream, br *bufio.Reader, hl *HeadLimiter, cfg Config) {
+	c := &h1Server{cfg: cfg, st: st, hl: hl, br: br}
 	// One watcher for the stream's life cancels whichever request runs
 	// when the client leaves.
 	defer st.AfterPeerEnd(c.clientLeft)()
-	idleTimeout := idle(s.chain.HTTP.IdleTimeout)
+	idleTimeout := cfg.IdleTimeout
 	for first := true; ; first = false {
 		deadline := false
 		if !first && br.Buffered() == 0 {
@@ -141,7 +163,7 @@ func (s *session) serveH1(st *hbone.Stream, br *bufio.Reader, hl *headLimiter) {
 			st.SetReadDeadline(time.Now().Add(headerTimeout))
 			deadline = true
 		}
-		hl.limit, hl.remain, hl.err = true, maxHeaderBytes+4<<10, nil
+		hl.limit, hl.remain, hl.err = true, cfg.MaxHeaderBytes+4<<10, nil
 		skipEmptyLines(br)
 		req, err := http.ReadRequest(br)
 		hl.limit = false
@@ -236,6 +258,14 @@ func checkRequest(req *http.Request) error {
 	return nil
 }
 
+// RefuseNotHTTP answers 400 on st, whose bytes are not HTTP, and ends
+// its sending side.
+func RefuseNotHTTP(st *hbone.Stream) {
+	c := &h1Server{st: st, hl: NewHeadLimiter(st)}
+	c.br = bufio.NewReader(c.hl)
+	c.refuse(&requestError{http.StatusBadRequest, "not an HTTP request"})
+}
+
 // refuse answers a request that could not be read or was refused before
 // routing, as net/http does, and ends the connection. A stream that failed
 // or ended gets no answer.
@@ -285,7 +315,7 @@ func (c *h1Server) serve(req *http.Request) bool {
 		cancel()
 	}()
 	req = req.WithContext(ctx)
-	w := &h1Response{c: c, req: req, header: make(http.Header), length: -1}
+	w := &Response{c: c, req: req, header: make(http.Header), length: -1}
 	var body *h1Body
 	if req.Body != http.NoBody {
 		body = &h1Body{rc: req.Body, w: w}
@@ -307,7 +337,7 @@ func (c *h1Server) serve(req *http.Request) bool {
 			body.wantContinue = true
 		}
 	}
-	aborted := c.s.handle(w, req, false)
+	aborted := c.cfg.Handler(w, req)
 	if w.switched {
 		return false // the tunnel ended: so does the connection
 	}
@@ -359,7 +389,7 @@ func (c *h1Server) buffer() []byte {
 // upstream's body writer reads it in a goroutine of its own.
 type h1Body struct {
 	rc io.ReadCloser // http.ReadRequest's body
-	w  *h1Response
+	w  *Response
 
 	mu           sync.Mutex
 	wantContinue bool  // guarded by mu
@@ -432,8 +462,8 @@ func (c *h1Server) writeContinue() {
 	}
 }
 
-// h1Response is the http.ResponseWriter of one request.
-type h1Response struct {
+// Response is the http.ResponseWriter of one request.
+type Response struct {
 	c      *h1Server
 	req    *http.Request
 	body   *h1Body // nil without a body
@@ -452,11 +482,11 @@ type h1Response struct {
 	err      error    // writing to the stream failed
 }
 
-var _ http.Flusher = (*h1Response)(nil)
+var _ http.Flusher = (*Response)(nil)
 
-func (w *h1Response) Header() http.Header { return w.header }
+func (w *Response) Header() http.Header { return w.header }
 
-func (w *h1Response) WriteHeader(code int) {
+func (w *Response) WriteHeader(code int) {
 	if w.status != 0 || w.head {
 		return
 	}
@@ -474,7 +504,7 @@ func (w *h1Response) WriteHeader(code int) {
 	w.status = code
 }
 
-func (w *h1Response) Write(p []byte) (int, error) {
+func (w *Response) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -512,7 +542,7 @@ func (w *h1Response) Write(p []byte) (int, error) {
 }
 
 // Flush sends what the response has so far.
-func (w *h1Response) Flush() {
+func (w *Response) Flush() {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -522,14 +552,14 @@ func (w *h1Response) Flush() {
 	w.flushOut()
 }
 
-func (w *h1Response) flushOut() error {
+func (w *Response) flushOut() error {
 	if err := w.c.flush(); err != nil && w.err == nil {
 		w.err = err
 	}
 	return w.err
 }
 
-func (w *h1Response) appendBody(p []byte) {
+func (w *Response) appendBody(p []byte) {
 	if len(p) == 0 {
 		return
 	}
@@ -549,7 +579,7 @@ func (w *h1Response) appendBody(p []byte) {
 // writeHead decides the framing and puts the head in c.out, followed by
 // the body written so far. At the end (done) a body that is all pending
 // gets its length.
-func (w *h1Response) writeHead(done bool) {
+func (w *Response) writeHead(done bool) {
 	w.head = true
 	h := w.header
 	req := w.req
@@ -620,7 +650,7 @@ func (w *h1Response) writeHead(done bool) {
 // finish completes the response once the handler returned: the head if
 // nothing was written yet, the last chunk and trailers. A response that
 // broke off (aborted) gets neither, and ends the connection.
-func (w *h1Response) finish(aborted bool) {
+func (w *Response) finish(aborted bool) {
 	if w.status == 0 {
 		w.WriteHeader(http.StatusOK)
 	}
@@ -731,3 +761,36 @@ type cachedDate struct {
 }
 
 var dateCache atomic.Pointer[cachedDate]
+
+// SwitchProtocols writes the 101 with the response's header and hands over
+// the client's connection (net/http's Hijack for the server of a stream).
+func (w *Response) SwitchProtocols(token string) (*Tunnel, error) {
+	w.status, w.head, w.bodyless, w.switched = http.StatusSwitchingProtocols, true, true, true
+	b := appendStatusLine(w.c.buffer(), http.StatusSwitchingProtocols)
+	w.header.Del("Content-Length")
+	w.header.Del("Upgrade")
+	b = appendHeader(b, w.header, hopSkip)
+	b = append(b, "Connection: Upgrade\r\nUpgrade: "...)
+	b = append(b, token...)
+	w.c.out = append(b, "\r\n\r\n"...)
+	if err := w.c.flush(); err != nil {
+		return nil, err
+	}
+	return &Tunnel{br: w.c.br, st: w.c.st}, nil
+}
+
+// Tunnel is the client's side of a switched connection: what the server
+// had buffered, then the stream.
+type Tunnel struct {
+	br io.Reader
+	st interface {
+		io.Writer
+		CloseWrite() error
+		SetReadDeadline(time.Time) error
+	}
+}
+
+func (c *Tunnel) Read(p []byte) (int, error)        { return c.br.Read(p) }
+func (c *Tunnel) Write(p []byte) (int, error)       { return c.st.Write(p) }
+func (c *Tunnel) CloseWrite() error                 { return c.st.CloseWrite() }
+func (c *Tunnel) SetReadDeadline(t time.Time) error { return c.st.SetReadDeadline(t) }

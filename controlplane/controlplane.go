@@ -68,6 +68,7 @@ import (
 	"github.com/weftmesh/weft/controlplane/deployer"
 	"github.com/weftmesh/weft/controlplane/waypointxds"
 	"github.com/weftmesh/weft/controlplane/xdsserver"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -444,13 +445,14 @@ func (s *informerSet) shutdown() {
 
 // parts are the control plane's components.
 type parts struct {
-	xds      *xdsserver.Server
-	caServer *ca.Server
-	status   *authpolicy.StatusWriter
-	ctrl     *ambient.Controller
-	roots    *ca.RootCertPublisher
-	wpConfig *waypointxds.Controller // nil without waypoints
-	deploy   *deployer.Deployer      // nil without waypoints or an image
+	xds         *xdsserver.Server
+	caServer    *ca.Server
+	status      *authpolicy.StatusWriter
+	ctrl        *ambient.Controller
+	roots       *ca.RootCertPublisher
+	wpConfig    *waypointxds.Controller   // nil without waypoints
+	routeStatus *waypointxds.StatusWriter // nil without waypoints
+	deploy      *deployer.Deployer        // nil without waypoints or an image
 }
 
 // newParts builds the components on infs.
@@ -508,11 +510,17 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 			return nil, err
 		}
 	}
+	wi := infs.waypoints
+	p.routeStatus, err = waypointxds.NewStatusWriter(apinames.WaypointController, cp.clients.Gateway.GatewayV1(),
+		wi.HTTPRoutes.GetIndexer(), wi.GRPCRoutes.GetIndexer(), log.With("part", "route-status"), cp.reg)
+	if err != nil {
+		return nil, err
+	}
 	p.wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
 		Mesh: waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace,
 			PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization)},
-		Logger: log.With("part", "waypoint-config"), Registerer: cp.reg,
-	}, infs.waypoints, p.xds)
+		Logger: log.With("part", "waypoint-config"), Registerer: cp.reg, Status: p.routeStatus,
+	}, wi, p.xds)
 	if err != nil {
 		return nil, err
 	}
@@ -523,7 +531,7 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 func (p *parts) runners(serving *ca.ServingCert) []func(context.Context) error {
 	rs := []func(context.Context) error{p.ctrl.Run, p.status.Run, p.roots.Run, serving.Run, p.xds.Run}
 	if p.wpConfig != nil {
-		rs = append(rs, p.wpConfig.Run)
+		rs = append(rs, p.wpConfig.Run, p.routeStatus.Run)
 	}
 	if p.deploy != nil {
 		rs = append(rs, p.deploy.Run)

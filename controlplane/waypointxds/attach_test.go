@@ -62,7 +62,7 @@ func TestCrossNamespaceBinding(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			res, notes := Build(testMesh, ambient.NewWaypoint(gateway(tc.allowed), ""), st)
+			res, rep := Build(testMesh, ambient.NewWaypoint(gateway(tc.allowed), ""), st)
 			var got []string
 			for _, fc := range res[resource.ListenerType][ListenerName].(*listenerv3.Listener).GetFilterChains() {
 				// A sniffed port's TCP twin follows its HTTP chain.
@@ -78,7 +78,7 @@ func TestCrossNamespaceBinding(t *testing.T) {
 					"Services of namespace shop ask for this waypoint, whose allowedRoutes do not admit that namespace",
 					"Pods of namespace shop ask for this waypoint, whose allowedRoutes do not admit that namespace",
 				}
-				if diff := cmp.Diff(want, notes); diff != "" {
+				if diff := cmp.Diff(want, rep.Notes); diff != "" {
 					t.Errorf("notes (-want +got):\n%s", diff)
 				}
 			}

@@ -54,6 +54,14 @@ type ControllerConfig struct {
 	Logger *slog.Logger
 	// Registerer receives the controller's metrics. Default: none.
 	Registerer prometheus.Registerer
+	// Status receives every route's outcome after each rebuild
+	// (*StatusWriter). Default: none.
+	Status RouteStatusSetter
+}
+
+// RouteStatusSetter takes the routes' outcomes (*StatusWriter).
+type RouteStatusSetter interface {
+	SetRoutes(outcomes []RouteOutcome)
 }
 
 // Controller keeps every waypoint's resources in step with the cluster.
@@ -165,17 +173,21 @@ func (c *Controller) Synced() bool {
 	return c.synced
 }
 
-// rebuild computes every waypoint and publishes those that changed.
+// rebuild computes every waypoint and publishes those that changed, then
+// hands the routes' outcomes to the status writer.
 func (c *Controller) rebuild() {
-	seen := map[string]bool{}
+	seen := map[string]*ambient.Waypoint{}
+	var reports []Report
 	for _, o := range c.inf.Gateways.GetIndexer().List() {
 		wp := ambient.NewWaypoint(o.(*gwv1.Gateway), "")
 		if wp == nil {
 			continue
 		}
 		key := wp.Key() // its service account, named after the Gateway
-		seen[key] = true
-		res, notes := Build(c.cfg.Mesh, wp, c.st)
+		seen[key] = wp
+		res, rep := Build(c.cfg.Mesh, wp, c.st)
+		reports = append(reports, rep)
+		notes := rep.Notes
 		c.builds.Inc()
 		if n := strings.Join(notes, "; "); n != c.notes[key] {
 			c.notes[key] = n
@@ -196,13 +208,16 @@ func (c *Controller) rebuild() {
 			"routes", len(res[resource.RouteType]), "clusters", len(res[resource.ClusterType]))
 	}
 	for key := range c.built {
-		if !seen[key] {
+		if seen[key] == nil {
 			c.pub.RemoveWaypoint(key)
 			delete(c.built, key)
 			delete(c.notes, key)
 			c.resources.DeleteLabelValues(key)
 			c.log.Info("waypoint configuration removed", "waypoint", key)
 		}
+	}
+	if c.cfg.Status != nil {
+		c.cfg.Status.SetRoutes(Outcomes(c.cfg.Mesh, c.st, seen, reports))
 	}
 }
 

@@ -57,8 +57,9 @@ type rule struct {
 // source is one attached route.
 type source struct {
 	key     string // "<namespace>/<name>"
-	kind    string // "HTTPRoute" or "GRPCRoute"
+	kind    string // kindHTTPRoute or kindGRPCRoute
 	ns      string
+	name    string
 	created metav1.Time
 	rules   []rule
 }
@@ -73,48 +74,57 @@ type entry struct {
 
 // parentMatches reports whether a route's parentRef attaches it to a port
 // of svc (producer routes only: the route lives in the Service's namespace).
-func parentMatches(routeNS string, refs []gwv1.ParentReference, svc *corev1.Service, port corev1.ServicePort) bool {
-	if routeNS != svc.Namespace {
+func parentMatches(routeNS string, r gwv1.ParentReference, svc *corev1.Service, port corev1.ServicePort) bool {
+	switch {
+	case routeNS != svc.Namespace || !serviceParent(r) || string(r.Name) != svc.Name:
+		return false
+	case r.Namespace != nil && string(*r.Namespace) != svc.Namespace:
+		return false
+	case r.Port != nil && int32(*r.Port) != port.Port:
+		return false
+	case r.SectionName != nil && string(*r.SectionName) != port.Name:
 		return false
 	}
-	for _, r := range refs {
-		if !serviceKind(r.Group, r.Kind) || string(r.Name) != svc.Name {
-			continue
-		}
-		if r.Namespace != nil && string(*r.Namespace) != svc.Namespace {
-			continue
-		}
-		if r.Port != nil && int32(*r.Port) != port.Port {
-			continue
-		}
-		if r.SectionName != nil && string(*r.SectionName) != port.Name {
-			continue
-		}
-		return true
-	}
-	return false
+	return true
 }
 
-// attached lists the routes attached to a Service port.
+// serviceParent reports whether a parentRef names a Service. Unlike a
+// backendRef's, a parentRef's group and kind default to Gateway's.
+func serviceParent(r gwv1.ParentReference) bool {
+	return r.Group != nil && r.Kind != nil && serviceKind(r.Group, r.Kind)
+}
+
+// attached lists the routes attached to a Service port, and records which
+// of their parentRefs attached them.
 func (b *builder) attached(svc *corev1.Service, port corev1.ServicePort) []*source {
 	var out []*source
+	take := func(src *source, refs []gwv1.ParentReference) {
+		matched := false
+		for i, ref := range refs {
+			if parentMatches(src.ns, ref, svc, port) {
+				b.report(src).attach(i, b.wp.Key())
+				matched = true
+			}
+		}
+		if matched {
+			out = append(out, src)
+		}
+	}
 	for _, o := range byNamespace(b.st.HTTPRoutes, svc.Namespace) {
 		r := o.(*gwv1.HTTPRoute)
-		if parentMatches(r.Namespace, r.Spec.ParentRefs, svc, port) {
-			out = append(out, httpSource(r))
-		}
+		take(httpSource(r), r.Spec.ParentRefs)
 	}
 	for _, o := range byNamespace(b.st.GRPCRoutes, svc.Namespace) {
 		r := o.(*gwv1.GRPCRoute)
-		if parentMatches(r.Namespace, r.Spec.ParentRefs, svc, port) {
-			out = append(out, grpcSource(r))
-		}
+		take(grpcSource(r), r.Spec.ParentRefs)
 	}
+	// A stable order, so that the problems are found (and noted) in one.
+	sort.SliceStable(out, func(i, j int) bool { return out[i].id().String() < out[j].id().String() })
 	return out
 }
 
 func httpSource(r *gwv1.HTTPRoute) *source {
-	s := &source{key: r.Namespace + "/" + r.Name, kind: "HTTPRoute", ns: r.Namespace, created: r.CreationTimestamp}
+	s := &source{key: r.Namespace + "/" + r.Name, kind: kindHTTPRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp}
 	for _, rr := range r.Spec.Rules {
 		ru := rule{filters: rr.Filters, timeouts: rr.Timeouts, retry: rr.Retry}
 		for _, m := range rr.Matches {
@@ -165,7 +175,7 @@ func httpMatch(m gwv1.HTTPRouteMatch) match {
 }
 
 func grpcSource(r *gwv1.GRPCRoute) *source {
-	s := &source{key: r.Namespace + "/" + r.Name, kind: "GRPCRoute", ns: r.Namespace, created: r.CreationTimestamp}
+	s := &source{key: r.Namespace + "/" + r.Name, kind: kindGRPCRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp}
 	for _, rr := range r.Spec.Rules {
 		var ru rule
 		for _, f := range rr.Filters {
@@ -389,24 +399,26 @@ func parseDuration(d *gwv1.Duration) (time.Duration, bool) {
 }
 
 // backendCluster resolves a backend reference to a cluster name, recording
-// the cluster to emit. ok is false when the reference cannot be used.
+// the cluster to emit. ok is false when the reference cannot be used; the
+// route's report says why.
 func (b *builder) backendCluster(src *source, ref gwv1.BackendObjectReference) (string, bool) {
 	if !serviceKind(ref.Group, ref.Kind) {
-		b.note("%s %s: backend %s is not a Service", src.kind, src.key, ref.Name)
+		b.refProblem(src, gwv1.RouteReasonInvalidKind, "backend %s is not a Service", ref.Name)
 		return "", false
 	}
 	ns := src.ns
 	if ref.Namespace != nil && string(*ref.Namespace) != src.ns {
-		b.note("%s %s: backend %s/%s is in another namespace (not supported)", src.kind, src.key, *ref.Namespace, ref.Name)
+		b.refProblem(src, gwv1.RouteReasonRefNotPermitted,
+			"backend %s/%s is in another namespace: backends in other namespaces are not supported (ReferenceGrant is not read)", *ref.Namespace, ref.Name)
 		return "", false
 	}
 	svc := get[corev1.Service](b.st.Services, ns+"/"+string(ref.Name))
 	if svc == nil {
-		b.note("%s %s: backend Service %s/%s not found", src.kind, src.key, ns, ref.Name)
+		b.refProblem(src, gwv1.RouteReasonBackendNotFound, "backend Service %s/%s not found", ns, ref.Name)
 		return "", false
 	}
 	if ref.Port == nil {
-		b.note("%s %s: backend %s has no port", src.kind, src.key, ref.Name)
+		b.refProblem(src, gwv1.RouteReasonBackendNotFound, "backend %s has no port", ref.Name)
 		return "", false
 	}
 	for _, p := range svc.Spec.Ports {
@@ -416,7 +428,7 @@ func (b *builder) backendCluster(src *source, ref gwv1.BackendObjectReference) (
 			return name, true
 		}
 	}
-	b.note("%s %s: backend Service %s/%s has no port %d", src.kind, src.key, ns, ref.Name, *ref.Port)
+	b.refProblem(src, gwv1.RouteReasonBackendNotFound, "backend Service %s/%s has no port %d", ns, ref.Name, *ref.Port)
 	return "", false
 }
 
@@ -451,7 +463,7 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 		default:
 			// An unsupported filter must not be skipped silently: Gateway
 			// API asks for a 500 so that the route is never half-applied.
-			b.note("%s %s: filter %s is not supported; its rule answers 500", src.kind, src.key, f.Type)
+			b.unsupported(src, "filter %s is not supported; its rule answers 500", f.Type)
 			r.Action = directResponse(500)
 			return r
 		}
@@ -476,6 +488,8 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 		for _, f := range be.filters {
 			if f.Type == gwv1.HTTPRouteFilterRequestHeaderModifier {
 				wc.RequestHeadersToAdd, wc.RequestHeadersToRemove = headerOps(f.RequestHeaderModifier)
+			} else {
+				b.unsupported(src, "backend %s: filter %s is not supported on a backend and is not applied", be.ref.Name, f.Type)
 			}
 		}
 		wcs = append(wcs, wc)

@@ -121,12 +121,15 @@ type builder struct {
 	chains   []*listenerv3.FilterChain
 	// inspect: some chain needs the detected protocol.
 	inspect bool
-	// Notes are the problems found, for logs and status (not errors: the
-	// rest of the configuration is still served).
+	// Notes are the problems found, for the log (not errors: the rest of
+	// the configuration is still served); a route's problems are also in
+	// routes, for its status.
 	notes []string
 	noted map[string]bool // notes already taken, each kept once
 	// denied is the "<kind> <namespace>" pairs already noted as not admitted.
 	denied map[string]bool
+	// routes are what translating each attached route found.
+	routes map[RouteKey]*routeReport
 }
 
 type clusterRef struct {
@@ -134,8 +137,9 @@ type clusterRef struct {
 	port corev1.ServicePort
 }
 
-// Build computes the resources of one waypoint.
-func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
+// Build computes the resources of one waypoint, and reports the problems
+// found and what became of the routes it translated (see Outcomes).
+func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, Report) {
 	b := &builder{mesh: mesh.withDefaults(), st: st, wp: wp, res: Resources{}, clusters: map[string]clusterRef{}}
 	services := b.boundServices()
 	policies := b.policies()
@@ -160,7 +164,7 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, []string) {
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&httpinspector.HttpInspector{})}}}
 	}
 	b.res.add(resource.ListenerType, ListenerName, l)
-	return b.res, b.notes
+	return b.res, Report{Notes: b.notes, routes: b.routes}
 }
 
 // note records a problem once (a Gateway's policy is translated for every

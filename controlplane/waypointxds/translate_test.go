@@ -142,8 +142,8 @@ func TestGolden(t *testing.T) {
 			f := load(t, in)
 			var out []byte
 			for _, gw := range f.gateways {
-				res, notes := Build(testMesh, ambient.NewWaypoint(gw, ""), f.st)
-				out = append(out, dump(t, res, notes)...)
+				res, rep := Build(testMesh, ambient.NewWaypoint(gw, ""), f.st)
+				out = append(out, dump(t, res, rep.Notes)...)
 			}
 			golden := strings.TrimSuffix(in, ".yaml") + ".golden"
 			if *update {
@@ -207,8 +207,8 @@ func compiled(t *testing.T, res Resources) *config.Snapshot {
 
 func basic(t *testing.T) (*config.Snapshot, []string) {
 	f := load(t, "testdata/basic.yaml")
-	res, notes := Build(testMesh, ambient.NewWaypoint(f.gateways[0], ""), f.st)
-	return compiled(t, res), notes
+	res, rep := Build(testMesh, ambient.NewWaypoint(f.gateways[0], ""), f.st)
+	return compiled(t, res), rep.Notes
 }
 
 func TestBasicCompilesAndRoutes(t *testing.T) {

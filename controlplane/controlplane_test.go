@@ -27,6 +27,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
@@ -36,6 +37,7 @@ import (
 
 	"github.com/weftmesh/weft/controlplane/ca"
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/capb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
@@ -588,6 +590,26 @@ func TestChartRBAC(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitCondition(t, ctx, istio, app, "p", "True", "Accepted")
+	// It writes route status.
+	gw, _ := gwclient.NewForConfig(c.Config)
+	group, kind := gwv1.Group(""), gwv1.Kind("Service")
+	route := &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Name: "r", Namespace: app}, Spec: gwv1.HTTPRouteSpec{
+		CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Group: &group, Kind: &kind, Name: "ghost"}}}}}
+	if _, err := gw.GatewayV1().HTTPRoutes(app).Create(ctx, route, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		r, err := gw.GatewayV1().HTTPRoutes(app).Get(ctx, "r", metav1.GetOptions{})
+		if err == nil && len(r.Status.Parents) == 1 && r.Status.Parents[0].ControllerName == apinames.WaypointController &&
+			meta.IsStatusConditionFalse(r.Status.Parents[0].Conditions, string(gwv1.RouteConditionAccepted)) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("route status not written with the chart's RBAC: %v", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	// It publishes the root in new namespaces.
 	for {
 		cm, err := c.Kube.CoreV1().ConfigMaps(app).Get(ctx, ca.RootCertConfigMap, metav1.GetOptions{})

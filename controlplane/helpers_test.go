@@ -22,12 +22,15 @@ import (
 )
 
 // api is the package's API server, with the chart's CRDs for
-// AuthorizationPolicies, PeerAuthentications, GatewayClasses and Gateways.
+// AuthorizationPolicies, PeerAuthentications, GatewayClasses, Gateways
+// and routes.
 var api = apitest.NewShared(
 	chartCRD("authorizationpolicies.security.istio.io.yaml"),
 	chartCRD("peerauthentications.security.istio.io.yaml"),
 	chartCRD("gateway.networking.k8s.io_gatewayclasses.yaml"),
-	chartCRD("gateway.networking.k8s.io_gateways.yaml"))
+	chartCRD("gateway.networking.k8s.io_gateways.yaml"),
+	chartCRD("gateway.networking.k8s.io_httproutes.yaml"),
+	chartCRD("gateway.networking.k8s.io_grpcroutes.yaml"))
 
 func chartCRD(name string) string { return filepath.Join("..", "charts", "weft", "crds", name) }
 

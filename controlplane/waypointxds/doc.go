@@ -41,6 +41,16 @@
 // port with routes answers 404 for a request no rule matches. A rule without
 // backends answers 500, as Gateway API asks.
 //
+// # Status
+//
+// What the translation finds about a route is recorded per route and
+// parentRef (Report) and becomes, through Outcomes, the route's Gateway API
+// conditions: Accepted (True when a waypoint applies it; NoMatchingParent,
+// NotAllowedByListeners or UnsupportedValue with the reason when not) and
+// ResolvedRefs (BackendNotFound, RefNotPermitted, InvalidKind). The log's
+// notes are derived from the same records. StatusWriter writes them into
+// status.parents under the waypoint controller's name.
+//
 // # Policy
 //
 // AuthorizationPolicies with targetRefs to the waypoint's Gateway (in its

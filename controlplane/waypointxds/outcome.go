@@ -138,11 +138,7 @@ func translateRules(mesh Mesh, st Stores, src *source) *routeReport {
 	b := &builder{mesh: mesh.withDefaults(), st: st, clusters: map[string]clusterRef{}}
 	for i := range src.rules {
 		ru := &src.rules[i]
-		ms := ru.matches
-		if len(ms) == 0 {
-			ms = []match{{pathKind: pathPrefix, path: "/"}}
-		}
-		for _, m := range ms {
+		for _, m := range ru.matchesOrAll() {
 			b.envoyRoute(src, ru, m)
 		}
 	}

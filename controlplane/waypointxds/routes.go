@@ -54,6 +54,15 @@ type rule struct {
 	retry    *gwv1.HTTPRouteRetry
 }
 
+// matchesOrAll is the rule's matches; a rule without any matches every
+// request.
+func (ru *rule) matchesOrAll() []match {
+	if len(ru.matches) == 0 {
+		return []match{{pathKind: pathPrefix, path: "/"}}
+	}
+	return ru.matches
+}
+
 // source is one attached route.
 type source struct {
 	key     string // "<namespace>/<name>"
@@ -287,11 +296,7 @@ func (b *builder) routeConfig(name string, svc *corev1.Service, port corev1.Serv
 	for _, src := range b.attached(svc, port) {
 		for i := range src.rules {
 			ru := &src.rules[i]
-			ms := ru.matches
-			if len(ms) == 0 {
-				ms = []match{{pathKind: pathPrefix, path: "/"}}
-			}
-			for j, m := range ms {
+			for j, m := range ru.matchesOrAll() {
 				r := b.envoyRoute(src, ru, m)
 				r.Name = src.key + "." + itoa(i) + "." + itoa(j)
 				entries = append(entries, &entry{m: m, src: src, rule: i, ordinal: j, route: r})

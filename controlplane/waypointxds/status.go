@@ -64,7 +64,7 @@ func NewStatusWriter(controller string, client gwtyped.GatewayV1Interface, http,
 			return nil, fmt.Errorf("creating route status writer: registering metrics: %w", err)
 		}
 	}
-	w.queue = kubequeue.New(kubequeue.Config{Name: "route-status", KeyAttr: "route", Logger: log}, w.reconcile)
+	w.queue = kubequeue.New(kubequeue.Config{Name: "route-status", KeyAttr: "route", Logger: log}, w.sync)
 	return w, nil
 }
 
@@ -92,15 +92,8 @@ func (w *StatusWriter) Run(ctx context.Context) error {
 	return nil
 }
 
-// reconcile writes one route's status; the queue retries an error.
-func (w *StatusWriter) reconcile(ctx context.Context, key RouteKey) error {
-	err := w.sync(ctx, key)
-	if err != nil && !kubequeue.Conflict(err) {
-		w.writes.WithLabelValues("error").Inc()
-	}
-	return err
-}
-
+// sync writes one route's status if it differs from the outcome; the
+// queue retries an error.
 func (w *StatusWriter) sync(ctx context.Context, key RouteKey) error {
 	w.mu.Lock()
 	o, ok := w.want[key]
@@ -112,33 +105,47 @@ func (w *StatusWriter) sync(ctx context.Context, key RouteKey) error {
 	if key.Kind == kindGRPCRoute {
 		store = w.grpc
 	}
-	obj := getAny(store, key.Namespace+"/"+key.Name)
 	var err error
-	switch r := obj.(type) {
+	switch r := getAny(store, key.Namespace+"/"+key.Name).(type) {
 	case *gwv1.HTTPRoute:
-		parents, changed := w.parents(r.Generation, r.Status.Parents, o)
-		if !changed {
-			return nil
-		}
-		r = r.DeepCopy()
-		r.Status.Parents = parents
-		_, err = w.client.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+		err = w.write(r.Generation, r.Status.Parents, o, func(ps []gwv1.RouteParentStatus) error {
+			r = r.DeepCopy()
+			r.Status.Parents = ps
+			_, err := w.client.HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+			return err
+		})
 	case *gwv1.GRPCRoute:
-		parents, changed := w.parents(r.Generation, r.Status.Parents, o)
-		if !changed {
-			return nil
-		}
-		r = r.DeepCopy()
-		r.Status.Parents = parents
-		_, err = w.client.GRPCRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+		err = w.write(r.Generation, r.Status.Parents, o, func(ps []gwv1.RouteParentStatus) error {
+			r = r.DeepCopy()
+			r.Status.Parents = ps
+			_, err := w.client.GRPCRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+			return err
+		})
 	default:
 		return nil // deleted, or not in the cache yet: a later rebuild queues it again
 	}
+	if err != nil {
+		return fmt.Errorf("updating status of %s: %w", key, err)
+	}
+	return nil
+}
+
+// write updates a route's status.parents through update when the outcome
+// changes them, and counts the result.
+func (w *StatusWriter) write(gen int64, cur []gwv1.RouteParentStatus, o RouteOutcome, update func([]gwv1.RouteParentStatus) error) error {
+	parents, changed := w.parents(gen, cur, o)
+	if !changed {
+		return nil
+	}
+	err := update(parents)
 	switch {
 	case apierrors.IsNotFound(err):
 		return nil
+	case kubequeue.Conflict(err):
+		return err // the cache was behind: the retry reads the newer version
 	case err != nil:
-		return fmt.Errorf("updating status of %s: %w", key, err)
+		w.writes.WithLabelValues("error").Inc()
+		return err
 	}
 	w.writes.WithLabelValues("ok").Inc()
 	return nil

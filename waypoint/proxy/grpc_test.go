@@ -115,6 +115,14 @@ func TestGRPC(t *testing.T) {
 			t.Errorf("istio_requests_total{grpc_response_status=%q} = %v, want %v", code, got, want)
 		}
 	}
+	// Messages each way: one request each; responses from the first Check
+	// and from Fail, none from the trailers-only NOT_FOUND.
+	if got := m.sum(t, "istio_request_messages_total"); got != 3 {
+		t.Errorf("istio_request_messages_total = %v, want 3", got)
+	}
+	if got := m.sum(t, "istio_response_messages_total"); got != 2 {
+		t.Errorf("istio_response_messages_total = %v, want 2", got)
+	}
 
 	// A server stream delivers each message as it is sent.
 	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: "echo"})

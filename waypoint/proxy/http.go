@@ -113,6 +113,9 @@ type reqInfo struct {
 	auditPolicy    string
 	shadow         shadowResult // dry-run policies' verdict
 	grpcStatus     string
+	// reqMsgs and rspMsgs count a gRPC call's messages each way; nil for
+	// other requests.
+	reqMsgs, rspMsgs *grpcMessages
 	// reqBytes is added to by whoever reads the request body: the handler,
 	// or an HTTP/2 upstream's body writer that may outlive the response.
 	reqBytes atomic.Int64
@@ -124,12 +127,16 @@ type reqInfo struct {
 
 type countingBody struct {
 	io.ReadCloser
-	n *atomic.Int64
+	n    *atomic.Int64
+	msgs *grpcMessages // a gRPC call's, else nil
 }
 
 func (b countingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if b.msgs != nil {
+		b.msgs.feed(p[:n])
+	}
 	return n, err
 }
 
@@ -137,6 +144,7 @@ type countingWriter struct {
 	http.ResponseWriter
 	n      int64
 	status int
+	msgs   *grpcMessages // a gRPC call's, else nil
 }
 
 func (w *countingWriter) WriteHeader(c int) {
@@ -152,6 +160,9 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 	}
 	n, err := w.ResponseWriter.Write(p)
 	w.n += int64(n)
+	if w.msgs != nil {
+		w.msgs.feed(p[:n])
+	}
 	return n, err
 }
 
@@ -168,8 +179,13 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	start := time.Now()
 	info := &reqInfo{}
 	cw := &countingWriter{ResponseWriter: w}
+	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
+	if grpc {
+		info.reqMsgs, info.rspMsgs = new(grpcMessages), new(grpcMessages)
+		cw.msgs = info.rspMsgs
+	}
 	if r.Body != nil && r.Body != http.NoBody {
-		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes}
+		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes, msgs: info.reqMsgs}
 	}
 	tp := traceparent(r.Header.Get("Traceparent"))
 	r.Header["Traceparent"] = []string{tp}
@@ -177,7 +193,6 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 		// As Envoy: a request without one gets one, and keeps it upstream.
 		r.Header.Set("X-Request-Id", uuid.NewString())
 	}
-	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 	s.route(cw, r, h2, info)
 	info.status = cw.status
 	info.rspBytes = cw.n

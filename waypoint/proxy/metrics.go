@@ -16,6 +16,8 @@ type Metrics struct {
 	requests           *prometheus.CounterVec
 	duration           *prometheus.HistogramVec
 	reqBytes, rspBytes *prometheus.HistogramVec
+	// reqMsgs and rspMsgs count gRPC messages (gRPC calls only).
+	reqMsgs, rspMsgs *prometheus.CounterVec
 	// shadow counts dry-run RBAC evaluations (shadow.go).
 	shadow *prometheus.CounterVec
 }
@@ -35,10 +37,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "istio_request_duration_milliseconds", Help: "Request duration.", Buckets: buckets}, labels),
 		reqBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "istio_request_bytes", Help: "Request body sizes.", Buckets: sizes}, labels),
 		rspBytes: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "istio_response_bytes", Help: "Response body sizes.", Buckets: sizes}, labels),
+		reqMsgs:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_request_messages_total", Help: "gRPC messages sent by clients."}, labels),
+		rspMsgs:  prometheus.NewCounterVec(prometheus.CounterOpts{Name: "istio_response_messages_total", Help: "gRPC messages sent by servers."}, labels),
 		shadow:   newShadowCounter(),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.reqBytes, m.rspBytes, m.shadow)
+		reg.MustRegister(m.requests, m.duration, m.reqBytes, m.rspBytes, m.reqMsgs, m.rspMsgs, m.shadow)
 	}
 	return m
 }
@@ -48,6 +52,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 type series struct {
 	requests                     prometheus.Counter
 	duration, reqBytes, rspBytes prometheus.Observer
+	reqMsgs, rspMsgs             prometheus.Counter // a gRPC series', else nil
 }
 
 // seriesKey is what varies between the requests of one session.
@@ -119,6 +124,9 @@ func (s *session) series(k seriesKey) *series {
 		reqBytes: m.reqBytes.WithLabelValues(v...),
 		rspBytes: m.rspBytes.WithLabelValues(v...),
 	}
+	if k.grpc {
+		sr.reqMsgs, sr.rspMsgs = m.reqMsgs.WithLabelValues(v...), m.rspMsgs.WithLabelValues(v...)
+	}
 	s.cache[k] = sr
 	return sr
 }
@@ -139,6 +147,10 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 	sr.duration.Observe(float64(d.Microseconds()) / 1000)
 	sr.reqBytes.Observe(float64(reqBytes))
 	sr.rspBytes.Observe(float64(info.rspBytes))
+	if sr.reqMsgs != nil && info.reqMsgs != nil {
+		sr.reqMsgs.Add(float64(info.reqMsgs.count()))
+		sr.rspMsgs.Add(float64(info.rspMsgs.count()))
+	}
 	if !p.cfg.AccessLog.Enabled(context.Background(), slog.LevelInfo) {
 		return
 	}

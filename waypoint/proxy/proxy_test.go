@@ -366,16 +366,29 @@ func (m *mesh) requests(t *testing.T, code string) float64 {
 
 // counted sums istio_requests_total over the series whose label is value.
 func (m *mesh) counted(t *testing.T, label, value string) float64 {
+	return m.sumWhere(t, "istio_requests_total", label, value)
+}
+
+// sum adds up a counter over all its series.
+func (m *mesh) sum(t *testing.T, name string) float64 { return m.sumWhere(t, name, "", "") }
+
+// sumWhere adds up counter name over its series whose label has value
+// (every series when label is "").
+func (m *mesh) sumWhere(t *testing.T, name, label, value string) float64 {
 	mfs, err := m.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	var sum float64
 	for _, mf := range mfs {
-		if mf.GetName() != "istio_requests_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, mt := range mf.GetMetric() {
+			if label == "" {
+				sum += mt.GetCounter().GetValue()
+				continue
+			}
 			for _, l := range mt.GetLabel() {
 				if l.GetName() == label && l.GetValue() == value {
 					sum += mt.GetCounter().GetValue()

@@ -27,6 +27,22 @@ func waited(ctx context.Context, d *Debouncer) <-chan time.Duration {
 	return out
 }
 
+// notifyEvery notifies d every interval until stop is closed.
+func notifyEvery(d *Debouncer, interval time.Duration) (stop chan struct{}) {
+	stop = make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(interval):
+				d.Notify()
+			}
+		}
+	}()
+	return stop
+}
+
 // TestQuiet: one notification settles after the quiet period.
 func TestQuiet(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -53,17 +69,7 @@ func TestBurst(t *testing.T) {
 			t.Errorf("a burst of 6 over %v: Wait took %v, want %v", 5*quietFor/2, got, 5*quietFor/2+quietFor)
 		}
 		// Endless changes: settled at the maximum all the same.
-		stop := make(chan struct{})
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(quietFor / 2):
-					d.Notify()
-				}
-			}
-		}()
+		stop := notifyEvery(d, quietFor/2)
 		d.Notify()
 		got := <-waited(t.Context(), d)
 		close(stop)
@@ -134,17 +140,7 @@ func TestMaxFromTheFirstChange(t *testing.T) {
 		d := New(quietFor, maxFor)
 		d.Notify()
 		time.Sleep(maxFor - quietFor/2) // the waiter busy with the last batch
-		stop := make(chan struct{})
-		go func() {
-			for {
-				select {
-				case <-stop:
-					return
-				case <-time.After(quietFor / 2):
-					d.Notify()
-				}
-			}
-		}()
+		stop := notifyEvery(d, quietFor/2)
 		got := <-waited(t.Context(), d)
 		close(stop)
 		if got != quietFor/2 {

@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/test/echo"
 )
 
@@ -80,7 +81,7 @@ func TestGRPCStreaming(t *testing.T) {
 
 	const series = "istio_requests_total"
 	labels := []string{`reporter="waypoint"`, `request_protocol="grpc"`, `response_code="200"`, `grpc_response_status="0"`}
-	before := sumSeries(m.waypointMetrics(ctx, t), series, labels...)
+	before := cluster.SumSeries(m.waypointMetrics(ctx, t), series, labels...)
 	const n = 200
 	var want []string
 	for i := range n {
@@ -107,33 +108,11 @@ func TestGRPCStreaming(t *testing.T) {
 	// The waypoint records a call when it ends; wait for all three.
 	var after float64
 	err = m.c.WaitFor(ctx, "the waypoint counting the three streams with grpc_response_status 0", func(ctx context.Context) (bool, error) {
-		after = sumSeries(m.waypointMetrics(ctx, t), series, labels...)
+		after = cluster.SumSeries(m.waypointMetrics(ctx, t), series, labels...)
 		return after >= before+float64(len(modes)), nil
 	})
 	t.Logf("%s{%s}: %v -> %v", series, strings.Join(labels, ","), before, after)
 	if err != nil {
 		t.Errorf("%s{%s}: %v -> %v: %v\n%s", series, strings.Join(labels, ","), before, after, err, grep(m.waypointMetrics(ctx, t), series+`{`))
 	}
-}
-
-// sumSeries adds up the samples of the series of metric whose labels
-// contain every one of labels.
-func sumSeries(text, metric string, labels ...string) float64 {
-	var sum float64
-	for _, l := range strings.Split(text, "\n") {
-		if !strings.HasPrefix(l, metric+"{") {
-			continue
-		}
-		ok := true
-		for _, lb := range labels {
-			ok = ok && strings.Contains(l, lb)
-		}
-		var v float64
-		if i := strings.LastIndexByte(l, ' '); ok && i > 0 {
-			if _, err := fmt.Sscan(l[i+1:], &v); err == nil {
-				sum += v
-			}
-		}
-	}
-	return sum
 }

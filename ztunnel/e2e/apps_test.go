@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -216,28 +215,6 @@ func TestDNSDuringZtunnelRestart(t *testing.T) {
 	checkHandedOver(t, c, old)
 }
 
-// sumSeries adds up the samples of the series of metric whose labels
-// contain every one of labels.
-func sumSeries(text, metric string, labels ...string) float64 {
-	var sum float64
-	for _, l := range strings.Split(text, "\n") {
-		if !strings.HasPrefix(l, metric+"{") {
-			continue
-		}
-		ok := true
-		for _, lb := range labels {
-			ok = ok && strings.Contains(l, lb)
-		}
-		if i := strings.LastIndexByte(l, ' '); ok && i > 0 {
-			v, err := strconv.ParseFloat(l[i+1:], 64)
-			if err == nil {
-				sum += v
-			}
-		}
-	}
-	return sum
-}
-
 // TestUpstreamOnlyName resolves, from an enrolled pod, a name that only
 // the resolver beyond the cluster knows: ztunnel's DNS proxy forwards it
 // and the pod gets the upstream's answer (the cluster DNS's TTL, 5), by its
@@ -264,7 +241,7 @@ func TestUpstreamOnlyName(t *testing.T) {
 	}
 	const forwarded = "istio_dns_upstream_requests_total"
 	from := `source_canonical_service="client"`
-	before := sumSeries(ztunnelMetrics(t, c, client.Spec.NodeName), forwarded, from)
+	before := cluster.SumSeries(ztunnelMetrics(t, c, client.Spec.NodeName), forwarded, from)
 	got, err = resolveIn(ctx, c, ns, client.Name, name)
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +250,7 @@ func TestUpstreamOnlyName(t *testing.T) {
 	if r.Rcode != "NOERROR" || !slices.Equal(r.Addrs, []string{addr.String()}) || r.TTL != 5 || r.FQDN != name+"." {
 		t.Errorf("%s: %s %v ttl %d via %s %s; want %s ttl 5 (the upstream's answer) via %s.", name, r.Rcode, r.Addrs, r.TTL, r.FQDN, r.Error, addr, name)
 	}
-	after := sumSeries(ztunnelMetrics(t, c, client.Spec.NodeName), forwarded, from)
+	after := cluster.SumSeries(ztunnelMetrics(t, c, client.Spec.NodeName), forwarded, from)
 	// The search list's candidates are in the cluster domain and answered
 	// by ztunnel or forwarded too; the absolute name is always forwarded.
 	if after < before+1 {

@@ -36,9 +36,8 @@ func (f Forwarded) String() string {
 		forv = f.For.String()
 	}
 	if forv != "" {
-		b.WriteString(`for="`)
-		b.WriteString(forv)
-		b.WriteByte('"')
+		b.WriteString("for=")
+		b.WriteString(quote(forv))
 	}
 	for _, kv := range [...][2]string{{"host", f.Host}, {"proto", f.Proto}, {"by", f.By}} {
 		if kv[1] == "" {
@@ -234,9 +233,13 @@ func (p *listParser) value() (string, error) {
 			if p.i >= len(p.s) {
 				return "", errors.New("quoted string ends in a backslash")
 			}
+			// quoted-pair = "\" ( HTAB / SP / VCHAR / obs-text )
+			if e := p.s[p.i]; isCTL(e) {
+				return "", fmt.Errorf("control character %#x escaped in a quoted string", e)
+			}
 			b.WriteByte(p.s[p.i])
 			p.i++
-		case c < 0x20 && c != '\t' || c == 0x7f:
+		case isCTL(c):
 			return "", fmt.Errorf("control character %#x in a quoted string", c)
 		default:
 			b.WriteByte(c)
@@ -244,6 +247,9 @@ func (p *listParser) value() (string, error) {
 	}
 	return "", errors.New("quoted string has no closing quote")
 }
+
+// isCTL reports a control character that a quoted-string may not hold (HTAB aside).
+func isCTL(c byte) bool { return c < 0x20 && c != '\t' || c == 0x7f }
 
 func isTokenChar(c byte) bool {
 	switch {
@@ -266,8 +272,15 @@ func quoteIfNeeded(s string) string {
 	if isToken(s) {
 		return s
 	}
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+	return quote(s)
 }
+
+// quote writes s as an RFC 9110 quoted-string, escaping '"' and '\'.
+func quote(s string) string {
+	return `"` + quoteEscaper.Replace(s) + `"`
+}
+
+var quoteEscaper = strings.NewReplacer(`\`, `\\`, `"`, `\"`)
 
 // baggage-octet (W3C baggage): printable ASCII except space, '"', ',', ';' and '\'.
 func isBaggageOctet(c byte) bool {

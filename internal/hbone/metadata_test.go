@@ -28,6 +28,7 @@ func TestForwarded(t *testing.T) {
 		{in: `for=a b`, wantErr: "unexpected"},
 		{in: `;for=a`, wantErr: "want a parameter name"},
 		{in: "for=\"a\x01\"", wantErr: "control character"},
+		{in: "for=\"\\\x1f\"", wantErr: "control character 0x1f escaped"},
 		{in: strings.Repeat("a", 9000), wantErr: "more than"},
 	}
 	for _, tt := range tests {
@@ -86,7 +87,7 @@ func TestBaggage(t *testing.T) {
 }
 
 func FuzzParseForwarded(f *testing.F) {
-	for _, s := range []string{`for="10.0.0.5:4321";host=a.b`, `for=_x, for="[::1]:1"`, `a="\\"`, ``} {
+	for _, s := range []string{`for="10.0.0.5:4321";host=a.b`, `for=_x, for="[::1]:1"`, `a="\\"`, ``, `for="\""`, `for="a\\b";by="\"\\"`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
@@ -96,8 +97,13 @@ func FuzzParseForwarded(f *testing.F) {
 		}
 		for _, e := range els {
 			if e.ForRaw != "" && !strings.ContainsAny(e.ForRaw, "\x00\r\n") {
-				if _, err := ParseForwarded(e.String()); err != nil {
+				back, err := ParseForwarded(e.String())
+				if err != nil {
 					t.Fatalf("element %+v formats to %q which does not parse: %v", e, e.String(), err)
+				}
+				if len(back) != 1 || back[0].Host != e.Host || back[0].Proto != e.Proto || back[0].By != e.By ||
+					(!e.For.IsValid() && back[0].ForRaw != e.ForRaw) {
+					t.Fatalf("element %+v formats to %q which parses as %+v", e, e.String(), back)
 				}
 			}
 		}

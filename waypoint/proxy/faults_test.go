@@ -149,7 +149,8 @@ func TestRapidReset(t *testing.T) {
 	// closed.
 	var peak atomic.Int64
 	addr := backend(t, "b", func(w http.ResponseWriter, r *http.Request) {
-		n := m.p.pool(m.store.Snapshot(), "b").u.b.requests.Load()
+		st, _ := m.p.upstream.Stats("b")
+		n := st.Requests
 		for {
 			p := peak.Load()
 			if n <= p || peak.CompareAndSwap(p, n) {

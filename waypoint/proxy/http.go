@@ -22,6 +22,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/internal/upstream"
 	"github.com/weftmesh/weft/waypoint/rbac"
 	"github.com/weftmesh/weft/waypoint/route"
 )
@@ -107,8 +108,7 @@ func (l *connListener) track(_ net.Conn, st http.ConnState) {
 type reqInfo struct {
 	status         int
 	route, cluster string
-	upstream       netip.AddrPort
-	ep             *config.Endpoint
+	picked         upstream.Picked // the endpoint the last attempt went to
 	audit          bool
 	auditPolicy    string
 	shadow         shadowResult // dry-run policies' verdict
@@ -393,7 +393,7 @@ func (s *session) tryUpstream(ctx context.Context, call *upstreamCall, attempts 
 		if !last {
 			// Envoy's max_retries: a retry over the cluster's budget is
 			// not made and this attempt's outcome stands.
-			slot = s.p.takeRetry(call.snap, call.cluster)
+			slot = s.p.upstream.TakeRetry(call.snap, call.cluster)
 			last = slot == nil
 		}
 		if last {
@@ -425,7 +425,7 @@ func (s *session) attempt(ctx context.Context, call *upstreamCall, info *reqInfo
 		tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
 		out = out.WithContext(tctx)
 	}
-	resp, err := s.p.roundTrip(tctx, call.snap, call.cluster, out, call.h2, s.target, info)
+	resp, err := s.p.upstream.RoundTrip(tctx, call.snap, call.cluster, out, call.h2, s.target, &info.picked)
 	return resp, cancel, err
 }
 
@@ -607,20 +607,6 @@ func redirect(w http.ResponseWriter, r *http.Request, rt *route.Route) {
 	w.WriteHeader(rd.Code)
 }
 
-// takeRetry claims one of the cluster's concurrent retries; nil when the
-// budget is spent.
-func (p *Proxy) takeRetry(snap *config.Snapshot, cluster string) func() {
-	pl := p.pool(snap, cluster)
-	if pl == nil {
-		return func() {} // the attempt fails on its own
-	}
-	b := &pl.u.b
-	if !take(&b.retries, pl.cluster.MaxRetries) {
-		return nil
-	}
-	return func() { b.retries.Add(-1) }
-}
-
 var mirrorSem = make(chan struct{}, maxMirrors)
 
 // mirror sends a copy of req to cluster without waiting; dropped when too
@@ -645,7 +631,7 @@ func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request,
 		defer func() { <-mirrorSem }()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		resp, err := p.roundTrip(ctx, snap, cluster, m.WithContext(ctx), h2, netip.AddrPort{}, &reqInfo{})
+		resp, err := p.upstream.RoundTrip(ctx, snap, cluster, m.WithContext(ctx), h2, netip.AddrPort{}, nil)
 		if err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()

@@ -136,7 +136,7 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 	if grpc {
 		k.grpcStatus = info.grpcStatus
 	}
-	if e := info.ep; e != nil {
+	if e := info.picked.Endpoint; e != nil {
 		k.dstWL = firstNonEmpty(e.WorkloadName, e.Workload, "unknown")
 		k.dstNS = firstNonEmpty(e.Namespace, "unknown")
 		k.dstPrin = firstNonEmpty(e.Identity, "unknown")
@@ -168,8 +168,8 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 }
 
 func upstreamString(i *reqInfo) string {
-	if i.upstream.IsValid() {
-		return i.upstream.String()
+	if i.picked.Addr.IsValid() {
+		return i.picked.Addr.String()
 	}
 	return ""
 }

@@ -2,6 +2,14 @@
 // streams are matched to filter chains, detected as HTTP/1.1, HTTP/2 prior
 // knowledge or opaque TCP, authorized, routed and re-originated to the
 // chosen endpoint over HBONE (or plain TCP).
+//
+// Two parts live in packages of their own: the downstream HTTP/1.1 server
+// (waypoint/internal/h1server) and the upstream side, the clusters'
+// connection pools, circuit breakers and HTTP clients
+// (waypoint/internal/upstream). What stays here is sniffing, the HTTP/2
+// server, admission (sanitizing, RBAC, dry-run RBAC), routing with its
+// retries and mirrors, upgrades, local replies, metrics and the access
+// log.
 package proxy
 
 import (
@@ -12,13 +20,11 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
-	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -27,11 +33,11 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 
-	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/h1server"
+	"github.com/weftmesh/weft/waypoint/internal/upstream"
 	"github.com/weftmesh/weft/waypoint/rbac"
 )
 
@@ -60,9 +66,7 @@ type Proxy struct {
 	cfg      Config
 	srv      *hbone.Server
 	dialer   *hbone.Dialer
-	h2       *http.Transport // starts the upstream HTTP/2 connections (newH2ClientConn)
-	clusters sync.Map        // cluster name -> *upstream
-	drains   sync.WaitGroup  // retired HTTP/2 connections finishing their streams
+	upstream *upstream.Client
 }
 
 // New returns a proxy; Serve starts it.
@@ -79,16 +83,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.AccessLog == nil {
 		cfg.AccessLog = cfg.Logger
 	}
-	if cfg.UpstreamHBONEPort == 0 {
-		cfg.UpstreamHBONEPort = apinames.HBONEPort
-	}
-	if cfg.DialTCP == nil {
-		cfg.DialTCP = func(ctx context.Context, a netip.AddrPort) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", a.String())
-		}
-	}
-	p := &Proxy{cfg: cfg, h2: newH2Transport()}
+	p := &Proxy{cfg: cfg}
 	var err error
 	p.srv, err = hbone.NewServer(hbone.ServerConfig{
 		TLS:     spiffe.ServerConfig(cfg.Certificate, cfg.Roots, cfg.Identity.TrustDomain()),
@@ -107,6 +102,16 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.upstream, err = upstream.New(upstream.Config{
+		Identity:  cfg.Identity,
+		Dialer:    p.dialer,
+		Snapshot:  cfg.Store.Snapshot,
+		HBONEPort: cfg.UpstreamHBONEPort,
+		DialTCP:   cfg.DialTCP,
+	})
+	if err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -117,11 +122,10 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	jctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); p.janitor(jctx) }()
+	go func() { defer wg.Done(); p.upstream.Run(jctx) }()
 	err := p.srv.Serve(ctx, ln)
 	stop()
 	wg.Wait()
-	p.drains.Wait()
 	return err
 }
 
@@ -425,7 +429,7 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	up, ep, err := s.p.dialCluster(ctx, snap, cluster, s.target)
+	up, ep, err := s.p.upstream.Dial(ctx, snap, cluster, s.target)
 	cancel()
 	if err != nil {
 		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", string(flagConnectFailure), "error", err.Error())...)
@@ -451,81 +455,4 @@ func closeWrite(c net.Conn) {
 	if cw, ok := c.(interface{ CloseWrite() error }); ok {
 		cw.CloseWrite()
 	}
-}
-
-// errNoHealthy means the cluster has no usable endpoint.
-var errNoHealthy = errors.New("no healthy upstream")
-
-// dialCluster opens a connection to an endpoint of cluster for a TCP relay;
-// it holds one of the cluster's connections until closed.
-func (p *Proxy) dialCluster(ctx context.Context, snap *config.Snapshot, cluster string, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {
-	if cluster == config.PassthroughCluster {
-		return p.dialPassthrough(ctx, snap, target)
-	}
-	pl := p.pool(snap, cluster)
-	if pl == nil {
-		return nil, netip.AddrPort{}, errNoHealthy
-	}
-	b := &pl.u.b
-	if !take(&b.conns, pl.cluster.MaxConnections) {
-		return nil, netip.AddrPort{}, errOverloaded
-	}
-	tried := map[netip.AddrPort]bool{}
-	var last error = errNoHealthy
-	for range 3 {
-		h := pl.pick(tried)
-		if h == nil {
-			break
-		}
-		h.active.Add(1)
-		c, err := p.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
-		if err == nil {
-			return &tcpConn{Conn: c, release: func() { h.active.Add(-1); b.connFreed() }}, h.ep.Addr, nil
-		}
-		h.active.Add(-1)
-		pl.markFailed(h.ep.Addr)
-		tried[h.ep.Addr] = true
-		last = err
-	}
-	b.connFreed()
-	return nil, netip.AddrPort{}, last
-}
-
-func (p *Proxy) dialPassthrough(ctx context.Context, snap *config.Snapshot, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {
-	// A workload chain covering the target says it speaks HBONE.
-	if ch := snap.Chain(target); ch != nil && strings.HasPrefix(ch.Name, "workload/") {
-		for _, a := range snap.Assignments {
-			for _, ep := range a.Endpoints {
-				if ep.Addr.Addr() == target.Addr() && ep.HBONE {
-					e := ep
-					e.Addr = target
-					c, err := p.dialEndpoint(ctx, e, 10*time.Second)
-					return c, target, err
-				}
-			}
-		}
-	}
-	c, err := p.cfg.DialTCP(ctx, target)
-	return c, target, err
-}
-
-func (p *Proxy) dialEndpoint(ctx context.Context, ep config.Endpoint, timeout time.Duration) (net.Conn, error) {
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	if !ep.HBONE {
-		return p.cfg.DialTCP(ctx, ep.Addr)
-	}
-	peer, err := spiffeid.FromString(ep.Identity)
-	if err != nil {
-		return nil, fmt.Errorf("endpoint %s identity %q: %w", ep.Addr, ep.Identity, err)
-	}
-	return p.dialer.Dial(ctx, hbone.Target{
-		Source:    p.cfg.Identity,
-		Peers:     []spiffeid.ID{peer},
-		Addr:      netip.AddrPortFrom(ep.Addr.Addr(), p.cfg.UpstreamHBONEPort),
-		Authority: ep.Addr.String(),
-	})
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+
+	"github.com/weftmesh/weft/waypoint/internal/upstream"
 )
 
 // flag is an Envoy response flag: why a request did not get its
@@ -73,9 +75,9 @@ func upstreamFailure(err error) localReply {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
 		return replyUpstreamTimeout
-	case errors.Is(err, errOverloaded):
+	case errors.Is(err, upstream.ErrOverloaded):
 		return replyOverflow
-	case errors.Is(err, errNoHealthy):
+	case errors.Is(err, upstream.ErrNoHealthy):
 		return replyNoHealthy
 	}
 	return replyConnectFailure

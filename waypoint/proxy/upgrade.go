@@ -177,7 +177,9 @@ type switcher interface {
 	SwitchProtocols(token string) (*h1server.Tunnel, error)
 }
 
-// tunnelEnd is one side of a switched connection.
+// tunnelEnd is one side of a switched connection: the downstream's
+// h1server.Tunnel or streamTunnel, the upstream's the body of the 101 that
+// upstream.Client.RoundTrip returns.
 type tunnelEnd interface {
 	io.ReadWriter
 	CloseWrite() error
@@ -208,35 +210,4 @@ func (s *session) switched(w http.ResponseWriter, resp *http.Response, token str
 	recv, sent, _ := relay.Join(down, up, idle(s.chain.HTTP.IdleTimeout))
 	cw.n += sent
 	info.reqBytes.Add(recv)
-}
-
-// upstreamTunnel is the upstream's side of a switched HTTP/1.1
-// connection, the response body of a 101; closing it closes the
-// connection and ends the request.
-type upstreamTunnel struct {
-	c    *h1conn
-	done func()
-	once sync.Once
-}
-
-var _ tunnelEnd = (*upstreamTunnel)(nil)
-
-func (u *upstreamTunnel) Read(p []byte) (int, error)  { return u.c.br.Read(p) }
-func (u *upstreamTunnel) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
-
-func (u *upstreamTunnel) CloseWrite() error {
-	if cw, ok := u.c.nc.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
-}
-
-func (u *upstreamTunnel) SetReadDeadline(t time.Time) error { return u.c.nc.SetReadDeadline(t) }
-
-func (u *upstreamTunnel) Close() error {
-	u.once.Do(func() {
-		u.c.discard()
-		u.done()
-	})
-	return nil
 }

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -31,12 +30,11 @@ func countConns(n *atomic.Int32) func(*http.Server) {
 
 // breakerState reads a cluster's circuit-breaker counters.
 func (m *mesh) breakerState(cluster string) (conns, pending, requests, retries int64) {
-	v, ok := m.p.clusters.Load(cluster)
+	st, ok := m.p.upstream.Stats(cluster)
 	if !ok {
 		m.t.Fatalf("cluster %s has no upstream state", cluster)
 	}
-	b := &v.(*upstream).b
-	return b.conns.Load(), b.pending.Load(), b.requests.Load(), b.retries.Load()
+	return st.Connections, st.Pending, st.Requests, st.Retries
 }
 
 // settled waits until a cluster's counters show no request, pending
@@ -279,41 +277,6 @@ func TestRetryBudget(t *testing.T) {
 	mu.Unlock()
 	m.settled("nobudget")
 	m.settled("budget")
-}
-
-// TestFreshCheckout: the attempt that replaces a pooled connection the
-// peer had given up on needs a new connection; with the cluster's only slot
-// held by an idle connection to the same endpoint it closes that one
-// rather than waiting for a slot that is never freed.
-func TestFreshCheckout(t *testing.T) {
-	m := newMesh(t)
-	addr := backend(t, "b", nil)
-	m.applyClusters([]*routev3.Route{{Match: prefix("/"), Action: toCluster("b")}},
-		map[string]clusterSpec{"b": {eps: []endpointSpec{{addr: addr}}, limits: &clusterv3.CircuitBreakers_Thresholds{
-			MaxConnections: wrapperspb.UInt32(1), MaxPendingRequests: wrapperspb.UInt32(1)}}})
-	if r := m.do(get("/")); r.StatusCode != 200 {
-		t.Fatalf("first request: %d", r.StatusCode)
-	}
-	if n := m.settled("b"); n != 1 {
-		t.Fatalf("%d connections pooled, want 1", n)
-	}
-	pl := m.p.pool(m.store.Snapshot(), "b")
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	l, err := m.p.checkout(ctx, pl, want{fresh: true})
-	if err != nil {
-		t.Fatalf("fresh checkout: %v", err)
-	}
-	if l.reused {
-		t.Error("fresh checkout reused a pooled connection")
-	}
-	if conns, pending, _, _ := m.breakerState("b"); conns != 1 || pending != 0 {
-		t.Errorf("after a fresh checkout: %d connections, %d pending; want 1 and 0", conns, pending)
-	}
-	l.h1.discard()
-	if conns, _, _, _ := m.breakerState("b"); conns != 0 {
-		t.Errorf("%d connections counted after the only one closed", conns)
-	}
 }
 
 // TestFailedEndpoint: an endpoint whose connect fails is passed over while

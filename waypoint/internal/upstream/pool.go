@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"context"
@@ -41,10 +41,6 @@ const (
 	// its streams.
 	h2DrainTimeout = 30 * time.Second
 )
-
-// errOverloaded means a circuit breaker refused the request (Envoy's
-// overflow, response flag UO).
-var errOverloaded = errors.New("upstream overflow: circuit breaker open")
 
 // breaker counts what a cluster's circuit-breaker thresholds limit.
 type breaker struct {
@@ -134,26 +130,26 @@ type pool struct {
 
 // pool returns the current pool of a cluster, nil when the cluster or its
 // assignment is missing.
-func (p *Proxy) pool(snap *config.Snapshot, name string) *pool {
-	c, ok := snap.Clusters[name]
+func (c *Client) pool(snap *config.Snapshot, name string) *pool {
+	cl, ok := snap.Clusters[name]
 	a, ok2 := snap.Assignments[name]
 	if !ok || !ok2 {
 		return nil
 	}
-	v, ok := p.clusters.Load(name)
+	v, ok := c.clusters.Load(name)
 	if !ok {
-		v, _ = p.clusters.LoadOrStore(name, &upstream{hosts: map[hostKey]*host{}})
+		v, _ = c.clusters.LoadOrStore(name, &upstream{hosts: map[hostKey]*host{}})
 	}
 	u := v.(*upstream)
-	if pl := u.cur.Load(); pl != nil && pl.ver == a && pl.cver == c {
+	if pl := u.cur.Load(); pl != nil && pl.ver == a && pl.cver == cl {
 		return pl
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if pl := u.cur.Load(); pl != nil && pl.ver == a && pl.cver == c {
+	if pl := u.cur.Load(); pl != nil && pl.ver == a && pl.cver == cl {
 		return pl
 	}
-	pl := &pool{cluster: c, u: u, ver: a, cver: c, failed: map[netip.AddrPort]time.Time{}}
+	pl := &pool{cluster: cl, u: u, ver: a, cver: cl, failed: map[netip.AddrPort]time.Time{}}
 	hosts := make(map[hostKey]*host, len(a.Endpoints))
 	for _, ep := range a.Endpoints {
 		k := hostKey{ep.Addr, ep.HBONE, ep.Identity}
@@ -170,7 +166,7 @@ func (p *Proxy) pool(snap *config.Snapshot, name string) *pool {
 	}
 	for k, h := range u.hosts {
 		if _, ok := hosts[k]; !ok {
-			p.retire(h)
+			c.retire(h)
 		}
 	}
 	u.hosts = hosts
@@ -288,11 +284,11 @@ type want struct {
 // w.fresh, else a new one within MaxConnections, else it waits (as one of
 // at most MaxPending requests) for one to be freed. A failed dial marks the
 // endpoint and moves to another, three endpoints at most.
-func (p *Proxy) checkout(ctx context.Context, pl *pool, w want) (lease, error) {
+func (c *Client) checkout(ctx context.Context, pl *pool, w want) (lease, error) {
 	useH2, fresh := w.h2, w.fresh
 	b := &pl.u.b
 	var tried map[netip.AddrPort]bool
-	var last error = errNoHealthy
+	var last error = ErrNoHealthy
 	waiting := false
 	defer func() {
 		if waiting {
@@ -312,7 +308,7 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, w want) (lease, error) {
 		if !pl.takeConn(h, fresh) {
 			if !waiting {
 				if !take(&b.pending, pl.cluster.MaxPending) {
-					return lease{}, errOverloaded
+					return lease{}, ErrOverloaded
 				}
 				waiting = true
 			}
@@ -334,7 +330,7 @@ func (p *Proxy) checkout(ctx context.Context, pl *pool, w want) (lease, error) {
 				}
 			}
 		}
-		l, err := p.dialHost(ctx, pl, h, useH2)
+		l, err := c.dialHost(ctx, pl, h, useH2)
 		if err == nil {
 			return l, nil
 		}
@@ -398,32 +394,32 @@ func (h *host) reuse(useH2, probe bool) (lease, bool) {
 
 // dialHost opens a connection to h; the caller holds its connection slot,
 // which the connection keeps on success.
-func (p *Proxy) dialHost(ctx context.Context, pl *pool, h *host, useH2 bool) (lease, error) {
-	nc, err := p.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
+func (c *Client) dialHost(ctx context.Context, pl *pool, h *host, useH2 bool) (lease, error) {
+	nc, err := c.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
 	if err != nil {
 		return lease{}, err
 	}
 	if !useH2 {
 		return lease{h: h, h1: newH1Conn(nc, h)}, nil
 	}
-	cc, err := p.newH2ClientConn(ctx, nc)
+	cc, err := c.newH2ClientConn(ctx, nc)
 	if err != nil {
 		return lease{}, err
 	}
-	c := &h2conn{cc: cc, b: &h.u.b}
+	hc := &h2conn{cc: cc, b: &h.u.b}
 	// A connection that cannot take the stream fails its round trip.
 	cc.Reserve()
 	h.mu.Lock()
 	retired := h.retired
 	if !retired {
-		h.h2 = append(h.h2, c)
+		h.h2 = append(h.h2, hc)
 	}
 	h.mu.Unlock()
 	if retired {
 		// Not pooled: serves this one request, then closes.
-		c.closeWhenIdle = true
+		hc.closeWhenIdle = true
 	}
-	return lease{h: h, h2: c}, nil
+	return lease{h: h, h2: hc}, nil
 }
 
 // openConnKey is the context key under which newH2ClientConn hands its
@@ -434,8 +430,10 @@ type openConnKey struct{}
 // client connections: HTTP/2 with prior knowledge on a connection the pool
 // opened itself (often an HBONE stream), which its dial hands back.
 func newH2Transport() *http.Transport {
+	var h2c http.Protocols // without TLS and without HTTP/1
+	h2c.SetUnencryptedHTTP2(true)
 	return &http.Transport{
-		Protocols:       h2cOnly,
+		Protocols:       &h2c,
 		IdleConnTimeout: upstreamIdleTimeout,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			if nc, ok := ctx.Value(openConnKey{}).(net.Conn); ok {
@@ -448,9 +446,9 @@ func newH2Transport() *http.Transport {
 
 // newH2ClientConn starts an HTTP/2 client connection on nc, which is
 // closed when that fails.
-func (p *Proxy) newH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
+func (c *Client) newH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
 	// The address is not dialled: the transport's dial returns nc.
-	cc, err := p.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, nc), "http", "upstream:80")
+	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, nc), "http", "upstream:80")
 	if err != nil {
 		nc.Close()
 		return nil, err
@@ -530,22 +528,22 @@ func (c *h2conn) drain(ctx context.Context) {
 
 // retire stops pooling on h: idle connections close now, busy HTTP/1.1 ones
 // when their request ends, HTTP/2 ones once their streams finish.
-func (p *Proxy) retire(h *host) {
+func (c *Client) retire(h *host) {
 	h.mu.Lock()
 	h.retired = true
 	idle, h2s := h.idle, h.h2
 	h.idle, h.h2 = nil, nil
 	h.mu.Unlock()
-	for _, c := range idle {
-		c.discard()
+	for _, hc := range idle {
+		hc.discard()
 	}
-	for _, c := range h2s {
-		p.drains.Add(1)
+	for _, hc := range h2s {
+		c.drains.Add(1)
 		go func() {
-			defer p.drains.Done()
+			defer c.drains.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), h2DrainTimeout)
 			defer cancel()
-			c.drain(ctx)
+			hc.drain(ctx)
 		}()
 	}
 }
@@ -570,31 +568,31 @@ func (h *host) sweep(now time.Time) {
 }
 
 // janitor sweeps idle connections until ctx ends, then closes them all.
-func (p *Proxy) janitor(ctx context.Context) {
+func (c *Client) janitor(ctx context.Context) {
 	t := time.NewTicker(janitorInterval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			p.clusters.Range(func(k, v any) bool {
+			c.clusters.Range(func(k, v any) bool {
 				u := v.(*upstream)
 				u.mu.Lock()
 				for _, h := range u.hosts {
-					p.retire(h)
+					c.retire(h)
 				}
 				u.mu.Unlock()
 				return true
 			})
 			return
 		case now := <-t.C:
-			snap := p.cfg.Store.Snapshot()
-			p.clusters.Range(func(k, v any) bool {
+			snap := c.cfg.Snapshot()
+			c.clusters.Range(func(k, v any) bool {
 				u := v.(*upstream)
 				u.mu.Lock()
 				gone := snap == nil || snap.Clusters[k.(string)] == nil
 				for _, h := range u.hosts {
 					if gone {
-						p.retire(h)
+						c.retire(h)
 					} else {
 						h.sweep(now)
 					}
@@ -608,24 +606,4 @@ func (p *Proxy) janitor(ctx context.Context) {
 			})
 		}
 	}
-}
-
-// tcpConn is a TCP relay's upstream connection, holding its slot.
-type tcpConn struct {
-	net.Conn
-	once    sync.Once
-	release func()
-}
-
-func (c *tcpConn) Close() error {
-	c.once.Do(c.release)
-	return c.Conn.Close()
-}
-
-// CloseWrite half-closes the underlying connection when it can.
-func (c *tcpConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return c.Conn.Close()
 }

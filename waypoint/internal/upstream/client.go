@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -26,7 +26,7 @@ import (
 
 // The upstream HTTP client: HTTP/1.1 (RFC 9112) with persistent
 // connections, or HTTP/2 (RFC 9113) streams on shared connections, over
-// the connections of upstream.go.
+// the connections of pool.go.
 
 // h1conn is one upstream HTTP/1.1 connection. Its owner is the request
 // using it, or the host's idle list.
@@ -182,38 +182,53 @@ func rewind(req *http.Request) bool {
 	return true
 }
 
-// roundTrip sends one attempt to an endpoint of cluster. The request slot
-// of the cluster's breaker is held until the response body is done.
-func (p *Proxy) roundTrip(ctx context.Context, snap *config.Snapshot, cluster string, req *http.Request, h2 bool, target netip.AddrPort, info *reqInfo) (*http.Response, error) {
-	if cluster == config.PassthroughCluster {
-		return p.roundTripPassthrough(ctx, snap, req, h2, target, info)
+// RoundTrip sends one attempt of req to an endpoint of cluster in snap,
+// over HTTP/2 when h2 is set or the cluster asks for it, else over
+// HTTP/1.1; target is the original destination, which the passthrough
+// cluster connects to. picked is set to the endpoint as soon as one is
+// chosen, so that a failed attempt names the endpoint it failed on. The
+// request slot of the cluster's breaker is held until the response body
+// is done (read to its end or closed). An HTTP/1.1 upgrade's 101 has a
+// body that is the switched connection: it also writes, half-closes
+// (CloseWrite) and takes a read deadline (SetReadDeadline).
+//
+// The errors: ErrOverloaded when a breaker threshold refuses the request,
+// ErrNoHealthy when the cluster has no usable endpoint,
+// context.DeadlineExceeded when ctx ended, else the dial's or the round
+// trip's error.
+func (c *Client) RoundTrip(ctx context.Context, snap *config.Snapshot, cluster string, req *http.Request, h2 bool, target netip.AddrPort, picked *Picked) (*http.Response, error) {
+	if picked == nil {
+		picked = new(Picked)
 	}
-	pl := p.pool(snap, cluster)
+	if cluster == config.PassthroughCluster {
+		return c.roundTripPassthrough(ctx, snap, req, h2, target, picked)
+	}
+	pl := c.pool(snap, cluster)
 	if pl == nil {
-		return nil, errNoHealthy
+		return nil, ErrNoHealthy
 	}
 	h2 = h2 || pl.cluster.HTTP2
 	if h2 {
-		req.Header.Del("Upgrade") // HTTP/2 has no upgrade (upgrade.go)
+		req.Header.Del("Upgrade") // HTTP/2 has no upgrade
 	}
 	b := &pl.u.b
 	if !take(&b.requests, pl.cluster.MaxRequests) {
-		return nil, errOverloaded
+		return nil, ErrOverloaded
 	}
 	w := want{h2: h2, retryable: idempotent(req) && replayable(req)}
 	if !replayable(req) {
 		// A request that may go once more (its pooled connection was closed
 		// before the upstream received any of it) needs its body again: keep
 		// what a small one sent.
-		recordBody(req, maxRetryBody)
+		recordBody(req, maxReplayBody)
 	}
 	for attempt := 0; ; attempt++ {
-		l, err := p.checkout(ctx, pl, w)
+		l, err := c.checkout(ctx, pl, w)
 		if err != nil {
 			b.requests.Add(-1)
 			return nil, err
 		}
-		info.upstream, info.ep = l.h.ep.Addr, &l.h.ep
+		picked.Addr, picked.Endpoint = l.h.ep.Addr, &l.h.ep
 		l.h.active.Add(1)
 		done := func() {
 			l.h.active.Add(-1)
@@ -295,10 +310,10 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 		return fail(err, again)
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// The connection is the tunnel's now (upgrade.go), past the
-		// request's context.
+		// The connection is the tunnel's now, past the request's
+		// context.
 		stop()
-		resp.Body = &upstreamTunnel{c: c, done: done}
+		resp.Body = &tunnel{c: c, done: done}
 		return resp, false, nil
 	}
 	body := &h1body{body: resp.Body, c: c, stop: stop, keep: !resp.Close && !req.Close, done: done}
@@ -379,7 +394,7 @@ func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 		bw.WriteString("\r\n")
 	}
 	if _, ok := req.Header["Upgrade"]; ok {
-		bw.WriteString("Connection: Upgrade\r\n") // see upgrade.go
+		bw.WriteString("Connection: Upgrade\r\n") // an upgrade request (RFC 9110 section 7.8)
 	}
 	for k, vs := range req.Header {
 		if reqSkip[k] || !httpguts.ValidHeaderFieldName(k) {
@@ -492,6 +507,41 @@ func (b *h1body) end(complete bool) {
 	})
 }
 
+// tunnel is the upstream's side of a switched HTTP/1.1 connection, the
+// response body of a 101; closing it closes the connection and ends the
+// request.
+type tunnel struct {
+	c    *h1conn
+	done func()
+	once sync.Once
+}
+
+var _ interface {
+	io.ReadWriteCloser
+	CloseWrite() error
+	SetReadDeadline(time.Time) error
+} = (*tunnel)(nil)
+
+func (u *tunnel) Read(p []byte) (int, error)  { return u.c.br.Read(p) }
+func (u *tunnel) Write(p []byte) (int, error) { return u.c.nc.Write(p) }
+
+func (u *tunnel) CloseWrite() error {
+	if cw, ok := u.c.nc.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+func (u *tunnel) SetReadDeadline(t time.Time) error { return u.c.nc.SetReadDeadline(t) }
+
+func (u *tunnel) Close() error {
+	u.once.Do(func() {
+		u.c.discard()
+		u.done()
+	})
+	return nil
+}
+
 // roundTrip sends req as a stream of the shared connection.
 func (c *h2conn) roundTrip(req *http.Request, done func()) (*http.Response, bool, error) {
 	resp, err := c.cc.RoundTrip(req)
@@ -567,14 +617,14 @@ func (b *endBody) finish() {
 
 // roundTripPassthrough sends req to the original destination on a
 // connection of its own.
-func (p *Proxy) roundTripPassthrough(ctx context.Context, snap *config.Snapshot, req *http.Request, h2 bool, target netip.AddrPort, info *reqInfo) (*http.Response, error) {
-	nc, ep, err := p.dialPassthrough(ctx, snap, target)
+func (c *Client) roundTripPassthrough(ctx context.Context, snap *config.Snapshot, req *http.Request, h2 bool, target netip.AddrPort, picked *Picked) (*http.Response, error) {
+	nc, ep, err := c.dialPassthrough(ctx, snap, target)
 	if err != nil {
 		return nil, err
 	}
-	info.upstream = ep
+	picked.Addr = ep
 	if h2 {
-		cc, err := p.newH2ClientConn(ctx, nc)
+		cc, err := c.newH2ClientConn(ctx, nc)
 		if err != nil {
 			return nil, err
 		}

@@ -1,19 +1,13 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	mrand "math/rand/v2"
 	"net"
 	"net/http"
-	"net/netip"
-	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/internal/router"
 	"github.com/weftmesh/weft/waypoint/internal/upstream"
 	"github.com/weftmesh/weft/waypoint/rbac"
 	"github.com/weftmesh/weft/waypoint/route"
@@ -31,8 +26,6 @@ import (
 const (
 	maxHeaderBytes       = 60 << 10
 	maxConcurrentStreams = 100
-	maxRetryBody         = 64 << 10
-	maxMirrors           = 64
 )
 
 func idle(d time.Duration) time.Duration {
@@ -212,13 +205,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	if !ok {
 		return
 	}
-	var rt *route.Route
-	if r.Method != http.MethodConnect {
-		// A CONNECT (inside the stream) matches no route: the waypoint
-		// opens no tunnel of its own, as Envoy without a connect_matcher.
-		rq := route.FromHTTP(r)
-		rt = snap.RouteTable(hc).Match(&rq)
-	}
+	rt := router.Match(snap, hc, r)
 	if rt == nil {
 		reply(w, info, replyNoRoute)
 		return
@@ -230,7 +217,7 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		w.WriteHeader(rt.DirectCode)
 		io.WriteString(w, rt.DirectBody)
 	case rt.Redirect != nil:
-		redirect(w, r, rt)
+		router.Redirect(w, r, rt)
 	default:
 		s.forward(w, r, snap, hc, rt, h2, stream, info)
 	}
@@ -279,76 +266,29 @@ func (s *session) admit(w http.ResponseWriter, r *http.Request, h2 bool, hc *con
 	return stream, true
 }
 
-// upstreamCall is one request on its way to a route's cluster.
-type upstreamCall struct {
-	snap    *config.Snapshot
-	rt      *route.Route
-	cluster string
-	out     *http.Request // what goes upstream
-	body    []byte        // out's body, kept for retries and mirrors; nil when not kept
-	h2      bool          // to the upstream over HTTP/2
-	upgrade string        // the protocol out asks to switch to, or ""
-}
-
-// forward sends r to a cluster of rt, with rt's retries, and relays the
-// answer.
+// forward sends r to a cluster of rt (package router: the cluster's
+// pick, mirrors, retries) and relays the answer.
 func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.Snapshot, hc *config.HTTP, rt *route.Route, h2 bool, stream *wsStream, info *reqInfo) {
 	ctx := r.Context()
-	timeout := rt.Timeout
-	if timeout == 0 {
-		timeout = hc.RequestTimeout
-	}
-	if timeout > 0 {
+	if timeout := router.Timeout(rt, hc); timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	wc := rt.Pick(uint32(mrand.Uint64N(uint64(max(rt.TotalWeight, 1)))))
+	wc := router.Pick(rt)
 	info.cluster = wc.Name
-	call := &upstreamCall{snap: snap, rt: rt, cluster: wc.Name, h2: h2, upgrade: upgradeToken(r, h2)}
+	upgrade := upgradeToken(r, h2)
 	if stream != nil {
-		call.upgrade, call.h2 = upgradeWebSocket, false
+		upgrade = upgradeWebSocket
 	}
-	// The handler owns r: its header is edited in place (neither server
-	// reads it once the handler runs), everything else is copied.
-	out := r.WithContext(ctx)
-	out.RequestURI = ""
-	out.Close = false // the upstream connection is ours to keep
-	stripHop(out.Header)
-	if call.upgrade != "" {
-		out.Header.Set("Upgrade", call.upgrade)
+	call, err := router.NewCall(ctx, snap, rt, wc, r, h2, upgrade)
+	if err != nil {
+		reply(w, info, replyBadBody)
+		return
 	}
-	rt.Request.Apply(out.Header)
-	wc.Request.Apply(out.Header)
-	out.URL = upstreamURL(r.URL, rt)
-	out.URL.Scheme, out.URL.Host = "http", r.Host
-	if rt.HostRewrite != "" {
-		out.Host = rt.HostRewrite
-	}
-	call.out = out
-	retryable := rt.Retry != nil && rt.Retry.NumRetries > 0
-	hasBody := r.Body != nil && r.Body != http.NoBody
-	switch {
-	case (retryable || len(rt.Mirrors) > 0) && hasBody && r.ContentLength >= 0 && r.ContentLength <= maxRetryBody:
-		b, err := io.ReadAll(io.LimitReader(r.Body, maxRetryBody+1))
-		if err != nil {
-			reply(w, info, replyBadBody)
-			return
-		}
-		call.body = b
-	case retryable && hasBody:
-		retryable = false // a body too large to keep goes once
-	}
-	for _, m := range rt.Mirrors {
-		if mrand.Float64()*100 < m.Percent {
-			s.p.mirror(snap, m.Cluster, out, call.body, h2)
-		}
-	}
-	attempts := 1
-	if retryable {
-		attempts += rt.Retry.NumRetries
-	}
-	resp, done, err := s.tryUpstream(ctx, call, attempts, info)
+	call.Target = s.target
+	s.p.router.Mirror(call)
+	resp, done, err := s.p.router.Send(ctx, call, &info.picked)
 	if err != nil {
 		reply(w, info, upstreamFailure(err))
 		return
@@ -358,86 +298,15 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 	s.respond(ctx, w, resp, call, stream, info)
 }
 
-// tryUpstream makes up to attempts attempts at call, with the route's
-// back-off between them, until one gets a response its retry policy
-// keeps. done ends the kept attempt's timeout once its body is read.
-func (s *session) tryUpstream(ctx context.Context, call *upstreamCall, attempts int, info *reqInfo) (resp *http.Response, done func(), err error) {
-	policy := call.rt.Retry
-	var backoff time.Duration
-	if policy != nil {
-		backoff = policy.BaseInterval
-	}
-	var slot func() // the retry budget the attempt under way holds
-	for a := 0; ; a++ {
-		if a > 0 {
-			select {
-			case <-time.After(time.Duration(mrand.Int64N(int64(backoff) + 1))):
-			case <-ctx.Done():
-			}
-			backoff = min(backoff*2, policy.MaxInterval)
-		}
-		var cancel context.CancelFunc
-		resp, cancel, err = s.attempt(ctx, call, info)
-		if slot != nil {
-			slot()
-			slot = nil
-		}
-		if ctx.Err() != nil {
-			cancel()
-			if resp != nil {
-				resp.Body.Close()
-			}
-			return nil, nil, context.DeadlineExceeded
-		}
-		last := a == attempts-1 || !shouldRetry(policy, resp, err)
-		if !last {
-			// Envoy's max_retries: a retry over the cluster's budget is
-			// not made and this attempt's outcome stands.
-			slot = s.p.upstream.TakeRetry(call.snap, call.cluster)
-			last = slot == nil
-		}
-		if last {
-			if err != nil {
-				cancel()
-				return nil, nil, err
-			}
-			return resp, cancel, nil
-		}
-		if resp != nil {
-			io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-			resp.Body.Close()
-		}
-		cancel()
-	}
-}
-
-// attempt makes one attempt at call under the route's per-try timeout,
-// which cancel ends.
-func (s *session) attempt(ctx context.Context, call *upstreamCall, info *reqInfo) (*http.Response, context.CancelFunc, error) {
-	out := call.out
-	if body := call.body; body != nil {
-		out.Body = io.NopCloser(bytes.NewReader(body))
-		out.ContentLength = int64(len(body))
-		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	}
-	tctx, cancel := ctx, context.CancelFunc(func() {})
-	if rt := call.rt; rt.Retry != nil && rt.Retry.PerTryTimeout > 0 {
-		tctx, cancel = context.WithTimeout(ctx, rt.Retry.PerTryTimeout)
-		out = out.WithContext(tctx)
-	}
-	resp, err := s.p.upstream.RoundTrip(tctx, call.snap, call.cluster, out, call.h2, s.target, &info.picked)
-	return resp, cancel, err
-}
-
 // respond relays resp, the upstream's answer to call, to the client: a
 // switch of protocols as a tunnel, anything else as a response.
-func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http.Response, call *upstreamCall, stream *wsStream, info *reqInfo) {
+func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http.Response, call *router.Call, stream *wsStream, info *reqInfo) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
-	stripHop(h)
-	call.rt.Response.Apply(h)
+	router.StripHop(h)
+	call.Route.Response.Apply(h)
 	h.Del("Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
@@ -447,7 +316,7 @@ func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http
 		s.switchedStream(w, resp, stream, info)
 		return
 	case resp.StatusCode == http.StatusSwitchingProtocols:
-		s.switched(w, resp, call.upgrade, info)
+		s.switched(w, resp, call.Upgrade, info)
 		return
 	}
 	w.WriteHeader(resp.StatusCode)
@@ -464,26 +333,6 @@ func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http
 	for k, vs := range resp.Trailer {
 		w.Header()[http.TrailerPrefix+k] = vs
 	}
-}
-
-// upstreamURL is the request's URL with the route's path rewrite applied;
-// the caller sets its scheme and host.
-func upstreamURL(in *url.URL, rt *route.Route) *url.URL {
-	path, q, _ := strings.Cut(in.RequestURI(), "?")
-	np := rt.RewritePath(path)
-	if np == path && in.Opaque == "" && in.Scheme == "" && in.Host == "" && in.User == nil && !in.ForceQuery && in.Fragment == "" {
-		u := *in // an origin-form target, unchanged: what parsing it again would give
-		return &u
-	}
-	if q != "" {
-		np += "?" + q
-	}
-	if u, err := in.Parse(np); err == nil {
-		return u
-	}
-	u := *in
-	u.Opaque = ""
-	return &u
 }
 
 // copyBuffers holds the buffers copyBody relays bodies through.
@@ -521,122 +370,6 @@ func copyBody(w http.ResponseWriter, r io.Reader, length int64) error {
 			return fmt.Errorf("reading the upstream response body: %w", err)
 		}
 	}
-}
-
-func shouldRetry(p *route.Retry, resp *http.Response, err error) bool {
-	if p == nil {
-		return false
-	}
-	if err != nil {
-		if errors.Is(err, context.DeadlineExceeded) {
-			return p.On5xx || p.OnGatewayError
-		}
-		return p.On5xx || p.OnGatewayError || p.OnConnectFailure || p.OnReset
-	}
-	c := resp.StatusCode
-	switch {
-	case p.On5xx && c >= 500:
-		return true
-	case p.OnGatewayError && (c == 502 || c == 503 || c == 504):
-		return true
-	case p.OnStatus:
-		for _, s := range p.StatusCodes {
-			if s == c {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade", "Proxy-Authenticate", "Proxy-Authorization"}
-
-func stripHop(h http.Header) {
-	te := strings.Contains(strings.ToLower(h.Get("Te")), "trailers")
-	for _, f := range h.Values("Connection") {
-		for v := range strings.SplitSeq(f, ",") {
-			h.Del(strings.TrimSpace(v))
-		}
-	}
-	for _, n := range hopHeaders {
-		h.Del(n)
-	}
-	if te {
-		h.Set("Te", "trailers")
-	}
-}
-
-func redirect(w http.ResponseWriter, r *http.Request, rt *route.Route) {
-	rd := rt.Redirect
-	scheme := "http"
-	if rd.Scheme != "" {
-		scheme = rd.Scheme
-	}
-	host := r.Host
-	hname, port := host, ""
-	if h, p, err := net.SplitHostPort(host); err == nil {
-		hname, port = h, p
-	}
-	if rd.Host != "" {
-		hname = rd.Host
-	}
-	if rd.Port != 0 {
-		port = strconv.Itoa(int(rd.Port))
-	}
-	if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") || (rd.Scheme != "" && rd.Port == 0) {
-		port = ""
-	}
-	path := r.URL.EscapedPath()
-	if rd.Path != "" {
-		path = rd.Path
-	} else if rd.PrefixRewrite != nil {
-		cp := *rt
-		cp.PrefixRewrite = rd.PrefixRewrite
-		path = cp.RewritePath(path)
-	}
-	loc := scheme + "://" + hname
-	if port != "" {
-		loc += ":" + port
-	}
-	loc += path
-	if r.URL.RawQuery != "" {
-		loc += "?" + r.URL.RawQuery
-	}
-	rt.Response.Apply(w.Header())
-	w.Header().Set("Location", loc)
-	w.WriteHeader(rd.Code)
-}
-
-var mirrorSem = make(chan struct{}, maxMirrors)
-
-// mirror sends a copy of req to cluster without waiting; dropped when too
-// many mirrors are in flight.
-func (p *Proxy) mirror(snap *config.Snapshot, cluster string, req *http.Request, body []byte, h2 bool) {
-	select {
-	case mirrorSem <- struct{}{}:
-	default:
-		return
-	}
-	m := req.Clone(context.Background())
-	m.Header = req.Header.Clone()
-	m.Header.Del("Upgrade") // a mirror opens no tunnel
-	m.Host = req.Host + "-shadow"
-	m.Body = http.NoBody
-	m.ContentLength = 0
-	if body != nil {
-		m.Body = io.NopCloser(bytes.NewReader(body))
-		m.ContentLength = int64(len(body))
-	}
-	go func() {
-		defer func() { <-mirrorSem }()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		resp, err := p.upstream.RoundTrip(ctx, snap, cluster, m.WithContext(ctx), h2, netip.AddrPort{}, nil)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-	}()
 }
 
 // traceparent keeps the trace id and flags of a valid incoming W3C

@@ -3,13 +3,14 @@
 // knowledge or opaque TCP, authorized, routed and re-originated to the
 // chosen endpoint over HBONE (or plain TCP).
 //
-// Two parts live in packages of their own: the downstream HTTP/1.1 server
-// (waypoint/internal/h1server) and the upstream side, the clusters'
+// Three parts live in packages of their own: the downstream HTTP/1.1
+// server (waypoint/internal/h1server); the router, which matches a
+// request's route and sends it to the route's cluster with its mirrors and
+// retries (waypoint/internal/router); and the upstream side, the clusters'
 // connection pools, circuit breakers and HTTP clients
-// (waypoint/internal/upstream). What stays here is sniffing, the HTTP/2
-// server, admission (sanitizing, RBAC, dry-run RBAC), routing with its
-// retries and mirrors, upgrades, local replies, metrics and the access
-// log.
+// (waypoint/internal/upstream). What stays here is the HBONE server,
+// sniffing, the HTTP/2 server, admission (sanitizing, RBAC, dry-run RBAC),
+// TCP relays, upgrades, local replies, metrics and the access log.
 package proxy
 
 import (
@@ -37,6 +38,7 @@ import (
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/h1server"
+	"github.com/weftmesh/weft/waypoint/internal/router"
 	"github.com/weftmesh/weft/waypoint/internal/upstream"
 	"github.com/weftmesh/weft/waypoint/rbac"
 )
@@ -67,6 +69,7 @@ type Proxy struct {
 	srv      *hbone.Server
 	dialer   *hbone.Dialer
 	upstream *upstream.Client
+	router   *router.Router
 }
 
 // New returns a proxy; Serve starts it.
@@ -112,6 +115,7 @@ func New(cfg Config) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.router = router.New(p.upstream)
 	return p, nil
 }
 

@@ -1,0 +1,171 @@
+package router
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/internal/upstream"
+	"github.com/weftmesh/weft/waypoint/route"
+)
+
+// newRouter returns a router over an upstream client for snap, whose
+// endpoints are plain TCP.
+func newRouter(t *testing.T, snap *config.Snapshot) *Router {
+	t.Helper()
+	d, err := hbone.NewDialer(hbone.DialerConfig{TLS: func(spiffeid.ID, []spiffeid.ID) (*tls.Config, error) {
+		return nil, errors.New("no HBONE in these tests")
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up, err := upstream.New(upstream.Config{
+		Identity: spiffeid.RequireFromString("spiffe://cluster.local/ns/weft/sa/waypoint"),
+		Dialer:   d,
+		Snapshot: func() *config.Snapshot { return snap },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); up.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; d.Close() })
+	return New(up)
+}
+
+// backend serves h over HTTP/1.1 until the test ends.
+func backend(t *testing.T, h http.HandlerFunc) netip.AddrPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// TestSend: a retriable answer is retried within the cluster's retry
+// budget, with the kept body each time; without budget the first answer
+// stands.
+func TestSend(t *testing.T) {
+	var mu sync.Mutex
+	calls := map[string][]string{}
+	addr := backend(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		calls[r.URL.Path] = append(calls[r.URL.Path], string(b))
+		n := len(calls[r.URL.Path])
+		mu.Unlock()
+		if n == 1 {
+			w.WriteHeader(503)
+			io.WriteString(w, "first")
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	ep := []config.Endpoint{{Addr: addr, Healthy: true}}
+	snap := &config.Snapshot{
+		Clusters: map[string]*config.Cluster{
+			"budget":   {Name: "budget", MaxConnections: 10, MaxPending: 10, MaxRequests: 10, MaxRetries: 3},
+			"nobudget": {Name: "nobudget", MaxConnections: 10, MaxPending: 10, MaxRequests: 10, MaxRetries: 0},
+		},
+		Assignments: map[string]*config.Assignment{"budget": {Name: "budget", Endpoints: ep}, "nobudget": {Name: "nobudget", Endpoints: ep}},
+	}
+	rr := newRouter(t, snap)
+	for _, tc := range []struct {
+		cluster, want string
+		calls         int
+	}{
+		{"budget", "ok", 2},
+		{"nobudget", "first", 1},
+	} {
+		t.Run(tc.cluster, func(t *testing.T) {
+			rt := &route.Route{Name: tc.cluster, Clusters: []route.WeightedCluster{{Name: tc.cluster, Weight: 1}}, TotalWeight: 1,
+				Retry: &route.Retry{OnStatus: true, StatusCodes: []int{503}, NumRetries: 2, BaseInterval: time.Millisecond, MaxInterval: 10 * time.Millisecond}}
+			r, _ := http.NewRequest("POST", "http://svc.ns/"+tc.cluster, strings.NewReader("an order"))
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			c, err := NewCall(ctx, snap, rt, Pick(rt), r, false, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var picked upstream.Picked
+			resp, done, err := rr.Send(ctx, c, &picked)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer done()
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if string(b) != tc.want || picked.Addr != addr {
+				t.Errorf("answer %q from %v, want %q from %v", b, picked.Addr, tc.want, addr)
+			}
+			mu.Lock()
+			got := calls["/"+tc.cluster]
+			mu.Unlock()
+			if len(got) != tc.calls {
+				t.Errorf("%d upstream calls, want %d", len(got), tc.calls)
+			}
+			for i, body := range got {
+				if body != "an order" {
+					t.Errorf("call %d had body %q", i, body)
+				}
+			}
+		})
+	}
+}
+
+// TestShouldRetry: Envoy's retry_on conditions.
+func TestShouldRetry(t *testing.T) {
+	status := func(c int) *http.Response { return &http.Response{StatusCode: c} }
+	reset := errors.New("connection reset")
+	for _, tc := range []struct {
+		name   string
+		policy *route.Retry
+		resp   *http.Response
+		err    error
+		want   bool
+	}{
+		{"no policy", nil, status(503), nil, false},
+		{"5xx 500", &route.Retry{On5xx: true}, status(500), nil, true},
+		{"5xx 404", &route.Retry{On5xx: true}, status(404), nil, false},
+		{"5xx timeout", &route.Retry{On5xx: true}, nil, context.DeadlineExceeded, true},
+		{"gateway-error 502", &route.Retry{OnGatewayError: true}, status(502), nil, true},
+		{"gateway-error 500", &route.Retry{OnGatewayError: true}, status(500), nil, false},
+		{"connect-failure timeout", &route.Retry{OnConnectFailure: true}, nil, context.DeadlineExceeded, false},
+		{"connect-failure reset", &route.Retry{OnConnectFailure: true}, nil, reset, true},
+		{"reset", &route.Retry{OnReset: true}, nil, reset, true},
+		{"status listed", &route.Retry{OnStatus: true, StatusCodes: []int{409, 503}}, status(409), nil, true},
+		{"status not listed", &route.Retry{OnStatus: true, StatusCodes: []int{503}}, status(500), nil, false},
+	} {
+		if got := shouldRetry(tc.policy, tc.resp, tc.err); got != tc.want {
+			t.Errorf("%s: shouldRetry = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestStripHop: the fields Connection names and the standard hop-by-hop
+// ones go; "Te: trailers" stays.
+func TestStripHop(t *testing.T) {
+	h := http.Header{"Connection": {"keep-alive, X-Private"}, "X-Private": {"1"}, "Keep-Alive": {"timeout=5"},
+		"Te": {"trailers, deflate"}, "Upgrade": {"websocket"}, "X-Kept": {"1"}}
+	StripHop(h)
+	want := http.Header{"Te": {"trailers"}, "X-Kept": {"1"}}
+	if len(h) != len(want) || h.Get("Te") != "trailers" || h.Get("X-Kept") != "1" {
+		t.Errorf("after StripHop: %v, want %v", h, want)
+	}
+}

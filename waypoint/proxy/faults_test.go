@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,27 +20,9 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/protobuf/types/known/durationpb"
-)
 
-// rawBackend accepts loopback TCP connections and hands each to serve.
-func rawBackend(t *testing.T, serve func(net.Conn)) netip.AddrPort {
-	ln := listen(t)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() { defer wg.Done(); defer c.Close(); serve(c) }()
-		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
-}
+	"github.com/weftmesh/weft/waypoint/internal/upstream/upstreamtest"
+)
 
 // h2client opens an h2c connection through the waypoint.
 //
@@ -250,7 +231,7 @@ func TestRapidReset(t *testing.T) {
 func TestUpstreamNeverAnswers(t *testing.T) {
 	m := newMesh(t)
 	closed := make(chan struct{}, 1)
-	silent := rawBackend(t, func(c net.Conn) {
+	silent := upstreamtest.RawBackend(t, func(c net.Conn) {
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
 		_, err := io.Copy(io.Discard, c) // until the waypoint closes it
 		var ne net.Error
@@ -294,8 +275,8 @@ func TestUpstreamResetMidBody(t *testing.T) {
 			c.(*net.TCPConn).SetLinger(0)
 		}
 	}
-	sized := rawBackend(t, partial("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("x", 1000)))
-	chunked := rawBackend(t, partial("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n"+strings.Repeat("x", 1000)+"\r\n"))
+	sized := upstreamtest.RawBackend(t, partial("HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n"+strings.Repeat("x", 1000)))
+	chunked := upstreamtest.RawBackend(t, partial("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n"+strings.Repeat("x", 1000)+"\r\n"))
 	// An upstream aborting its response: its HTTP/1.1 connection closes, its
 	// HTTP/2 stream is reset. (An HTTP/2 client's requests go to upstreams
 	// over HTTP/2.)

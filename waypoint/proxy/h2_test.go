@@ -16,6 +16,8 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"golang.org/x/net/http2"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/weftmesh/weft/waypoint/internal/upstream/upstreamtest"
 )
 
 // TestHTTP2ServerSettings: the downstream HTTP/2 server announces the
@@ -83,34 +85,12 @@ func TestHTTP2OptionsAsterisk(t *testing.T) {
 	}
 }
 
-// rawH2Backend is an HTTP/2 upstream on loopback that answers the
-// HEADERS of each stream with answer, written frame by frame.
-func rawH2Backend(t *testing.T, answer func(*http2.Framer, *http2.HeadersFrame)) netip.AddrPort {
-	return rawBackend(t, func(c net.Conn) {
-		preface := make([]byte, len(http2.ClientPreface))
-		if _, err := io.ReadFull(c, preface); err != nil {
-			return
-		}
-		fr := http2.NewFramer(c, c)
-		fr.WriteSettings()
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			if h, ok := f.(*http2.HeadersFrame); ok {
-				answer(fr, h)
-			}
-		}
-	})
-}
-
 // TestH2UpstreamRefusedRetried: a request whose stream an HTTP/2 upstream
 // refuses (REFUSED_STREAM: not processed, RFC 9113 section 8.7) goes again,
 // and its answer is the client's.
 func TestH2UpstreamRefusedRetried(t *testing.T) {
 	var streams atomic.Int32
-	up := rawH2Backend(t, func(fr *http2.Framer, h *http2.HeadersFrame) {
+	up := upstreamtest.RawH2Backend(t, func(fr *http2.Framer, h *http2.HeadersFrame) {
 		if streams.Add(1) == 1 {
 			fr.WriteRSTStream(h.StreamID, http2.ErrCodeRefusedStream)
 			return

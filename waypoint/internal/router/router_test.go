@@ -2,60 +2,24 @@ package router
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"io"
-	"net"
 	"net/http"
-	"net/netip"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
-
-	"github.com/weftmesh/weft/internal/hbone"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/upstream"
+	"github.com/weftmesh/weft/waypoint/internal/upstream/upstreamtest"
 	"github.com/weftmesh/weft/waypoint/route"
 )
 
 // newRouter returns a router over an upstream client for snap, whose
 // endpoints are plain TCP.
 func newRouter(t *testing.T, snap *config.Snapshot) *Router {
-	t.Helper()
-	d, err := hbone.NewDialer(hbone.DialerConfig{TLS: func(spiffeid.ID, []spiffeid.ID) (*tls.Config, error) {
-		return nil, errors.New("no HBONE in these tests")
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	up, err := upstream.New(upstream.Config{
-		Identity: spiffeid.RequireFromString("spiffe://cluster.local/ns/weft/sa/waypoint"),
-		Dialer:   d,
-		Snapshot: func() *config.Snapshot { return snap },
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); up.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; d.Close() })
-	return New(up)
-}
-
-// backend serves h over HTTP/1.1 until the test ends.
-func backend(t *testing.T, h http.HandlerFunc) netip.AddrPort {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: h}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	return ln.Addr().(*net.TCPAddr).AddrPort()
+	return New(upstreamtest.NewClient(t, snap))
 }
 
 // TestSend: a retriable answer is retried within the cluster's retry
@@ -64,7 +28,7 @@ func backend(t *testing.T, h http.HandlerFunc) netip.AddrPort {
 func TestSend(t *testing.T) {
 	var mu sync.Mutex
 	calls := map[string][]string{}
-	addr := backend(t, func(w http.ResponseWriter, r *http.Request) {
+	addr := upstreamtest.HTTPBackend(t, func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		mu.Lock()
 		calls[r.URL.Path] = append(calls[r.URL.Path], string(b))

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"golang.org/x/net/http2"
 )
 
 // TestWriteRequest: an upstream reads what writeRequest writes as what
@@ -191,46 +189,5 @@ func TestClosedBeforeDelivery(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestUnprocessed: the errors of the waypoint's HTTP/2 client for a
-// request its upstream did not process (a graceful GOAWAY below its stream,
-// as Go's server sends when its idle timeout closes a connection a request
-// is racing; a refused stream) say so, and those for a request it may have
-// processed do not.
-func TestUnprocessed(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		answer func(fr *http2.Framer, stream uint32)
-		want   bool
-	}{
-		{"goaway", func(fr *http2.Framer, _ uint32) { fr.WriteGoAway(0, http2.ErrCodeNo, nil) }, true},
-		{"refused", func(fr *http2.Framer, id uint32) { fr.WriteRSTStream(id, http2.ErrCodeRefusedStream) }, true},
-		{"internal error", func(fr *http2.Framer, id uint32) { fr.WriteRSTStream(id, http2.ErrCodeInternal) }, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			up := rawH2Backend(t, func(fr *http2.Framer, h *http2.HeadersFrame) { tc.answer(fr, h.StreamID) })
-			nc, err := net.Dial("tcp", up.String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			cc, err := (&Client{h2: newH2Transport()}).newH2ClientConn(context.Background(), nc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer cc.Close()
-			req, _ := http.NewRequest("GET", "http://svc.ns/", nil)
-			_, err = cc.RoundTrip(req)
-			if err == nil {
-				t.Fatal("the request succeeded")
-			}
-			if got := unprocessed(err); got != tc.want {
-				t.Errorf("unprocessed(%q) = %v, want %v", err, got, tc.want)
-			}
-		})
-	}
-	if unprocessed(errors.New("http2: response body closed")) {
-		t.Error("an error after processing counts as unprocessed")
 	}
 }

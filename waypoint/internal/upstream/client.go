@@ -228,7 +228,8 @@ func (c *Client) RoundTrip(ctx context.Context, snap *config.Snapshot, cluster s
 			b.requests.Add(-1)
 			return nil, err
 		}
-		picked.Addr, picked.Endpoint = l.h.ep.Addr, &l.h.ep
+		ep := l.h.ep.Load()
+		picked.Addr, picked.Endpoint = ep.Addr, ep
 		l.h.active.Add(1)
 		done := func() {
 			l.h.active.Add(-1)
@@ -240,7 +241,7 @@ func (c *Client) RoundTrip(ctx context.Context, snap *config.Snapshot, cluster s
 		var resp *http.Response
 		var again bool
 		if h2 {
-			resp, again, err = l.h2.roundTrip(withHost(req, l.h.ep.Addr), done)
+			resp, again, err = l.h2.roundTrip(withHost(req, ep.Addr), done)
 		} else {
 			resp, again, err = l.h1.roundTrip(ctx, req, done)
 		}

@@ -105,7 +105,10 @@ type hostKey struct {
 
 // host is one endpoint's connections.
 type host struct {
-	ep     config.Endpoint
+	// ep is the endpoint as the latest push has it (health and workload
+	// labels change); each push stores a new one, so one Load is a
+	// consistent view for as long as a request holds it.
+	ep     atomic.Pointer[config.Endpoint]
 	u      *upstream
 	active atomic.Int64 // requests and TCP relays in flight (LEAST_REQUEST)
 
@@ -160,7 +163,7 @@ func (c *Client) pool(snap *config.Snapshot, name string) *pool {
 		if h == nil {
 			h = &host{u: u}
 		}
-		h.ep = ep // health and workload labels may change
+		h.ep.Store(&ep) // ep is this iteration's own copy
 		hosts[k] = h
 		pl.hosts = append(pl.hosts, h)
 	}
@@ -177,14 +180,15 @@ func (c *Client) pool(snap *config.Snapshot, name string) *pool {
 // usable reports whether h may be picked: healthy, not in skip and, unless
 // anyway, not marked failed in the last 5 s.
 func (pl *pool) usable(h *host, skip map[netip.AddrPort]bool, anyway bool) bool {
-	if !h.ep.Healthy || skip[h.ep.Addr] {
+	ep := h.ep.Load()
+	if !ep.Healthy || skip[ep.Addr] {
 		return false
 	}
 	if anyway {
 		return true
 	}
 	pl.mu.Lock()
-	t, bad := pl.failed[h.ep.Addr]
+	t, bad := pl.failed[ep.Addr]
 	pl.mu.Unlock()
 	return !bad || time.Since(t) > 5*time.Second
 }
@@ -340,11 +344,12 @@ func (c *Client) checkout(ctx context.Context, pl *pool, w want) (lease, error) 
 			// the endpoint: a failure here says nothing about the endpoint.
 			return lease{}, err
 		}
-		pl.markFailed(h.ep.Addr)
+		addr := h.ep.Load().Addr // part of the host's key: it never changes
+		pl.markFailed(addr)
 		if tried == nil {
 			tried = map[netip.AddrPort]bool{}
 		}
-		tried[h.ep.Addr] = true
+		tried[addr] = true
 		last = err
 		dials++
 	}
@@ -395,7 +400,7 @@ func (h *host) reuse(useH2, probe bool) (lease, bool) {
 // dialHost opens a connection to h; the caller holds its connection slot,
 // which the connection keeps on success.
 func (c *Client) dialHost(ctx context.Context, pl *pool, h *host, useH2 bool) (lease, error) {
-	nc, err := c.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
+	nc, err := c.dialEndpoint(ctx, *h.ep.Load(), pl.cluster.ConnectTimeout)
 	if err != nil {
 		return lease{}, err
 	}

@@ -3,10 +3,15 @@ package upstream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,5 +145,68 @@ func TestUnprocessed(t *testing.T) {
 	}
 	if upstream.Unprocessed(errors.New("http2: response body closed")) {
 		t.Error("an error after processing counts as unprocessed")
+	}
+}
+
+// TestEndpointUpdateDuringRequests: a configuration push that changes an
+// endpoint's workload labels while requests pick, dial and report that
+// endpoint is seen whole by each request (the race detector checks it), and
+// each request reports the endpoint as one push or another had it.
+func TestEndpointUpdateDuringRequests(t *testing.T) {
+	addr := upstreamtest.HTTPBackend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	push := func(i int) *config.Snapshot {
+		s := upstreamtest.Snapshot("b", config.Cluster{MaxConnections: 8, MaxPending: 64, MaxRequests: 1024, MaxRetries: 3}, addr)
+		s.Assignments["b"].Endpoints[0].WorkloadName = fmt.Sprintf("echo-%d", i)
+		return s
+	}
+	var snaps atomic.Pointer[config.Snapshot]
+	snaps.Store(push(0))
+	c := upstreamtest.NewClient(t, snaps.Load())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	stop := make(chan struct{})
+	pushed := make(chan struct{})
+	go func() {
+		defer close(pushed)
+		for i := 1; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			snaps.Store(push(i))
+			runtime.Gosched()
+		}
+	}()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				req, _ := http.NewRequest("GET", "http://svc.ns/", nil)
+				var picked upstream.Picked
+				resp, err := c.RoundTrip(ctx, snaps.Load(), "b", req, false, netip.AddrPort{}, &picked)
+				if err != nil {
+					errs <- err
+					return
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if ep := picked.Endpoint; ep == nil || ep.Addr != addr || !strings.HasPrefix(ep.WorkloadName, "echo-") {
+					errs <- fmt.Errorf("the request reports endpoint %+v", ep)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-pushed
+	close(errs)
+	for err := range errs {
+		t.Error(err)
 	}
 }

@@ -172,13 +172,14 @@ func (c *Client) Dial(ctx context.Context, snap *config.Snapshot, cluster string
 			break
 		}
 		h.active.Add(1)
-		conn, err := c.dialEndpoint(ctx, h.ep, pl.cluster.ConnectTimeout)
+		ep := h.ep.Load()
+		conn, err := c.dialEndpoint(ctx, *ep, pl.cluster.ConnectTimeout)
 		if err == nil {
-			return &tcpConn{Conn: conn, release: func() { h.active.Add(-1); b.connFreed() }}, h.ep.Addr, nil
+			return &tcpConn{Conn: conn, release: func() { h.active.Add(-1); b.connFreed() }}, ep.Addr, nil
 		}
 		h.active.Add(-1)
-		pl.markFailed(h.ep.Addr)
-		tried[h.ep.Addr] = true
+		pl.markFailed(ep.Addr)
+		tried[ep.Addr] = true
 		last = err
 	}
 	b.connFreed()

@@ -21,10 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/weftmesh/weft/cni/agent"
+	"github.com/weftmesh/weft/internal/kubeclient"
 	"github.com/weftmesh/weft/internal/logging"
 )
 
@@ -54,17 +53,10 @@ func main() {
 
 // client is the API client of the kubeconfig, or the in-cluster one.
 func client(kubeconfig string) (kubernetes.Interface, error) {
-	var rc *rest.Config
-	var err error
-	if kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := kubeclient.Config(kubeconfig, "weft-cni-agent")
 	if err != nil {
-		return nil, fmt.Errorf("API client configuration: %w", err)
+		return nil, err
 	}
-	rc.UserAgent = "weft-cni-agent"
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("API client: %w", err)

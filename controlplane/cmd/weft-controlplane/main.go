@@ -18,13 +18,12 @@ import (
 
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/controlplane"
 	"github.com/weftmesh/weft/controlplane/ca"
 	"github.com/weftmesh/weft/internal/envflag"
+	"github.com/weftmesh/weft/internal/kubeclient"
 	"github.com/weftmesh/weft/internal/logging"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
@@ -56,12 +55,11 @@ func main() {
 }
 
 func run(cfg controlplane.Config, opts options, log *slog.Logger) error {
-	rc, err := restConfig(opts.kubeconfig)
+	rc, err := kubeclient.Config(opts.kubeconfig, "weft-controlplane")
 	if err != nil {
 		return err
 	}
 	rc.QPS, rc.Burst = float32(opts.qps), opts.burst
-	rc.UserAgent = "weft-controlplane"
 	var clients controlplane.Clients
 	if clients.Kube, err = kubernetes.NewForConfig(rc); err != nil {
 		return fmt.Errorf("creating the Kubernetes client: %w", err)
@@ -79,21 +77,6 @@ func run(cfg controlplane.Config, opts options, log *slog.Logger) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	return cp.Run(ctx)
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("reading the in-cluster API configuration (outside a cluster, pass --kubeconfig): %w", err)
-		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
-	}
-	return rc, nil
 }
 
 // parse reads flags, with defaults from the environment, into a validated

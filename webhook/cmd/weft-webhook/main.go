@@ -25,13 +25,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
 
 	"github.com/weftmesh/weft/internal/envflag"
+	"github.com/weftmesh/weft/internal/kubeclient"
 	"github.com/weftmesh/weft/internal/logging"
 	"github.com/weftmesh/weft/webhook"
 	"github.com/weftmesh/weft/webhook/admit"
@@ -239,11 +238,10 @@ func main() {
 }
 
 func run(cfg Config, log *slog.Logger) error {
-	rc, err := restConfig(cfg.Kubeconfig)
+	rc, err := kubeclient.Config(cfg.Kubeconfig, "weft-webhook")
 	if err != nil {
 		return err
 	}
-	rc.UserAgent = "weft-webhook"
 	kube, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("creating the Kubernetes client: %w", err)
@@ -407,19 +405,4 @@ func dnsNames(service, namespace, domain string) []string {
 		service + "." + namespace,
 		service,
 	}
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		rc, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("reading the in-cluster API configuration (outside a cluster, pass --kubeconfig): %w", err)
-		}
-		return rc, nil
-	}
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("reading kubeconfig %s: %w", kubeconfig, err)
-	}
-	return rc, nil
 }

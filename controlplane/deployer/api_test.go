@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -469,6 +470,111 @@ func TestAPIServer(t *testing.T) {
 		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params key service", "tpye")
 	})
 
+	t.Run("AutoscalerAndBudget", func(t *testing.T) {
+		hpas, pdbs := c.Kube.AutoscalingV2().HorizontalPodAutoscalers(ns), c.Kube.PolicyV1().PodDisruptionBudgets(ns)
+		a.applyConfigMap(ns, "scaled-params", map[string]string{
+			KeyDeployment: "spec:\n  replicas: 2\n",
+			KeyHPA:        "spec:\n  minReplicas: 2\n  maxReplicas: 5\n",
+		})
+		a.createGateway(ns, "scaled", "istio-waypoint", "scaled-params")
+		// Both would set the replica count: refused, with what to do.
+		a.waitRefused(ns, "scaled", "InvalidParameters", "key deployment sets spec.replicas while key horizontalPodAutoscaler scales the waypoint", "minReplicas")
+
+		a.applyConfigMap(ns, "scaled-params", map[string]string{
+			KeyHPA: "spec:\n  minReplicas: 2\n  maxReplicas: 5\n  metrics:\n  - type: Resource\n    resource: {name: cpu, target: {type: Utilization, averageUtilization: 70}}\n",
+			KeyPDB: "spec:\n  minAvailable: 1\n",
+		})
+		gw := a.waitProgrammed(ns, "scaled")
+		a.checkDeployed(gw)
+		var hpa *autoscalingv2.HorizontalPodAutoscaler
+		eventually(t, a.ctx, "HorizontalPodAutoscaler scaled", func(ctx context.Context) (bool, string) {
+			var err error
+			hpa, err = hpas.Get(ctx, "scaled", metav1.GetOptions{})
+			return err == nil, errState(err)
+		})
+		if ref := hpa.Spec.ScaleTargetRef; ref.Kind != "Deployment" || ref.Name != "scaled" || ref.APIVersion != "apps/v1" ||
+			hpa.Spec.MaxReplicas != 5 || hpa.Spec.MinReplicas == nil || *hpa.Spec.MinReplicas != 2 || len(hpa.Spec.Metrics) != 1 {
+			t.Errorf("HPA spec %+v", hpa.Spec)
+		}
+		if c := metav1.GetControllerOf(hpa); c == nil || c.UID != gw.UID {
+			t.Errorf("HPA controller %v, want the Gateway", c)
+		}
+		pdb, err := pdbs.Get(a.ctx, "scaled", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pdb.Spec.MinAvailable == nil || pdb.Spec.MinAvailable.IntValue() != 1 || pdb.Spec.Selector == nil ||
+			pdb.Spec.Selector.MatchLabels["gateway.networking.k8s.io/gateway-name"] != "scaled" || len(pdb.Spec.Selector.MatchLabels) != 1 {
+			t.Errorf("PDB spec %+v", pdb.Spec)
+		}
+		// The autoscaler owns the replica count: the deployer claims no
+		// replicas field, so a scale (as the HPA controller makes) stays.
+		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "scaled", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range dep.ManagedFields {
+			if mf.Manager == FieldManager && mf.FieldsV1 != nil && strings.Contains(mf.FieldsV1.GetRawString(), `"f:replicas"`) {
+				t.Errorf("the deployer owns the Deployment's replicas beside an HPA: %s", mf.FieldsV1.GetRawString())
+			}
+		}
+		scale, err := c.Kube.AppsV1().Deployments(ns).GetScale(a.ctx, "scaled", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		scale.Spec.Replicas = 4
+		if _, err := c.Kube.AppsV1().Deployments(ns).UpdateScale(a.ctx, "scaled", scale, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		a.tamperImage(t, ns, "scaled", "example.com/tampered:2") // makes the deployer apply again
+		a.waitDeployment(ns, "scaled", "image reverted, the scale kept", func(d *appsv1.Deployment) (bool, string) {
+			return container(d).Image == cfg.Image && d.Spec.Replicas != nil && *d.Spec.Replicas == 4,
+				fmt.Sprintf("image %s, replicas %v", container(d).Image, d.Spec.Replicas)
+		})
+
+		// A patch may not retarget the autoscaler or the budget.
+		a.applyConfigMap(ns, "scaled-params", map[string]string{KeyHPA: "spec:\n  maxReplicas: 3\n  scaleTargetRef: {kind: Deployment, name: other}\n"})
+		a.waitRefused(ns, "scaled", "InvalidParameters", "key horizontalPodAutoscaler sets spec.scaleTargetRef")
+		a.applyConfigMap(ns, "scaled-params", map[string]string{KeyPDB: "spec:\n  selector: {matchLabels: {app: other}}\n"})
+		a.waitRefused(ns, "scaled", "InvalidParameters", "key podDisruptionBudget sets spec.selector")
+		// An HPA the API server refuses (no maxReplicas) is reported.
+		a.applyConfigMap(ns, "scaled-params", map[string]string{KeyHPA: "spec:\n  minReplicas: 2\n"})
+		a.waitRefused(ns, "scaled", "InvalidParameters", "the API server refuses the patched HorizontalPodAutoscaler")
+
+		// The keys go: so do the HPA and the PDB.
+		a.applyConfigMap(ns, "scaled-params", map[string]string{KeyDeployment: "spec:\n  replicas: 1\n"})
+		a.waitProgrammed(ns, "scaled")
+		eventually(t, a.ctx, "HPA and PDB scaled deleted", func(ctx context.Context) (bool, string) {
+			_, herr := hpas.Get(ctx, "scaled", metav1.GetOptions{})
+			_, perr := pdbs.Get(ctx, "scaled", metav1.GetOptions{})
+			return apierrors.IsNotFound(herr) && apierrors.IsNotFound(perr), fmt.Sprintf("HPA: %v; PDB: %v", errState(herr), errState(perr))
+		})
+		a.waitDeployment(ns, "scaled", "1 replica again", func(d *appsv1.Deployment) (bool, string) {
+			return d.Spec.Replicas != nil && *d.Spec.Replicas == 1, fmt.Sprintf("replicas %v", d.Spec.Replicas)
+		})
+
+		// An HPA of the waypoint's name that is not the Gateway's stays.
+		mine := &autoscalingv2.HorizontalPodAutoscaler{
+			ObjectMeta: metav1.ObjectMeta{Name: "scaled", Namespace: ns, Labels: map[string]string{"gateway.networking.k8s.io/gateway-name": "scaled"}},
+			Spec: autoscalingv2.HorizontalPodAutoscalerSpec{MaxReplicas: 2,
+				ScaleTargetRef: autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: "scaled"}},
+		}
+		if _, err := hpas.Create(a.ctx, mine, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		a.applyConfigMap(ns, "scaled-params", map[string]string{KeyDeployment: "spec:\n  replicas: 2\n"})
+		a.waitDeployment(ns, "scaled", "2 replicas", func(d *appsv1.Deployment) (bool, string) {
+			return d.Spec.Replicas != nil && *d.Spec.Replicas == 2, fmt.Sprintf("replicas %v", d.Spec.Replicas)
+		})
+		if _, err := hpas.Get(a.ctx, "scaled", metav1.GetOptions{}); err != nil {
+			t.Errorf("an HPA the Gateway does not control was deleted: %v", err)
+		}
+		// Asked for again, the name is taken by an object the deployer
+		// does not manage: refused, naming it.
+		a.applyConfigMap(ns, "scaled-params", map[string]string{KeyHPA: "spec:\n  maxReplicas: 3\n"})
+		a.waitRefused(ns, "scaled", "Invalid", "HorizontalPodAutoscaler "+ns+"/scaled exists", "not managed")
+	})
+
 	t.Run("OtherClassIgnored", func(t *testing.T) {
 		before := a.createGateway(ns, "not-a-waypoint", other.Name, "")
 		// Created after it, on the same watch, so queued after it: once
@@ -556,10 +662,25 @@ var deployerAccess = []authorizationv1.ResourceAttributes{
 	{Verb: "watch", Resource: "services"},
 	{Verb: "create", Resource: "services"},
 	{Verb: "patch", Resource: "services"},
+	// An HPA and a PDB when the parameters ask for them, deleted when they
+	// no longer do.
+	{Verb: "get", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "list", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "watch", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "create", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "patch", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "delete", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "get", Group: "policy", Resource: "poddisruptionbudgets"},
+	{Verb: "list", Group: "policy", Resource: "poddisruptionbudgets"},
+	{Verb: "watch", Group: "policy", Resource: "poddisruptionbudgets"},
+	{Verb: "create", Group: "policy", Resource: "poddisruptionbudgets"},
+	{Verb: "patch", Group: "policy", Resource: "poddisruptionbudgets"},
+	{Verb: "delete", Group: "policy", Resource: "poddisruptionbudgets"},
 }
 
 // deployerNever are requests the deployer never makes: it only applies,
-// and the garbage collector deletes.
+// and the garbage collector deletes (but an HPA or PDB the parameters no
+// longer ask for).
 var deployerNever = []authorizationv1.ResourceAttributes{
 	{Verb: "update", Resource: "serviceaccounts"},
 	{Verb: "delete", Resource: "serviceaccounts"},
@@ -567,6 +688,8 @@ var deployerNever = []authorizationv1.ResourceAttributes{
 	{Verb: "delete", Group: "apps", Resource: "deployments"},
 	{Verb: "update", Resource: "services"},
 	{Verb: "delete", Resource: "services"},
+	{Verb: "update", Group: "autoscaling", Resource: "horizontalpodautoscalers"},
+	{Verb: "update", Group: "policy", Resource: "poddisruptionbudgets"},
 	{Verb: "update", Resource: "configmaps", Namespace: "default"},
 	{Verb: "update", Group: "gateway.networking.k8s.io", Resource: "gateways"},
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -59,7 +60,7 @@ func readCase(t testing.TB, path string) (*gwv1.Gateway, *corev1.ConfigMap) {
 func renderObjects(t testing.TB, o *Objects) []byte {
 	t.Helper()
 	var out bytes.Buffer
-	for i, obj := range []any{o.ServiceAccount, o.Deployment, o.Service} {
+	for i, obj := range o.List() {
 		b, err := yaml.Marshal(obj)
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +115,7 @@ func checkOwned(t testing.TB, gw *gwv1.Gateway, o *Objects) {
 	t.Helper()
 	owner := []metav1.OwnerReference{{APIVersion: "gateway.networking.k8s.io/v1", Kind: "Gateway", Name: gw.Name, UID: gw.UID,
 		Controller: ptr(true), BlockOwnerDeletion: ptr(true)}}
-	for _, c := range []struct {
+	objs := []struct {
 		tm   metav1.TypeMeta
 		om   metav1.ObjectMeta
 		want metav1.TypeMeta
@@ -122,7 +123,31 @@ func checkOwned(t testing.TB, gw *gwv1.Gateway, o *Objects) {
 		{o.ServiceAccount.TypeMeta, o.ServiceAccount.ObjectMeta, metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}},
 		{o.Deployment.TypeMeta, o.Deployment.ObjectMeta, metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"}},
 		{o.Service.TypeMeta, o.Service.ObjectMeta, metav1.TypeMeta{APIVersion: "v1", Kind: "Service"}},
-	} {
+	}
+	if o.HPA != nil {
+		objs = append(objs, struct {
+			tm   metav1.TypeMeta
+			om   metav1.ObjectMeta
+			want metav1.TypeMeta
+		}{o.HPA.TypeMeta, o.HPA.ObjectMeta, metav1.TypeMeta{APIVersion: "autoscaling/v2", Kind: "HorizontalPodAutoscaler"}})
+		if ref := o.HPA.Spec.ScaleTargetRef; ref != (autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: gw.Name}) {
+			t.Errorf("HPA scales %+v, want the waypoint's Deployment", ref)
+		}
+		if o.Deployment.Spec.Replicas != nil {
+			t.Errorf("Deployment replicas %d beside an HPA, want none", *o.Deployment.Spec.Replicas)
+		}
+	}
+	if o.PDB != nil {
+		objs = append(objs, struct {
+			tm   metav1.TypeMeta
+			om   metav1.ObjectMeta
+			want metav1.TypeMeta
+		}{o.PDB.TypeMeta, o.PDB.ObjectMeta, metav1.TypeMeta{APIVersion: "policy/v1", Kind: "PodDisruptionBudget"}})
+		if sel := o.PDB.Spec.Selector; sel == nil || !cmp.Equal(sel.MatchLabels, map[string]string{"gateway.networking.k8s.io/gateway-name": gw.Name}) || len(sel.MatchExpressions) > 0 {
+			t.Errorf("PDB selector %v, want the waypoint's pods", sel)
+		}
+	}
+	for _, c := range objs {
 		if c.tm != c.want {
 			t.Errorf("%s: type %s, want %s", c.want.Kind, c.tm, c.want)
 		}
@@ -298,9 +323,14 @@ func TestBuildErrors(t *testing.T) {
 			Group: gwv1.Group(group), Kind: gwv1.Kind(kind), Name: "params"}}
 		return g
 	}
-	cm := func(key, val string) *corev1.ConfigMap {
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "params", Namespace: "shop"}, Data: map[string]string{key: val}}
+	cms := func(kv ...string) *corev1.ConfigMap {
+		c := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "params", Namespace: "shop"}, Data: map[string]string{}}
+		for i := 0; i+1 < len(kv); i += 2 {
+			c.Data[kv[i]] = kv[i+1]
+		}
+		return c
 	}
+	cm := func(key, val string) *corev1.ConfigMap { return cms(key, val) }
 	for _, c := range []struct {
 		name   string
 		gw     *gwv1.Gateway
@@ -329,10 +359,18 @@ func TestBuildErrors(t *testing.T) {
 			[]string{"ConfigMap shop/params key deployment"}},
 		{"bad quantity", withRef("", "ConfigMap"), cm(KeyDeployment, "spec: {template: {spec: {containers: [{name: waypoint, resources: {limits: {cpu: lots}}}]}}}"),
 			[]string{"ConfigMap shop/params key deployment", "invalid object"}},
-		{"an HPA", withRef("", "ConfigMap"), cm("horizontalPodAutoscaler", "spec: {minReplicas: 2}"),
-			[]string{"ConfigMap shop/params key horizontalPodAutoscaler", "no horizontalPodAutoscaler yet", "spec.replicas"}},
-		{"a PDB", withRef("", "ConfigMap"), cm("podDisruptionBudget", "spec: {minAvailable: 1}"),
-			[]string{"ConfigMap shop/params key podDisruptionBudget", "no podDisruptionBudget yet"}},
+		{"an HPA beside replicas", withRef("", "ConfigMap"), cms(KeyHPA, "spec: {maxReplicas: 4}", KeyDeployment, "spec: {replicas: 2}"),
+			[]string{"ConfigMap shop/params key deployment sets spec.replicas while key horizontalPodAutoscaler scales the waypoint", "spec.minReplicas"}},
+		{"an HPA retargeted", withRef("", "ConfigMap"), cm(KeyHPA, "spec: {maxReplicas: 4, scaleTargetRef: {kind: Deployment, name: x}}"),
+			[]string{"ConfigMap shop/params key horizontalPodAutoscaler sets spec.scaleTargetRef", "allowed: metadata.annotations.*"}},
+		{"an HPA of another version", withRef("", "ConfigMap"), cm(KeyHPA, "apiVersion: autoscaling/v1\nspec: {maxReplicas: 4}"),
+			[]string{"key horizontalPodAutoscaler sets apiVersion"}},
+		{"an HPA misspelt", withRef("", "ConfigMap"), cm(KeyHPA, "spec: {maxReplicas: 4, metrics: [{type: Resource, resource: {name: cpu, traget: {}}}]}"),
+			[]string{"key horizontalPodAutoscaler gives an invalid object", "traget"}},
+		{"a PDB reselected", withRef("", "ConfigMap"), cm(KeyPDB, "spec: {minAvailable: 1, selector: {matchLabels: {app: x}}}"),
+			[]string{"ConfigMap shop/params key podDisruptionBudget sets spec.selector"}},
+		{"a PDB's pods", withRef("", "ConfigMap"), cm(KeyPDB, "metadata: {labels: {gateway.networking.k8s.io/gateway-name: other}}"),
+			[]string{"key podDisruptionBudget sets metadata.labels[gateway.networking.k8s.io/gateway-name]"}},
 		{"a misspelt key", withRef("", "ConfigMap"), cm("deploymnet", "spec: {replicas: 2}"),
 			[]string{"ConfigMap shop/params key deploymnet is not one the deployer reads"}},
 		{"a Secret", withRef("", "Secret"), nil,

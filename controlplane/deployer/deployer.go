@@ -11,7 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"istio.io/api/label"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,7 +39,8 @@ type Deployer struct {
 	classes  cache.SharedIndexInformer
 	log      *slog.Logger
 
-	owned   informers.SharedInformerFactory // ServiceAccounts, Deployments and Services with the gateway-name label
+	owned   informers.SharedInformerFactory // the waypoints' kinds of object, with the gateway-name label
+	ops     map[string]*kindOps             // by parameters key
 	params  informers.SharedInformerFactory // ConfigMaps, for parametersRef
 	results *prometheus.CounterVec
 }
@@ -73,6 +76,7 @@ func New(cfg Config, kube kubernetes.Interface, gw gwclient.Interface, gateways,
 			Name: "weft_waypoint_reconciles_total", Help: "Waypoint Gateway reconciliations, by result (ok, refused, conflict, error).",
 		}, []string{"result"}),
 	}
+	d.ops = d.kinds()
 	if reg != nil {
 		if err := reg.Register(d.results); err != nil {
 			return nil, fmt.Errorf("creating the waypoint deployer: registering metrics: %w", err)
@@ -134,10 +138,13 @@ func (d *Deployer) Run(ctx context.Context) error {
 	}{
 		{d.gateways, enqueue},
 		{d.classes, func(any) { queue.Add(classKey) }},
-		{d.owned.Apps().V1().Deployments().Informer(), byOwner},
-		{d.owned.Core().V1().Services().Informer(), byOwner},
-		{d.owned.Core().V1().ServiceAccounts().Informer(), byOwner},
 		{d.params.Core().V1().ConfigMaps().Informer(), byParams},
+	}
+	for _, k := range keys {
+		handlers = append(handlers, struct {
+			inf cache.SharedIndexInformer
+			f   func(any)
+		}{d.ops[k].cache, byOwner})
 	}
 	var synced []cache.InformerSynced
 	for _, h := range handlers {
@@ -234,7 +241,7 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 		return "", false, err
 	}
 	// Nothing is written unless every name is free or the deployer's.
-	order := []metav1.Object{objs.ServiceAccount, objs.Deployment, objs.Service}
+	order := objs.List()
 	lives := make([]metav1.Object, len(order))
 	for i, o := range order {
 		if lives[i], err = d.live(ctx, o); err != nil {
@@ -266,19 +273,47 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 			svc = s
 		}
 	}
+	if objs.HPA == nil {
+		if err := d.prune(ctx, gw, KeyHPA); err != nil {
+			return "", false, err
+		}
+	}
+	if objs.PDB == nil {
+		if err := d.prune(ctx, gw, KeyPDB); err != nil {
+			return "", false, err
+		}
+	}
 	return resultOK, false, d.writeStatus(ctx, gw, nil, svc)
 }
 
-func kindOf(obj any) string {
+// keyOf is the parameters key of obj's kind, "" if it is not a waypoint's.
+func keyOf(obj any) string {
 	switch obj.(type) {
 	case *corev1.ServiceAccount:
-		return "ServiceAccount"
+		return KeyServiceAccount
 	case *appsv1.Deployment:
-		return "Deployment"
+		return KeyDeployment
 	case *corev1.Service:
-		return "Service"
+		return KeyService
+	case *autoscalingv2.HorizontalPodAutoscaler:
+		return KeyHPA
+	case *policyv1.PodDisruptionBudget:
+		return KeyPDB
+	}
+	return ""
+}
+
+// kindOf names obj's kind.
+func kindOf(obj any) string {
+	if k := keyOf(obj); k != "" {
+		return kindNames[k]
 	}
 	return fmt.Sprintf("%T", obj)
+}
+
+var kindNames = map[string]string{
+	KeyServiceAccount: "ServiceAccount", KeyDeployment: "Deployment", KeyService: "Service",
+	KeyHPA: "HorizontalPodAutoscaler", KeyPDB: "PodDisruptionBudget",
 }
 
 // parameters reads the ConfigMap a Gateway's parametersRef names.

@@ -26,16 +26,24 @@
 // topologySpreadConstraints, the proxy container's resource limits and
 // requests and its tuning variables ACCESS_LOG, GOGC and GOMEMLIMIT as
 // literal values, and the ServiceAccount's automountServiceAccountToken.
+// The keys horizontalPodAutoscaler and podDisruptionBudget (Istio's too)
+// ask for an autoscaling/v2 HorizontalPodAutoscaler of the waypoint's
+// Deployment and a policy/v1 PodDisruptionBudget of its pods, named and
+// owned like the rest; their patches set the bounds, metrics and behaviour
+// and the budget, never the target or selector. With an autoscaler the
+// Deployment leaves its replica count to it (a deployment patch setting
+// replicas beside one is refused: the two would undo each other's
+// writes); when a key goes, so does its object, if the Gateway controls it.
 // Anything else (image, command, service account, host namespaces,
 // security contexts, volumes, containers, ports, selectors, the Service's
 // type, owners, names, strategic-merge directives) makes the Gateway
 // Accepted=False (InvalidParameters) with the field's path named, as does
 // an AppArmor, seccomp or ambient.istio.io/ annotation in
 // spec.infrastructure.annotations (which go on the pods too). So does
-// a missing ConfigMap, a patch that does not apply, or any other key
-// (Istio's horizontalPodAutoscaler and podDisruptionBudget among them: the
-// deployer creates neither yet), and nothing is applied; so does an object the API server rejects, which stops the
-// apply there (ServiceAccount, Deployment, Service, in that order).
+// a missing ConfigMap, a patch that does not apply, or any other key, and
+// nothing is applied; so does an object the API server rejects, which
+// stops the apply there (ServiceAccount, Deployment, Service, autoscaler,
+// budget, in that order).
 package deployer
 
 import (
@@ -51,7 +59,9 @@ import (
 
 	"istio.io/api/label"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -75,7 +85,14 @@ const (
 	KeyDeployment     = "deployment"
 	KeyService        = "service"
 	KeyServiceAccount = "serviceAccount"
+	// KeyHPA and KeyPDB hold the spec of a HorizontalPodAutoscaler and a
+	// PodDisruptionBudget for the waypoint; there is none without them.
+	KeyHPA = "horizontalPodAutoscaler"
+	KeyPDB = "podDisruptionBudget"
 )
+
+// keys are the parameters ConfigMap's keys, in the order objects are applied.
+var keys = []string{KeyServiceAccount, KeyDeployment, KeyService, KeyHPA, KeyPDB}
 
 // managedValue is the value of the label gateway.istio.io/managed on the
 // objects of a controller: the controller's name with "/" turned into "-", as
@@ -138,6 +155,22 @@ type Objects struct {
 	ServiceAccount *corev1.ServiceAccount
 	Deployment     *appsv1.Deployment
 	Service        *corev1.Service
+	// HPA and PDB are nil unless the parameters ask for them.
+	HPA *autoscalingv2.HorizontalPodAutoscaler
+	PDB *policyv1.PodDisruptionBudget
+}
+
+// List returns the objects in the order they are applied: the
+// ServiceAccount, Deployment and Service, then the HPA and PDB if any.
+func (o *Objects) List() []metav1.Object {
+	out := []metav1.Object{o.ServiceAccount, o.Deployment, o.Service}
+	if o.HPA != nil {
+		out = append(out, o.HPA)
+	}
+	if o.PDB != nil {
+		out = append(out, o.PDB)
+	}
+	return out
 }
 
 // ParamsError is a problem with a Gateway's parametersRef: the Gateway is
@@ -304,17 +337,11 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	where := "parametersRef ConfigMap " + params.Namespace + "/" + params.Name + " key "
 	if len(params.BinaryData) > 0 {
 		k := slices.Sorted(maps.Keys(params.BinaryData))[0]
-		return nil, &ParamsError{fmt.Sprintf("%s%s is binary data; the keys %s, %s and %s hold YAML patches", where, k, KeyDeployment, KeyService, KeyServiceAccount)}
+		return nil, &ParamsError{fmt.Sprintf("%s%s is binary data; the keys %s hold YAML patches", where, k, strings.Join(keys, ", "))}
 	}
 	for _, k := range slices.Sorted(maps.Keys(params.Data)) {
-		switch k {
-		case KeyDeployment, KeyService, KeyServiceAccount:
-		case "horizontalPodAutoscaler", "podDisruptionBudget":
-			// Istio's keys for objects the deployer does not create yet:
-			// refused, not dropped.
-			return nil, &ParamsError{fmt.Sprintf("%s%s: waypoints get no %s yet; set spec.replicas in key %s instead", where, k, k, KeyDeployment)}
-		default:
-			return nil, &ParamsError{fmt.Sprintf("%s%s is not one the deployer reads (%s, %s or %s)", where, k, KeyDeployment, KeyService, KeyServiceAccount)}
+		if !slices.Contains(keys, k) {
+			return nil, &ParamsError{fmt.Sprintf("%s%s is not one the deployer reads (%s)", where, k, strings.Join(keys, ", "))}
 		}
 	}
 	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, KeyServiceAccount, where); err != nil {
@@ -325,6 +352,26 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	}
 	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, KeyService, where); err != nil {
 		return nil, err
+	}
+	if v, ok := params.Data[KeyHPA]; ok {
+		// Both would own the replica count and undo each other's writes.
+		// (The deployment patch applied above, so it is YAML.)
+		if set, _ := yamlSets(params.Data[KeyDeployment], "spec", "replicas"); set {
+			return nil, &ParamsError{fmt.Sprintf("%s%s sets spec.replicas while key %s scales the waypoint; set spec.minReplicas in %s instead",
+				where, KeyDeployment, KeyHPA, KeyHPA)}
+		}
+		o.HPA = &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: meta()}
+		if err := patch(o.HPA, v, &autoscalingv2.HorizontalPodAutoscaler{}, KeyHPA, where); err != nil {
+			return nil, err
+		}
+		// The autoscaler owns the replica count: the Deployment leaves it.
+		o.Deployment.Spec.Replicas = nil
+	}
+	if v, ok := params.Data[KeyPDB]; ok {
+		o.PDB = &policyv1.PodDisruptionBudget{ObjectMeta: meta()}
+		if err := patch(o.PDB, v, &policyv1.PodDisruptionBudget{}, KeyPDB, where); err != nil {
+			return nil, err
+		}
 	}
 	// A patch may not take an object away from its Gateway: of the
 	// metadata it keeps the labels and annotations, and the gateway-name
@@ -344,6 +391,16 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	own(&o.Deployment.TypeMeta, &o.Deployment.ObjectMeta, "apps/v1", "Deployment")
 	own(&o.Service.TypeMeta, &o.Service.ObjectMeta, "v1", "Service")
 	o.Deployment.Status, o.Service.Status = appsv1.DeploymentStatus{}, corev1.ServiceStatus{}
+	if o.HPA != nil {
+		own(&o.HPA.TypeMeta, &o.HPA.ObjectMeta, "autoscaling/v2", "HorizontalPodAutoscaler")
+		o.HPA.Status = autoscalingv2.HorizontalPodAutoscalerStatus{}
+		o.HPA.Spec.ScaleTargetRef = autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: name}
+	}
+	if o.PDB != nil {
+		own(&o.PDB.TypeMeta, &o.PDB.ObjectMeta, "policy/v1", "PodDisruptionBudget")
+		o.PDB.Status = policyv1.PodDisruptionBudgetStatus{}
+		o.PDB.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}}
+	}
 	o.Deployment.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}}
 	if o.Deployment.Spec.Template.Labels == nil {
 		o.Deployment.Spec.Template.Labels = map[string]string{}
@@ -396,6 +453,28 @@ func patch[T any](obj *T, patchYAML string, schema *T, key, where string) error 
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// yamlSets reports whether the YAML mapping doc (a patch) has a value at
+// path; "" is no patch.
+func yamlSets(doc string, path ...string) (bool, error) {
+	if strings.TrimSpace(doc) == "" {
+		return false, nil
+	}
+	var v any
+	if err := yaml.Unmarshal([]byte(doc), &v); err != nil {
+		return false, err
+	}
+	for _, k := range path {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return false, nil
+		}
+		if v, ok = m[k]; !ok {
+			return false, nil
+		}
+	}
+	return true, nil
+}
 
 // podAnnotations are the waypoint pods' annotations: the infrastructure's,
 // and Prometheus's scrape annotations where those do not set their own, as

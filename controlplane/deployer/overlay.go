@@ -114,6 +114,23 @@ var overlays = map[string]*field{
 		"apiVersion": constant("v1"), "kind": constant("Service"),
 		"metadata": objectMeta(),
 	}),
+	// The autoscaler's target and the budget's selector are the waypoint's
+	// own: a patch sets the bounds, metrics and behaviour only.
+	KeyHPA: object(map[string]*field{
+		"apiVersion": constant("autoscaling/v2"), "kind": constant("HorizontalPodAutoscaler"),
+		"metadata": objectMeta(),
+		"spec": object(map[string]*field{
+			"minReplicas": scalar(), "maxReplicas": scalar(),
+			"metrics": anything(), "behavior": anything(),
+		}),
+	}),
+	KeyPDB: object(map[string]*field{
+		"apiVersion": constant("policy/v1"), "kind": constant("PodDisruptionBudget"),
+		"metadata": objectMeta(),
+		"spec": object(map[string]*field{
+			"minAvailable": scalar(), "maxUnavailable": scalar(), "unhealthyPodEvictionPolicy": scalar(),
+		}),
+	}),
 	KeyServiceAccount: object(map[string]*field{
 		"apiVersion": constant("v1"), "kind": constant("ServiceAccount"),
 		"metadata":                     objectMeta(),

@@ -206,7 +206,7 @@ func TestOverlayAllowed(t *testing.T) {
 // field added to it shows in review. Run with -update to rewrite it.
 func TestAllowedGolden(t *testing.T) {
 	var b strings.Builder
-	for _, key := range []string{KeyDeployment, KeyService, KeyServiceAccount} {
+	for _, key := range keys {
 		b.WriteString(key + ":\n")
 		for _, p := range Allowed(key) {
 			b.WriteString("  " + p + "\n")

@@ -7,7 +7,9 @@ import (
 
 	"istio.io/api/label"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -55,40 +57,99 @@ func isGateway(ref *metav1.OwnerReference, name string) bool {
 	return err == nil && gv.Group == gwv1.GroupName && ref.Kind == "Gateway" && ref.Name == name
 }
 
+// kindClient is what the deployer does with one kind of waypoint object:
+// client-go's typed client of that kind in a namespace.
+type kindClient[T runtime.Object] interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	Create(ctx context.Context, obj T, opts metav1.CreateOptions) (T, error)
+	Patch(ctx context.Context, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions, subresources ...string) (T, error)
+	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
+}
+
+// kindOps are a kind's operations with the type taken out, and the cache
+// of its objects that carry the gateway-name label.
+type kindOps struct {
+	kind   string
+	cache  cache.SharedIndexInformer
+	get    func(ctx context.Context, ns, name string) (metav1.Object, error)
+	create func(ctx context.Context, obj metav1.Object) (runtime.Object, error)
+	patch  func(ctx context.Context, ns, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions) (runtime.Object, error)
+	delete func(ctx context.Context, ns, name string, opts metav1.DeleteOptions) error
+}
+
+func opsOf[T interface {
+	runtime.Object
+	metav1.Object
+}](kind string, inf cache.SharedIndexInformer, client func(ns string) kindClient[T]) *kindOps {
+	return &kindOps{
+		kind:  kind,
+		cache: inf,
+		get: func(ctx context.Context, ns, name string) (metav1.Object, error) {
+			return client(ns).Get(ctx, name, metav1.GetOptions{})
+		},
+		create: func(ctx context.Context, obj metav1.Object) (runtime.Object, error) {
+			return client(obj.GetNamespace()).Create(ctx, obj.(T), metav1.CreateOptions{FieldManager: FieldManager})
+		},
+		patch: func(ctx context.Context, ns, name string, pt types.PatchType, data []byte, opts metav1.PatchOptions) (runtime.Object, error) {
+			return client(ns).Patch(ctx, name, pt, data, opts)
+		},
+		delete: func(ctx context.Context, ns, name string, opts metav1.DeleteOptions) error {
+			return client(ns).Delete(ctx, name, opts)
+		},
+	}
+}
+
+// kinds are the operations of each kind of waypoint object, by its key in
+// the parameters ConfigMap.
+func (d *Deployer) kinds() map[string]*kindOps {
+	return map[string]*kindOps{
+		KeyServiceAccount: opsOf("ServiceAccount", d.owned.Core().V1().ServiceAccounts().Informer(),
+			func(ns string) kindClient[*corev1.ServiceAccount] { return d.kube.CoreV1().ServiceAccounts(ns) }),
+		KeyDeployment: opsOf("Deployment", d.owned.Apps().V1().Deployments().Informer(),
+			func(ns string) kindClient[*appsv1.Deployment] { return d.kube.AppsV1().Deployments(ns) }),
+		KeyService: opsOf("Service", d.owned.Core().V1().Services().Informer(),
+			func(ns string) kindClient[*corev1.Service] { return d.kube.CoreV1().Services(ns) }),
+		KeyHPA: opsOf("HorizontalPodAutoscaler", d.owned.Autoscaling().V2().HorizontalPodAutoscalers().Informer(),
+			func(ns string) kindClient[*autoscalingv2.HorizontalPodAutoscaler] {
+				return d.kube.AutoscalingV2().HorizontalPodAutoscalers(ns)
+			}),
+		KeyPDB: opsOf("PodDisruptionBudget", d.owned.Policy().V1().PodDisruptionBudgets().Informer(),
+			func(ns string) kindClient[*policyv1.PodDisruptionBudget] {
+				return d.kube.PolicyV1().PodDisruptionBudgets(ns)
+			}),
+	}
+}
+
+// opsFor returns the operations of obj's kind.
+func (d *Deployer) opsFor(obj metav1.Object) (*kindOps, error) {
+	if k := keyOf(obj); k != "" {
+		return d.ops[k], nil
+	}
+	return nil, fmt.Errorf("%T is not a waypoint object", obj)
+}
+
 // live returns the object of obj's kind and name as it exists: from the
 // cache of labelled objects, else (an object the deployer did not make
 // carries no label it selects on, or the cache is behind) from the API
 // server. It is nil if there is none.
 func (d *Deployer) live(ctx context.Context, obj metav1.Object) (metav1.Object, error) {
-	var inf cache.SharedIndexInformer
-	ns, name := obj.GetNamespace(), obj.GetName()
-	var get func() (metav1.Object, error)
-	switch obj.(type) {
-	case *corev1.ServiceAccount:
-		inf = d.owned.Core().V1().ServiceAccounts().Informer()
-		get = func() (metav1.Object, error) {
-			return d.kube.CoreV1().ServiceAccounts(ns).Get(ctx, name, metav1.GetOptions{})
-		}
-	case *appsv1.Deployment:
-		inf = d.owned.Apps().V1().Deployments().Informer()
-		get = func() (metav1.Object, error) {
-			return d.kube.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
-		}
-	case *corev1.Service:
-		inf = d.owned.Core().V1().Services().Informer()
-		get = func() (metav1.Object, error) { return d.kube.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{}) }
-	default:
-		return nil, fmt.Errorf("reading %T: not a waypoint object", obj)
+	ops, err := d.opsFor(obj)
+	if err != nil {
+		return nil, err
 	}
-	if o, ok, err := inf.GetIndexer().GetByKey(ns + "/" + name); err == nil && ok {
+	return d.liveOf(ctx, ops, obj.GetNamespace(), obj.GetName())
+}
+
+func (d *Deployer) liveOf(ctx context.Context, ops *kindOps, ns, name string) (metav1.Object, error) {
+	if o, ok, err := ops.cache.GetIndexer().GetByKey(ns + "/" + name); err == nil && ok {
 		return o.(metav1.Object), nil
 	}
-	o, err := get()
+	o, err := ops.get(ctx, ns, name)
 	if apierrors.IsNotFound(err) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading the %s %s/%s: %w", kindOf(obj), ns, name, err)
+		return nil, fmt.Errorf("reading the %s %s/%s: %w", ops.kind, ns, name, err)
 	}
 	return o, nil
 }
@@ -96,66 +157,30 @@ func (d *Deployer) live(ctx context.Context, obj metav1.Object) (metav1.Object, 
 // write creates obj if live is nil, else server-side-applies it over live
 // (which must be manageable), and returns it as the API server has it.
 func (d *Deployer) write(ctx context.Context, obj, live metav1.Object) (any, error) {
+	ops, err := d.opsFor(obj)
+	if err != nil {
+		return nil, err
+	}
 	var out runtime.Object
-	var err error
 	if live == nil {
-		out, err = d.create(ctx, obj)
+		out, err = ops.create(ctx, obj)
+		if err != nil {
+			return nil, fmt.Errorf("creating the %s: %w", ops.kind, err)
+		}
 	} else {
 		obj.SetUID(live.GetUID())
 		obj.SetResourceVersion(live.GetResourceVersion())
-		out, err = d.apply(ctx, obj)
+		data, err := json.Marshal(obj)
+		if err != nil {
+			return nil, err
+		}
+		out, err = ops.patch(ctx, obj.GetNamespace(), obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)})
+		if err != nil {
+			return nil, fmt.Errorf("applying the %s: %w", ops.kind, err)
+		}
 	}
-	if err != nil {
+	if err := d.upgradeFields(ctx, ops, out); err != nil {
 		return nil, err
-	}
-	if err := d.upgradeFields(ctx, out); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// create creates obj; it fails (already exists) if the name is taken.
-func (d *Deployer) create(ctx context.Context, obj metav1.Object) (runtime.Object, error) {
-	opts := metav1.CreateOptions{FieldManager: FieldManager}
-	var out runtime.Object
-	var err error
-	switch o := obj.(type) {
-	case *corev1.ServiceAccount:
-		out, err = d.kube.CoreV1().ServiceAccounts(o.Namespace).Create(ctx, o, opts)
-	case *appsv1.Deployment:
-		out, err = d.kube.AppsV1().Deployments(o.Namespace).Create(ctx, o, opts)
-	case *corev1.Service:
-		out, err = d.kube.CoreV1().Services(o.Namespace).Create(ctx, o, opts)
-	default:
-		return nil, fmt.Errorf("creating %T: not a waypoint object", obj)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("creating the %s: %w", kindOf(obj), err)
-	}
-	return out, nil
-}
-
-// apply server-side-applies obj, with the preconditions its uid and
-// resourceVersion say.
-func (d *Deployer) apply(ctx context.Context, obj metav1.Object) (runtime.Object, error) {
-	data, err := json.Marshal(obj)
-	if err != nil {
-		return nil, err
-	}
-	opts := metav1.PatchOptions{FieldManager: FieldManager, Force: ptr(true)}
-	var out runtime.Object
-	switch o := obj.(type) {
-	case *corev1.ServiceAccount:
-		out, err = d.kube.CoreV1().ServiceAccounts(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
-	case *appsv1.Deployment:
-		out, err = d.kube.AppsV1().Deployments(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
-	case *corev1.Service:
-		out, err = d.kube.CoreV1().Services(o.Namespace).Patch(ctx, o.Name, types.ApplyPatchType, data, opts)
-	default:
-		return nil, fmt.Errorf("applying %T: not a waypoint object", obj)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("applying the %s: %w", kindOf(obj), err)
 	}
 	return out, nil
 }
@@ -164,26 +189,41 @@ func (d *Deployer) apply(ctx context.Context, obj metav1.Object) (runtime.Object
 // manager to its Apply manager, so that a field a later apply leaves out
 // is removed rather than kept by the create's claim. The next apply
 // retries it if the object changed meanwhile.
-func (d *Deployer) upgradeFields(ctx context.Context, obj runtime.Object) error {
+func (d *Deployer) upgradeFields(ctx context.Context, ops *kindOps, obj runtime.Object) error {
 	patch, err := csaupgrade.UpgradeManagedFieldsPatch(obj, sets.New(FieldManager), FieldManager)
 	if err != nil || patch == nil {
 		return err
 	}
 	m := obj.(metav1.Object)
-	opts := metav1.PatchOptions{}
-	switch obj.(type) {
-	case *corev1.ServiceAccount:
-		_, err = d.kube.CoreV1().ServiceAccounts(m.GetNamespace()).Patch(ctx, m.GetName(), types.JSONPatchType, patch, opts)
-	case *appsv1.Deployment:
-		_, err = d.kube.AppsV1().Deployments(m.GetNamespace()).Patch(ctx, m.GetName(), types.JSONPatchType, patch, opts)
-	case *corev1.Service:
-		_, err = d.kube.CoreV1().Services(m.GetNamespace()).Patch(ctx, m.GetName(), types.JSONPatchType, patch, opts)
-	}
+	_, err = ops.patch(ctx, m.GetNamespace(), m.GetName(), types.JSONPatchType, patch, metav1.PatchOptions{})
 	if apierrors.IsConflict(err) {
 		return nil // changed meanwhile: its next apply does it
 	}
 	if err != nil {
-		return fmt.Errorf("handing the %s's fields to the apply manager: %w", kindOf(obj), err)
+		return fmt.Errorf("handing the %s's fields to the apply manager: %w", ops.kind, err)
+	}
+	return nil
+}
+
+// prune deletes the Gateway's object of the kind under key, named after it,
+// that the parameters no longer ask for (an HPA or PDB whose key was
+// removed) — only if the Gateway controls it, and only that version of it.
+func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, key string) error {
+	ops := d.ops[key]
+	live, err := d.liveOf(ctx, ops, gw.Namespace, gw.Name)
+	if err != nil || live == nil {
+		return err
+	}
+	if c := metav1.GetControllerOfNoCopy(live); c == nil || !isGateway(c, gw.Name) || c.UID != gw.UID {
+		return nil // not the waypoint's: someone else's to keep
+	}
+	uid, rv := live.GetUID(), live.GetResourceVersion()
+	err = ops.delete(ctx, gw.Namespace, gw.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	if apierrors.IsNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("deleting the %s the parameters no longer ask for: %w", ops.kind, err)
 	}
 	return nil
 }

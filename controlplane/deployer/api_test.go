@@ -259,10 +259,13 @@ func (a *apiCheck) checkDeployed(gw *gwv1.Gateway) {
 	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
 		t.Fatalf("Service %s/%s has no cluster IP", ns, name)
 	}
-	// The status.
-	wantAddrs := []gwv1.GatewayStatusAddress{
-		{Type: ptr(gwv1.HostnameAddressType), Value: name + "." + ns + ".svc.cluster.local"},
-		{Type: ptr(gwv1.IPAddressType), Value: svc.Spec.ClusterIP},
+	if p := svc.Spec.IPFamilyPolicy; p == nil || *p != corev1.IPFamilyPolicyPreferDualStack {
+		t.Errorf("Service %s/%s IP family policy %v, want PreferDualStack", ns, name, p)
+	}
+	// The status: the hostname, then an address of each family.
+	wantAddrs := []gwv1.GatewayStatusAddress{{Type: ptr(gwv1.HostnameAddressType), Value: name + "." + ns + ".svc.cluster.local"}}
+	for _, ip := range svc.Spec.ClusterIPs {
+		wantAddrs = append(wantAddrs, gwv1.GatewayStatusAddress{Type: ptr(gwv1.IPAddressType), Value: ip})
 	}
 	if diff := cmp.Diff(wantAddrs, gw.Status.Addresses); diff != "" {
 		t.Errorf("Gateway %s/%s addresses (-want +got):\n%s", ns, name, diff)

@@ -360,9 +360,13 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 		if svc != nil && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone {
 			programmed = true
 			host := svc.Name + "." + svc.Namespace + ".svc." + d.cfg.ClusterDomain
-			st.Addresses = []gwv1.GatewayStatusAddress{
-				{Type: ptr(gwv1.HostnameAddressType), Value: host},
-				{Type: ptr(gwv1.IPAddressType), Value: svc.Spec.ClusterIP},
+			st.Addresses = []gwv1.GatewayStatusAddress{{Type: ptr(gwv1.HostnameAddressType), Value: host}}
+			ips := svc.Spec.ClusterIPs // one per family, the primary first
+			if len(ips) == 0 {
+				ips = []string{svc.Spec.ClusterIP}
+			}
+			for _, ip := range ips {
+				st.Addresses = append(st.Addresses, gwv1.GatewayStatusAddress{Type: ptr(gwv1.IPAddressType), Value: ip})
 			}
 			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed), "the waypoint's Service has an address")
 		} else {

@@ -321,8 +321,11 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 			ObjectMeta: meta(),
 			Spec: corev1.ServiceSpec{
-				Type:     corev1.ServiceTypeClusterIP,
-				Selector: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name},
+				Type: corev1.ServiceTypeClusterIP,
+				// An address of each family the cluster has, as Istio's
+				// waypoints: clients of either family reach it.
+				IPFamilyPolicy: ptr(corev1.IPFamilyPolicyPreferDualStack),
+				Selector:       map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name},
 				Ports: []corev1.ServicePort{
 					{Name: apinames.MeshListener, Port: apinames.HBONEPort, TargetPort: intstr.FromInt32(apinames.HBONEPort), Protocol: corev1.ProtocolTCP},
 					{Name: "metrics", Port: PortMetrics, TargetPort: intstr.FromInt32(PortMetrics), Protocol: corev1.ProtocolTCP},

@@ -100,18 +100,25 @@ func (a Attachment) Equal(b Attachment) bool {
 // The kind of traffic is checked before the owner's consent, so that a
 // namespace bound to a foreign waypoint that serves Services only is
 // refused for its pods as usual, not reported as denied.
+//
+// The messages are istiod's (1.28, the istio.io/WaypointBound condition),
+// word for word, so that status reads the same on either control plane.
 func Check(b Binding, wp *Waypoint, kind, ns string, nsLabels map[string]string) *Refusal {
 	switch {
 	case b.Key == "":
 		return nil
 	case wp == nil:
-		return &Refusal{ReasonNotReady, "waypoint " + b.Key + " not found"}
+		return notReady(b.Key)
 	case !wp.serves(kind):
-		return &Refusal{ReasonUnsupportedTraffic, fmt.Sprintf("waypoint %s serves %q traffic, not %s traffic", b.Key, wp.For, kind)}
+		return &Refusal{ReasonUnsupportedTraffic, fmt.Sprintf("attempting to bind to traffic type %q which the waypoint %q does not support", kind, b.Key)}
 	case !wp.Attachment.Allows(wp.Namespace, ns, nsLabels):
-		return &Refusal{ReasonAttachmentDenied, fmt.Sprintf(
-			"waypoint %s does not take bindings from namespace %s; its owner must admit it in the allowedRoutes.namespaces of the waypoint's HBONE listener",
-			b.Key, ns)}
+		return &Refusal{ReasonAttachmentDenied, fmt.Sprintf("we are not permitted to attach to waypoint %q (missing allowedRoutes?)", b.Key)}
 	}
 	return nil
+}
+
+// notReady is the refusal for a waypoint that does not exist or has no
+// address yet: istiod does not tell the two apart.
+func notReady(key string) *Refusal {
+	return &Refusal{ReasonNotReady, fmt.Sprintf("waypoint %q is not ready", key)}
 }

@@ -164,7 +164,7 @@ func resolveWaypoint(b Binding, wp *Waypoint, kind, ns string, nsLabels map[stri
 		return nil, r
 	}
 	if wp.Address == nil {
-		return nil, &Refusal{ReasonNotReady, "waypoint " + b.Key + " has no address yet"}
+		return nil, notReady(b.Key)
 	}
 	return wp.Address, nil
 }

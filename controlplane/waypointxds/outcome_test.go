@@ -50,7 +50,7 @@ func TestRouteOutcomes(t *testing.T) {
 		// A route no waypoint serves still has its references checked.
 		{"HTTPRoute other/unbound", cond{"False", "NoMatchingParent", "Service other/plain uses no waypoint"}, cond{"False", "BackendNotFound", "other/nowhere"}},
 		{"HTTPRoute other/consumer", cond{"False", "UnsupportedValue", "consumer routes"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute guest/denied", cond{"False", "NotAllowedByListeners", "does not take bindings from namespace guest"}, cond{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute guest/denied", cond{"False", "NotAllowedByListeners", "we are not permitted to attach to waypoint"}, cond{"True", "ResolvedRefs", ""}},
 		{"GRPCRoute shop/grpc", cond{"True", "Accepted", ""}, cond{"False", "BackendNotFound", "backend Service shop/missing not found"}},
 	}
 	for _, tc := range tests {

@@ -448,6 +448,7 @@ type parts struct {
 	xds         *xdsserver.Server
 	caServer    *ca.Server
 	status      *authpolicy.StatusWriter
+	svcStatus   *ambient.ServiceStatusWriter
 	ctrl        *ambient.Controller
 	roots       *ca.RootCertPublisher
 	wpConfig    *waypointxds.Controller   // nil without waypoints
@@ -483,11 +484,15 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 	if err != nil {
 		return nil, err
 	}
+	p.svcStatus, err = ambient.NewServiceStatusWriter(cp.clients.Kube.CoreV1(), inf.Services.GetIndexer(), log.With("part", "service-status"), cp.reg)
+	if err != nil {
+		return nil, err
+	}
 	p.ctrl, err = ambient.NewController(ambient.ControllerConfig{
 		Mesh: ambient.Config{ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
 			Network: cfg.Network, RootNamespace: cfg.RootNamespace},
 		DebounceQuiet: cfg.DebounceQuiet, DebounceMax: cfg.DebounceMax,
-		Logger: log.With("part", "workloads"), Registerer: cp.reg, Events: events,
+		Logger: log.With("part", "workloads"), Registerer: cp.reg, Events: events, ServiceStatus: p.svcStatus,
 	}, inf, p.xds, p.status)
 	if err != nil {
 		return nil, err
@@ -529,7 +534,7 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 
 // runners are the parts' run loops, with the serving certificate's.
 func (p *parts) runners(serving *ca.ServingCert) []func(context.Context) error {
-	rs := []func(context.Context) error{p.ctrl.Run, p.status.Run, p.roots.Run, serving.Run, p.xds.Run}
+	rs := []func(context.Context) error{p.ctrl.Run, p.status.Run, p.svcStatus.Run, p.roots.Run, serving.Run, p.xds.Run}
 	if p.wpConfig != nil {
 		rs = append(rs, p.wpConfig.Run, p.routeStatus.Run)
 	}

@@ -610,6 +610,15 @@ func TestChartRBAC(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	// It writes the Service condition.
+	if _, err := c.Kube.CoreV1().Services(app).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: app, Labels: map[string]string{"istio.io/use-waypoint": "ghost"}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, ctx, c, app, "web", &metav1.Condition{Status: metav1.ConditionFalse, Reason: "WaypointIsNotReady",
+		Message: `waypoint "` + app + `/ghost" is not ready`})
 	// It publishes the root in new namespaces.
 	for {
 		cm, err := c.Kube.CoreV1().ConfigMaps(app).Get(ctx, ca.RootCertConfigMap, metav1.GetOptions{})
@@ -753,4 +762,157 @@ func TestCrossNamespaceWaypointConsent(t *testing.T) {
 	waitBound("shop relabelled out of the selector", false)
 	patch(t, c, "namespaces", "", shop, `{"metadata":{"labels":{"team":"shop"}}}`)
 	waitBound("shop relabelled back", true)
+}
+
+// waitService waits until the Service's istio.io/WaypointBound condition
+// is want (nil: absent), and that its other conditions are still others.
+func waitService(t *testing.T, ctx context.Context, c *apitest.Cluster, ns, name string, want *metav1.Condition, others ...metav1.Condition) {
+	t.Helper()
+	var last []metav1.Condition
+	for {
+		svc, err := c.Kube.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			last = svc.Status.Conditions
+			got := meta.FindStatusCondition(last, "istio.io/WaypointBound")
+			ok := (want == nil) == (got == nil)
+			if ok && want != nil {
+				ok = got.Status == want.Status && got.Reason == want.Reason && got.Message == want.Message
+			}
+			for _, o := range others {
+				g := meta.FindStatusCondition(last, o.Type)
+				ok = ok && g != nil && g.Status == o.Status && g.Reason == o.Reason && g.Message == o.Message
+			}
+			if ok {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("Service %s/%s: WaypointBound should be %+v, with %d other conditions kept; conditions %+v (%v)", ns, name, want, len(others), last, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// waitPolicy waits until the policy shows the condition typ with status,
+// reason and message, for its generation.
+func waitPolicy(t *testing.T, ctx context.Context, istio istioclient.Interface, ns, name, typ, st, reason, msg string) {
+	t.Helper()
+	var last any
+	for {
+		p, err := istio.SecurityV1().AuthorizationPolicies(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			last = p.Status.GetConditions()
+			for _, c := range p.Status.GetConditions() {
+				if c.GetType() == typ && c.GetStatus() == st && c.GetReason() == reason && c.GetMessage() == msg && c.GetObservedGeneration() == p.Generation {
+					return
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("policy %s/%s never showed %s=%s/%s %q: %v (%v)", ns, name, typ, st, reason, msg, last, err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// TestWaypointStatus checks the status a user reads with kubectl: the
+// istio.io/WaypointBound condition of a Service that asks for a waypoint,
+// as it is refused, made and dropped, next to a condition of another
+// controller that must stay; and the WaypointAccepted condition of
+// policies bound to a waypoint through targetRefs.
+func TestWaypointStatus(t *testing.T) {
+	c := realAPI(t)
+	const rel, infra, shop = "weft-wpstatus", "wpstatus-infra", "wpstatus-shop"
+	startControlPlane(t, c, rel, nil)
+	ctx := ctxFor(t, 2*time.Minute)
+	gw, _ := gwclient.NewForConfig(c.Config)
+	istio, _ := istioclient.NewForConfig(c.Config)
+
+	if err := c.EnsureNamespace(ctx, infra, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.EnsureNamespace(ctx, shop, map[string]string{"istio.io/use-waypoint": "wp", "istio.io/use-waypoint-namespace": infra}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := c.Kube.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: shop},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another controller's condition, written the usual way (update).
+	other := metav1.Condition{Type: "example.com/Audited", Status: metav1.ConditionTrue, Reason: "Audited", Message: "seen by the auditor",
+		LastTransitionTime: metav1.Now()}
+	svc.Status.Conditions = []metav1.Condition{other}
+	if _, err := c.Kube.CoreV1().Services(shop).UpdateStatus(ctx, svc, metav1.UpdateOptions{FieldManager: "auditor"}); err != nil {
+		t.Fatal(err)
+	}
+	policy := func(name string, refs ...*typev1beta1.PolicyTargetReference) {
+		t.Helper()
+		p := &securityv1.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: shop}}
+		p.Spec.TargetRefs = refs
+		if _, err := istio.SecurityV1().AuthorizationPolicies(shop).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	policy("to-web", &typev1beta1.PolicyTargetReference{Kind: "Service", Name: "web"})
+	policy("to-ghost", &typev1beta1.PolicyTargetReference{Group: "gateway.networking.k8s.io", Kind: "Gateway", Name: "ghost"})
+
+	notReady := &metav1.Condition{Status: metav1.ConditionFalse, Reason: "WaypointIsNotReady", Message: `waypoint "` + infra + `/wp" is not ready`}
+	waitService(t, ctx, c, shop, "web", notReady, other)
+	waitPolicy(t, ctx, istio, shop, "to-web", "WaypointAccepted", "False", "AncestorNotBound", "Service "+shop+"/web is not bound to a waypoint")
+	waitPolicy(t, ctx, istio, shop, "to-ghost", "WaypointAccepted", "False", "TargetNotFound", "not bound")
+
+	// The waypoint, with the CRD's default allowedRoutes (Same).
+	if _, err := gw.GatewayV1().Gateways(infra).Create(ctx, &gwv1.Gateway{
+		ObjectMeta: metav1.ObjectMeta{Name: "wp", Namespace: infra},
+		Spec:       gwv1.GatewaySpec{GatewayClassName: "istio-waypoint", Listeners: []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	host := gwv1.HostnameAddressType
+	g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "wp." + infra + ".svc.cluster.local"}}
+	if _, err := gw.GatewayV1().Gateways(infra).UpdateStatus(ctx, g, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, ctx, c, shop, "web", &metav1.Condition{Status: metav1.ConditionFalse, Reason: "AttachmentDenied",
+		Message: `we are not permitted to attach to waypoint "` + infra + `/wp" (missing allowedRoutes?)`}, other)
+
+	// The owner admits every namespace.
+	g, err = gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := gwv1.NamespacesFromAll
+	g.Spec.Listeners[0].AllowedRoutes = &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}}
+	if _, err := gw.GatewayV1().Gateways(infra).Update(ctx, g, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	bound := &metav1.Condition{Status: metav1.ConditionTrue, Reason: "WaypointAccepted", Message: "Successfully attached to waypoint " + infra + "/wp"}
+	waitService(t, ctx, c, shop, "web", bound, other)
+	waitPolicy(t, ctx, istio, shop, "to-web", "WaypointAccepted", "True", "Accepted", "bound to "+infra+"/wp")
+	if p, err := istio.SecurityV1().AuthorizationPolicies(shop).Get(ctx, "to-web", metav1.GetOptions{}); err != nil {
+		t.Error(err)
+	} else if len(p.Status.GetConditions()) != 1 {
+		t.Errorf("a waypoint policy has only WaypointAccepted, not ZtunnelAccepted: %v", p.Status.GetConditions())
+	}
+	svc, err = c.Kube.CoreV1().Services(shop).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cond := meta.FindStatusCondition(svc.Status.Conditions, "istio.io/WaypointBound"); cond.ObservedGeneration != 0 {
+		t.Errorf("observedGeneration %d: istiod leaves it unset", cond.ObservedGeneration)
+	}
+
+	// The label goes: the condition goes, the auditor's stays.
+	patch(t, c, "namespaces", "", shop, `{"metadata":{"labels":{"istio.io/use-waypoint":null,"istio.io/use-waypoint-namespace":null}}}`)
+	waitService(t, ctx, c, shop, "web", nil, other)
+	waitPolicy(t, ctx, istio, shop, "to-web", "WaypointAccepted", "False", "AncestorNotBound", "Service "+shop+"/web is not bound to a waypoint")
 }

@@ -34,10 +34,16 @@ type Publisher interface {
 	Publish(typeURL string, update map[string]proto.Message, remove []string, changedAt time.Time) error
 }
 
-// StatusSink receives the ZtunnelAccepted condition of policies
-// (*authpolicy.StatusWriter). A nil condition removes it.
+// StatusSink receives the conditions of policies, ZtunnelAccepted and
+// WaypointAccepted (*authpolicy.StatusWriter). A nil condition removes it.
 type StatusSink interface {
-	SetCondition(namespace, name string, generation int64, c *authpolicy.Condition)
+	SetCondition(namespace, name string, generation int64, typ string, c *authpolicy.Condition)
+}
+
+// ServiceStatusSink receives the istio.io/WaypointBound condition of
+// Services (*ServiceStatusWriter). A nil condition removes it.
+type ServiceStatusSink interface {
+	SetServiceCondition(namespace, name string, c *BindingStatus)
 }
 
 // EventRecorder records Kubernetes Events (record.EventRecorder).
@@ -87,6 +93,9 @@ type ControllerConfig struct {
 	// binding is denied by the waypoint's owner. Default: none (the denial
 	// is still logged).
 	Events EventRecorder
+	// ServiceStatus receives the istio.io/WaypointBound condition of each
+	// Service. Default: none.
+	ServiceStatus ServiceStatusSink
 }
 
 func (cfg ControllerConfig) withDefaults() (ControllerConfig, error) {
@@ -343,7 +352,12 @@ func (c *Controller) publish(u *Update, since time.Time) {
 	}
 	if c.status != nil {
 		for _, pc := range u.Conditions {
-			c.status.SetCondition(pc.Namespace, pc.Name, pc.Generation, pc.Condition)
+			c.status.SetCondition(pc.Namespace, pc.Name, pc.Generation, pc.Type, pc.Condition)
+		}
+	}
+	if c.cfg.ServiceStatus != nil {
+		for _, sc := range u.Services {
+			c.cfg.ServiceStatus.SetServiceCondition(sc.Namespace, sc.Name, sc.Condition)
 		}
 	}
 	for _, d := range u.Denied {

@@ -41,6 +41,18 @@
 // namespaced hostname) is preferred to an IP, and the HBONE port is always
 // 15008. A waypoint's own pods and Service never get a waypoint.
 //
+// # Status
+//
+// A Service that asks for a waypoint shows why in its status, with the
+// condition istio.io/WaypointBound that istiod writes: True, reason
+// WaypointAccepted, once it is bound; False with the refusal's reason
+// ([Check]) while it is not; and none once it asks for no waypoint
+// ([ServiceStatusWriter], by server-side apply of that one condition, so
+// other controllers' conditions stay). A policy with targetRefs shows
+// WaypointAccepted: whether each target binds it to a waypoint, with
+// istiod's reasons (Accepted, PartiallyInvalid, Invalid, TargetNotFound,
+// AncestorNotBound) and messages ([Update] Conditions).
+//
 // # Pushes
 //
 // [Controller] reacts to informer events by marking objects dirty; after a

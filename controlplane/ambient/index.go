@@ -53,6 +53,9 @@ type Update struct {
 	Authz          map[string]proto.Message
 	AuthzRemoved   []string
 	Conditions     []PolicyCondition
+	// Services are the Services whose istio.io/WaypointBound condition
+	// changed (or that are new to this process).
+	Services []ServiceCondition
 	// Denied are the bindings newly refused because the waypoint's owner
 	// does not admit the object's namespace.
 	Denied []DeniedBinding
@@ -68,12 +71,22 @@ type DeniedBinding struct {
 	Refusal   Refusal
 }
 
-// PolicyCondition is the status to write on one policy.
+// PolicyCondition is a condition to write on one policy.
 type PolicyCondition struct {
 	Namespace, Name string
 	Generation      int64
-	// Condition is nil to remove the control plane's condition.
+	// Type is authpolicy.ConditionType or authpolicy.WaypointConditionType.
+	Type string
+	// Condition is nil to remove the condition.
 	Condition *authpolicy.Condition
+}
+
+// ServiceCondition is the istio.io/WaypointBound condition to write on one
+// Service.
+type ServiceCondition struct {
+	Namespace, Name string
+	// Condition is nil to remove it.
+	Condition *BindingStatus
 }
 
 // empty reports whether u publishes nothing.
@@ -100,6 +113,13 @@ type policyEntry struct {
 	scope     securitypb.Scope
 	selector  map[string]string // for WORKLOAD_SELECTOR policies that are sent
 	cond      *authpolicy.Condition
+	// generation is the policy's, targets whether it has targetRefs.
+	generation int64
+	targets    bool
+	// waypoint is the WaypointAccepted condition last reported, if
+	// waypointSent.
+	waypoint     *authpolicy.Condition
+	waypointSent bool
 }
 
 // index computes resources from the stores. It is owned by one goroutine.
@@ -123,6 +143,9 @@ type index struct {
 	boundTo  map[string]map[objRef]struct{}
 	// denied is the message of each binding refused for want of consent.
 	denied map[objRef]string
+	// services is the istio.io/WaypointBound condition last reported for
+	// each Service, by key (nil: none).
+	services map[string]*BindingStatus
 	// peerAuths is the PeerAuthentications as last processed, by
 	// namespace and then key. Workloads' keys and converted policies are
 	// both computed from it, so a workload never names a policy that is
@@ -147,6 +170,7 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		bindings:       map[objRef]string{},
 		boundTo:        map[string]map[objRef]struct{}{},
 		denied:         map[objRef]string{},
+		services:       map[string]*BindingStatus{},
 	}
 }
 
@@ -198,6 +222,9 @@ func (ix *index) process(b batch) *Update {
 	}
 	for key := range b[kindPod] {
 		ix.podChanged(key, u)
+	}
+	if len(b[kindPolicy])+len(b[kindGateway])+len(b[kindService])+len(b[kindNamespace]) > 0 {
+		ix.waypointPolicies(u)
 	}
 	return u
 }
@@ -282,7 +309,11 @@ func (ix *index) policyChanged(key string, b batch, u *Update) {
 	var res authpolicy.Result
 	if p != nil {
 		res = authpolicy.Translate(ix.cfg.RootNamespace, p)
-		entry = &policyEntry{namespace: p.Namespace, cond: res.Condition}
+		entry = &policyEntry{namespace: p.Namespace, cond: res.Condition, generation: p.Generation,
+			targets: p.Spec.GetTargetRef() != nil || len(p.Spec.GetTargetRefs()) > 0}
+		if old != nil && old.generation == p.Generation {
+			entry.waypoint, entry.waypointSent = old.waypoint, old.waypointSent
+		}
 		if res.Authorization != nil {
 			entry.scope = res.Authorization.GetScope()
 			if entry.scope == securitypb.Scope_WORKLOAD_SELECTOR {
@@ -291,9 +322,11 @@ func (ix *index) policyChanged(key string, b batch, u *Update) {
 		}
 	}
 	ix.publishAuthz(key, res.Authorization, u)
-	// Status: only when it changed (or the policy is new to this process).
-	if p != nil && (old == nil || !condEqual(old.cond, res.Condition)) {
-		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation, Condition: res.Condition})
+	// Status: only when it or the generation changed (or the policy is
+	// new to this process).
+	if p != nil && (old == nil || old.generation != p.Generation || !condEqual(old.cond, res.Condition)) {
+		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation,
+			Type: authpolicy.ConditionType, Condition: res.Condition})
 	}
 	if entry == nil {
 		delete(ix.policies, key)
@@ -418,8 +451,10 @@ func (ix *index) serviceChanged(key string, b batch, u *Update) {
 		var refused *Refusal
 		res, refused = ix.cfg.Service(in)
 		ix.refused(ref, svc, refused, u)
+		ix.serviceStatus(svc, serviceBinding(in, res, refused), u)
 	} else {
 		ix.unbind(ref)
+		delete(ix.services, key)
 	}
 	publishAddress(ix, rname, res, u, func(s *workloadpb.Service) *workloadpb.Address {
 		return &workloadpb.Address{Type: &workloadpb.Address_Service{Service: s}}
@@ -532,6 +567,63 @@ func (ix *index) refused(ref objRef, obj runtime.Object, r *Refusal, u *Update) 
 	}
 	ix.denied[ref] = r.Message
 	u.Denied = append(u.Denied, DeniedBinding{Object: obj, Kind: ref.kind, Key: ref.key, Refusal: *r})
+}
+
+// serviceStatus records a Service's istio.io/WaypointBound condition and
+// reports it in u if it changed or the Service is new to this process
+// (whose status may hold a condition from before).
+func (ix *index) serviceStatus(svc *corev1.Service, c *BindingStatus, u *Update) {
+	key := svc.Namespace + "/" + svc.Name
+	if old, ok := ix.services[key]; ok && bindingEqual(old, c) {
+		return
+	}
+	ix.services[key] = c
+	u.Services = append(u.Services, ServiceCondition{Namespace: svc.Namespace, Name: svc.Name, Condition: c})
+}
+
+func bindingEqual(a, b *BindingStatus) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// waypointPolicies recomputes the WaypointAccepted condition of the
+// policies with targetRefs, and reports those that changed; a policy
+// without targetRefs is reported once, to remove a condition left from
+// before. Any change of a waypoint, Service or namespace may change them,
+// and there are few such policies: all are recomputed.
+func (ix *index) waypointPolicies(u *Update) {
+	for _, key := range sortedKeys(ix.policies) {
+		e := ix.policies[key]
+		if !e.targets && e.waypointSent {
+			continue
+		}
+		p := getObj[securityv1.AuthorizationPolicy](ix.stores.Policies, key)
+		if p == nil {
+			continue
+		}
+		c := waypointAccepted(p, ix.cfg.RootNamespace, ix)
+		if e.waypointSent && condEqual(e.waypoint, c) {
+			continue
+		}
+		e.waypoint, e.waypointSent = c, true
+		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation,
+			Type: authpolicy.WaypointConditionType, Condition: c})
+	}
+}
+
+// waypointReady implements policyLookup.
+func (ix *index) waypointReady(key string) bool {
+	wp := ix.waypoints[key]
+	return wp != nil && wp.Address != nil
+}
+
+// serviceBinding implements policyLookup, from the conditions of this
+// batch's Services.
+func (ix *index) serviceBinding(key string) (bool, *BindingStatus) {
+	b, ok := ix.services[key]
+	return ok, b
 }
 
 // binding reads an object's waypoint binding, with the labels of its

@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/weftmesh/weft/controlplane/authpolicy"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
@@ -311,11 +312,22 @@ func TestIndexIncremental(t *testing.T) {
 
 // TestIndexPolicyConditions checks that a policy's condition is reported
 // once, and again only when it changes.
+// ztunnelConds are an update's ZtunnelAccepted conditions.
+func ztunnelConds(u *Update) []PolicyCondition {
+	var out []PolicyCondition
+	for _, c := range u.Conditions {
+		if c.Type == authpolicy.ConditionType {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 func TestIndexPolicyConditions(t *testing.T) {
 	w := newWorld(t)
 	p := selectorPolicy("shop", "p", map[string]string{"app": "x"})
 	u := w.ix.process(w.set(kindPolicy, p))
-	if len(u.Conditions) != 1 || !u.Conditions[0].Condition.Status || u.Conditions[0].Generation != 1 {
+	if c := ztunnelConds(u); len(c) != 1 || !c[0].Condition.Status || c[0].Generation != 1 {
 		t.Fatalf("conditions = %+v, want one accepted at generation 1", u.Conditions)
 	}
 	if u := w.ix.process(w.set(kindPolicy, p)); len(u.Conditions) != 0 {
@@ -324,7 +336,15 @@ func TestIndexPolicyConditions(t *testing.T) {
 	p2 := p.DeepCopy()
 	p2.Spec.Rules = []*securityv1beta1.Rule{{To: []*securityv1beta1.Rule_To{{Operation: &securityv1beta1.Operation{Methods: []string{"GET"}}}}}}
 	u = w.ix.process(w.set(kindPolicy, p2))
-	if len(u.Conditions) != 1 || u.Conditions[0].Condition.Reason != "UnsupportedValue" {
+	if c := ztunnelConds(u); len(c) != 1 || c[0].Condition.Reason != "UnsupportedValue" {
 		t.Errorf("conditions after adding an HTTP rule = %+v", u.Conditions)
+	}
+	// A new generation with the same outcome is reported again, for its
+	// observedGeneration.
+	p3 := p2.DeepCopy()
+	p3.Generation = 2
+	u = w.ix.process(w.set(kindPolicy, p3))
+	if c := ztunnelConds(u); len(c) != 1 || c[0].Generation != 2 {
+		t.Errorf("conditions after a new generation = %+v", u.Conditions)
 	}
 }

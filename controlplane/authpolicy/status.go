@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -20,10 +22,11 @@ import (
 	"github.com/weftmesh/weft/internal/kubequeue"
 )
 
-// StatusWriter writes the ZtunnelAccepted condition onto policies, leaving
-// every other condition (a waypoint's, for instance) alone. Set is cheap and
-// may be called from any goroutine; the writes happen in Run, retried with
-// backoff, and skipped when the policy already shows the condition.
+// StatusWriter writes the control plane's conditions onto policies,
+// ZtunnelAccepted and WaypointAccepted, leaving every other condition
+// alone. SetCondition is cheap and may be called from any goroutine; the
+// writes happen in Run, retried with backoff, and skipped when the policy
+// already shows the conditions.
 type StatusWriter struct {
 	client securityclient.AuthorizationPoliciesGetter
 	store  cache.Indexer
@@ -31,7 +34,7 @@ type StatusWriter struct {
 	writes *prometheus.CounterVec
 
 	mu      sync.Mutex
-	pending map[string]desired // guarded by mu; by "<ns>/<name>"
+	pending map[string]map[string]desired // guarded by mu; by "<ns>/<name>", then condition type
 }
 
 type desired struct {
@@ -43,7 +46,7 @@ type desired struct {
 // policy informer's) and writes through client. It starts nothing.
 func NewStatusWriter(client securityclient.AuthorizationPoliciesGetter, store cache.Indexer, log *slog.Logger, reg prometheus.Registerer) (*StatusWriter, error) {
 	w := &StatusWriter{
-		client: client, store: store, pending: map[string]desired{},
+		client: client, store: store, pending: map[string]map[string]desired{},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_policy_status_writes_total",
 			Help: "AuthorizationPolicy status writes, by result.",
@@ -58,11 +61,15 @@ func NewStatusWriter(client securityclient.AuthorizationPoliciesGetter, store ca
 	return w, nil
 }
 
-// SetCondition records the condition a policy should show (nil: none).
-func (w *StatusWriter) SetCondition(namespace, name string, generation int64, c *Condition) {
+// SetCondition records the condition of type typ (ConditionType or
+// WaypointConditionType) a policy should show; nil removes it.
+func (w *StatusWriter) SetCondition(namespace, name string, generation int64, typ string, c *Condition) {
 	key := namespace + "/" + name
 	w.mu.Lock()
-	w.pending[key] = desired{generation: generation, cond: c}
+	if w.pending[key] == nil {
+		w.pending[key] = map[string]desired{}
+	}
+	w.pending[key][typ] = desired{generation: generation, cond: c}
 	w.mu.Unlock()
 	w.queue.Add(key)
 }
@@ -84,9 +91,9 @@ func (w *StatusWriter) reconcile(ctx context.Context, key string) error {
 
 func (w *StatusWriter) sync(ctx context.Context, key string) error {
 	w.mu.Lock()
-	d, ok := w.pending[key]
+	ds := maps.Clone(w.pending[key])
 	w.mu.Unlock()
-	if !ok {
+	if len(ds) == 0 {
 		return nil
 	}
 	obj, exists, err := w.store.GetByKey(key)
@@ -94,13 +101,18 @@ func (w *StatusWriter) sync(ctx context.Context, key string) error {
 		return err
 	}
 	if !exists {
-		w.forget(key, d)
+		w.forget(key, ds)
 		return nil
 	}
 	p := obj.(*securityv1.AuthorizationPolicy)
-	status, changed := withCondition(&p.Status, d, time.Now())
+	status, changed := &p.Status, false
+	for _, typ := range slices.Sorted(maps.Keys(ds)) {
+		var c bool
+		status, c = withCondition(status, typ, ds[typ], time.Now())
+		changed = changed || c
+	}
 	if !changed {
-		w.forget(key, d)
+		w.forget(key, ds)
 		return nil
 	}
 	p = p.DeepCopy()
@@ -108,24 +120,30 @@ func (w *StatusWriter) sync(ctx context.Context, key string) error {
 	proto.Merge(&p.Status, status)
 	_, err = w.client.AuthorizationPolicies(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{})
 	if apierrors.IsNotFound(err) {
-		w.forget(key, d)
+		w.forget(key, ds)
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("updating status of AuthorizationPolicy %s: %w", key, err)
 	}
 	w.writes.WithLabelValues("ok").Inc()
-	w.forget(key, d)
+	w.forget(key, ds)
 	return nil
 }
 
-// forget drops the pending entry if it is still d.
-func (w *StatusWriter) forget(key string, d desired) {
+// forget drops the pending conditions that are still those of ds.
+func (w *StatusWriter) forget(key string, ds map[string]desired) {
 	w.mu.Lock()
-	if cur, ok := w.pending[key]; ok && cur.generation == d.generation && condEq(cur.cond, d.cond) {
+	defer w.mu.Unlock()
+	cur := w.pending[key]
+	for typ, d := range ds {
+		if c, ok := cur[typ]; ok && c.generation == d.generation && condEq(c.cond, d.cond) {
+			delete(cur, typ)
+		}
+	}
+	if len(cur) == 0 {
 		delete(w.pending, key)
 	}
-	w.mu.Unlock()
 }
 
 func condEq(a, b *Condition) bool {
@@ -135,14 +153,14 @@ func condEq(a, b *Condition) bool {
 	return *a == *b
 }
 
-// withCondition returns the status with the control plane's condition set
+// withCondition returns the status with the condition of type typ set
 // (or removed), and whether anything changed.
-func withCondition(cur *metav1alpha1.IstioStatus, d desired, now time.Time) (*metav1alpha1.IstioStatus, bool) {
+func withCondition(cur *metav1alpha1.IstioStatus, typ string, d desired, now time.Time) (*metav1alpha1.IstioStatus, bool) {
 	out := proto.Clone(cur).(*metav1alpha1.IstioStatus)
 	var kept []*metav1alpha1.IstioCondition
 	var old *metav1alpha1.IstioCondition
 	for _, c := range out.GetConditions() {
-		if c.GetType() == ConditionType {
+		if c.GetType() == typ {
 			old = c
 			continue
 		}
@@ -157,7 +175,7 @@ func withCondition(cur *metav1alpha1.IstioStatus, d desired, now time.Time) (*me
 		st = "True"
 	}
 	next := &metav1alpha1.IstioCondition{
-		Type: ConditionType, Status: st, Reason: d.cond.Reason, Message: d.cond.Message,
+		Type: typ, Status: st, Reason: d.cond.Reason, Message: d.cond.Message,
 		ObservedGeneration: d.generation, LastTransitionTime: timestamppb.New(now),
 	}
 	if old != nil && old.GetStatus() == st {

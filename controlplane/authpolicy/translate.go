@@ -17,8 +17,12 @@ import (
 
 // Status condition vocabulary, as Istio writes it on AuthorizationPolicy.
 const (
-	// ConditionType is the condition the control plane owns on a policy.
+	// ConditionType is the condition that says whether ztunnel enforces a
+	// policy.
 	ConditionType = "ZtunnelAccepted"
+	// WaypointConditionType is the condition that says whether a policy
+	// with targetRefs is bound to a waypoint.
+	WaypointConditionType = "WaypointAccepted"
 	// ReasonAccepted: the policy is enforced by ztunnel as written.
 	ReasonAccepted = "Accepted"
 	// ReasonUnsupportedValue: part of the policy cannot be enforced at L4.
@@ -26,12 +30,22 @@ const (
 	// ReasonInvalid: a value could not be parsed; the rule holding it fails
 	// closed.
 	ReasonInvalid = "Invalid"
+	// ReasonPartiallyInvalid: some targetRefs bind to a waypoint, others
+	// do not (WaypointAccepted).
+	ReasonPartiallyInvalid = "PartiallyInvalid"
+	// ReasonTargetNotFound: the targetRef names no waypoint, Service or
+	// GatewayClass that exists (WaypointAccepted).
+	ReasonTargetNotFound = "TargetNotFound"
+	// ReasonAncestorNotBound: the targeted Service is bound to no waypoint
+	// (WaypointAccepted).
+	ReasonAncestorNotBound = "AncestorNotBound"
 )
 
 // l4WhenKeys are the condition keys ztunnel can evaluate on a connection.
 var l4WhenKeys = []string{"destination.ip", "destination.port", "source.ip", "source.namespace", "source.principal"}
 
-// Condition is the ZtunnelAccepted status condition of a policy.
+// Condition is a status condition of a policy: ZtunnelAccepted or
+// WaypointAccepted.
 type Condition struct {
 	// Status is true when ztunnel enforces the policy, possibly with
 	// unsupported parts omitted as the message explains.

@@ -1,0 +1,156 @@
+package ambient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/weftmesh/weft/internal/kubequeue"
+)
+
+// ServiceStatusManager is the server-side apply field manager of the
+// istio.io/WaypointBound condition on Services.
+const ServiceStatusManager = "weft-controlplane"
+
+// ServiceStatusWriter writes the istio.io/WaypointBound condition onto
+// Services. It writes with a server-side apply of the status subresource
+// that holds this one condition (or none, to remove it), so the API server
+// keeps every other condition, whoever wrote it. SetServiceCondition is
+// cheap and may be called from any goroutine; the writes happen in Run,
+// retried with backoff, and only when the Service (read from the informer's
+// cache) does not show the condition already. The condition keeps its
+// lastTransitionTime while its status is unchanged.
+type ServiceStatusWriter struct {
+	client typedcorev1.ServicesGetter
+	store  cache.Indexer
+	queue  *kubequeue.Queue[string]
+	writes *prometheus.CounterVec
+	now    func() time.Time
+
+	mu      sync.Mutex
+	pending map[string]*BindingStatus // guarded by mu; by "<ns>/<name>"; nil removes
+}
+
+// NewServiceStatusWriter returns a writer that reads Services from store
+// (the Service informer's) and writes through client. It starts nothing.
+func NewServiceStatusWriter(client typedcorev1.ServicesGetter, store cache.Indexer, log *slog.Logger, reg prometheus.Registerer) (*ServiceStatusWriter, error) {
+	if client == nil || store == nil {
+		return nil, errors.New("creating service status writer: the client and the Service store are required")
+	}
+	w := &ServiceStatusWriter{
+		client: client, store: store, now: time.Now, pending: map[string]*BindingStatus{},
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "weft_service_status_writes_total",
+			Help: "Service status writes (the istio.io/WaypointBound condition), by result.",
+		}, []string{"result"}),
+	}
+	if reg != nil {
+		if err := reg.Register(w.writes); err != nil {
+			return nil, fmt.Errorf("creating service status writer: registering metrics: %w", err)
+		}
+	}
+	w.queue = kubequeue.New(kubequeue.Config{Name: "service-status", KeyAttr: "service", Logger: log}, w.sync)
+	return w, nil
+}
+
+// SetServiceCondition records the condition a Service should show (nil:
+// none).
+func (w *ServiceStatusWriter) SetServiceCondition(namespace, name string, c *BindingStatus) {
+	key := namespace + "/" + name
+	w.mu.Lock()
+	w.pending[key] = c
+	w.mu.Unlock()
+	w.queue.Add(key)
+}
+
+// Run writes until ctx is done.
+func (w *ServiceStatusWriter) Run(ctx context.Context) error {
+	w.queue.Run(ctx, 1)
+	return nil
+}
+
+// sync writes one Service's condition if it differs; the queue retries an
+// error.
+func (w *ServiceStatusWriter) sync(ctx context.Context, key string) error {
+	w.mu.Lock()
+	want, ok := w.pending[key]
+	w.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	obj, exists, err := w.store.GetByKey(key)
+	if err != nil {
+		return err
+	}
+	if !exists {
+		w.forget(key, want)
+		return nil
+	}
+	svc := obj.(*corev1.Service)
+	ac, changed := serviceApply(svc, want, w.now())
+	if !changed {
+		w.forget(key, want)
+		return nil
+	}
+	_, err = w.client.Services(svc.Namespace).ApplyStatus(ctx, ac, metav1.ApplyOptions{FieldManager: ServiceStatusManager, Force: true})
+	switch {
+	case apierrors.IsNotFound(err):
+	case kubequeue.Conflict(err):
+		return err
+	case err != nil:
+		w.writes.WithLabelValues("error").Inc()
+		return fmt.Errorf("applying the status of Service %s: %w", key, err)
+	default:
+		w.writes.WithLabelValues("ok").Inc()
+	}
+	w.forget(key, want)
+	return nil
+}
+
+// forget drops the pending entry if it is still want.
+func (w *ServiceStatusWriter) forget(key string, want *BindingStatus) {
+	w.mu.Lock()
+	if cur, ok := w.pending[key]; ok && bindingEqual(cur, want) {
+		delete(w.pending, key)
+	}
+	w.mu.Unlock()
+}
+
+// serviceApply returns the apply configuration that gives svc the condition
+// want (nil: none), and whether svc needs it. Forcing is safe: the
+// configuration names only this condition, so only its ownership moves.
+func serviceApply(svc *corev1.Service, want *BindingStatus, now time.Time) (*corev1ac.ServiceApplyConfiguration, bool) {
+	cur := meta.FindStatusCondition(svc.Status.Conditions, ConditionWaypointBound)
+	st := corev1ac.ServiceStatus()
+	ac := corev1ac.Service(svc.Name, svc.Namespace).WithStatus(st)
+	if want == nil {
+		return ac, cur != nil
+	}
+	status := metav1.ConditionFalse
+	if want.Bound {
+		status = metav1.ConditionTrue
+	}
+	if cur != nil && cur.Status == status && cur.Reason == want.Reason && cur.Message == want.Message {
+		return ac, false
+	}
+	since := metav1.NewTime(now)
+	if cur != nil && cur.Status == status {
+		since = cur.LastTransitionTime
+	}
+	st.WithConditions(metav1ac.Condition().WithType(ConditionWaypointBound).WithStatus(status).
+		WithReason(want.Reason).WithMessage(want.Message).WithLastTransitionTime(since))
+	return ac, true
+}

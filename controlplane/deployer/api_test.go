@@ -342,6 +342,23 @@ func TestAPIServer(t *testing.T) {
 		a.checkDeployed(gw)
 	})
 
+	t.Run("AttachedRoutes", func(t *testing.T) {
+		// No route attaches to a waypoint's listener (istiod reports 0
+		// too): a count written by someone else is put back to 0.
+		gw := a.gateway(ns, "waypoint")
+		gw.Status.Listeners[0].AttachedRoutes = 3
+		if _, err := a.gw.GatewayV1().Gateways(ns).UpdateStatus(a.ctx, gw, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, a.ctx, "attachedRoutes back to 0", func(ctx context.Context) (bool, string) {
+			gw, err := a.gw.GatewayV1().Gateways(ns).Get(ctx, "waypoint", metav1.GetOptions{})
+			if err != nil {
+				return false, errState(err)
+			}
+			return gw.Status.Listeners[0].AttachedRoutes == 0, fmt.Sprintf("attachedRoutes %d", gw.Status.Listeners[0].AttachedRoutes)
+		})
+	})
+
 	t.Run("DriftReverted", func(t *testing.T) {
 		a.tamperImage(t, ns, "waypoint", "example.com/tampered:1")
 		a.waitDeployment(ns, "waypoint", "image reverted to "+cfg.Image, func(d *appsv1.Deployment) (bool, string) {

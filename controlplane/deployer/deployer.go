@@ -375,11 +375,10 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 	}
 	accepted := refused == nil
 	for _, l := range gw.Spec.Listeners {
-		ls := gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}}
+		ls := gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}, AttachedRoutes: attachedRoutes}
 		for _, old := range gw.Status.Listeners {
 			if old.Name == l.Name {
 				ls.Conditions = slices.Clone(old.Conditions)
-				ls.AttachedRoutes = old.AttachedRoutes
 			}
 		}
 		set(&ls.Conditions, string(gwv1.ListenerConditionAccepted), accepted, reasonOf(accepted, string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonPending)), "")
@@ -401,6 +400,15 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 	}
 	return nil
 }
+
+// attachedRoutes is the attachedRoutes of every waypoint listener. A
+// waypoint's routes attach to Services (GAMMA), not to its listener, and a
+// route whose parentRef is the waypoint Gateway is refused
+// (NotAllowedByListeners); so no route attaches to the listener, and istiod
+// (1.28) reports 0 as well: it counts only routes attached to a Gateway's
+// listener, and takes no waypoint Gateway as a route parent. The routes of
+// a waypoint's Services show in their own status.parents.
+const attachedRoutes = 0
 
 func reasonOf(ok bool, yes, no string) string {
 	if ok {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -99,5 +100,103 @@ func TestRouteStatus(t *testing.T) {
 	// Gateway API asks of a rule without a usable backend.
 	if got := byVersion(m.send(t, "/route-status-missing", 1)); got["HTTP 500"] != 1 {
 		t.Errorf("a request to the rule without a backend: %v, want HTTP 500", got)
+	}
+}
+
+// probeService is a Service of the app namespace, which is bound to the
+// waypoint, with its own waypoint label (none: the namespace's).
+func probeService(useWaypoint string) string {
+	labels := ""
+	if useWaypoint != "" {
+		labels = "\n  labels: {istio.io/use-waypoint: " + useWaypoint + "}"
+	}
+	return `apiVersion: v1
+kind: Service
+metadata:
+  name: status-probe
+  namespace: ` + appNS + labels + `
+spec:
+  ports:
+  - {name: http, port: 80}
+`
+}
+
+// TestWaypointStatus: what a user reads with kubectl about the waypoint.
+// The Services bound to it show istio.io/WaypointBound True, one that asks
+// for a waypoint that does not exist shows it False with WaypointIsNotReady,
+// and one that opts out shows none; the policy bound to the waypoint shows
+// WaypointAccepted; the waypoint's listener counts no attached route, as
+// istiod's does (routes attach to the Services).
+func TestWaypointStatus(t *testing.T) {
+	m := setup(t)
+	c := m.c
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	gw, err := gwclient.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	istio, err := istioclient.NewForConfig(c.RESTConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound := "True/WaypointAccepted: Successfully attached to waypoint " + appNS + "/waypoint"
+	serviceCond := func(name, want string) {
+		t.Helper()
+		last := ""
+		err := c.WaitFor(ctx, "Service "+name+" istio.io/WaypointBound "+want, func(ctx context.Context) (bool, error) {
+			svc, err := c.Client().CoreV1().Services(appNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, nil
+			}
+			last = "<none>"
+			if cond := meta.FindStatusCondition(svc.Status.Conditions, "istio.io/WaypointBound"); cond != nil {
+				last = fmt.Sprintf("%s/%s: %s", cond.Status, cond.Reason, cond.Message)
+			}
+			return last == want, nil
+		})
+		if err != nil {
+			t.Fatalf("%v; last seen %s", err, last)
+		}
+	}
+	serviceCond("echo", bound)
+
+	err = c.WaitFor(ctx, "AuthorizationPolicy deny-admin WaypointAccepted", func(ctx context.Context) (bool, error) {
+		p, err := istio.SecurityV1().AuthorizationPolicies(appNS).Get(ctx, "deny-admin", metav1.GetOptions{})
+		if err != nil {
+			return false, nil
+		}
+		for _, cond := range p.Status.GetConditions() {
+			if cond.GetType() == "WaypointAccepted" {
+				return cond.GetStatus() == "True" && cond.GetReason() == "Accepted" && cond.GetMessage() == "bound to "+appNS+"/waypoint", nil
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	g, err := gw.GatewayV1().Gateways(appNS).Get(ctx, "waypoint", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range g.Status.Listeners {
+		if l.AttachedRoutes != 0 {
+			t.Errorf("listener %s attachedRoutes %d, want 0 (routes attach to Services)", l.Name, l.AttachedRoutes)
+		}
+	}
+
+	t.Cleanup(func() { _ = c.Delete(context.Background(), probeService("")) })
+	for _, step := range []struct{ label, want string }{
+		{"", bound},
+		{"ghost", `False/WaypointIsNotReady: waypoint "` + appNS + `/ghost" is not ready`},
+		{"none", "<none>"},
+		{"waypoint", bound},
+	} {
+		if err := c.Apply(ctx, probeService(step.label)); err != nil {
+			t.Fatal(err)
+		}
+		serviceCond("status-probe", step.want)
 	}
 }

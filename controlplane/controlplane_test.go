@@ -915,4 +915,22 @@ func TestWaypointStatus(t *testing.T) {
 	patch(t, c, "namespaces", "", shop, `{"metadata":{"labels":{"istio.io/use-waypoint":null,"istio.io/use-waypoint-namespace":null}}}`)
 	waitService(t, ctx, c, shop, "web", nil, other)
 	waitPolicy(t, ctx, istio, shop, "to-web", "WaypointAccepted", "False", "AncestorNotBound", "Service "+shop+"/web is not bound to a waypoint")
+
+	// A condition another manager wrote (istiod's, from before the move
+	// to Weft) on a Service that asks for no waypoint goes too, after the
+	// Service was first seen without it.
+	legacy, err := c.Kube.CoreV1().Services(shop).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "legacy", Namespace: shop},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // seen without the condition
+	legacy.Status.Conditions = []metav1.Condition{other, {Type: "istio.io/WaypointBound", Status: metav1.ConditionTrue, Reason: "WaypointAccepted",
+		Message: "Successfully attached to waypoint " + shop + "/old", LastTransitionTime: metav1.Now()}}
+	if _, err := c.Kube.CoreV1().Services(shop).UpdateStatus(ctx, legacy, metav1.UpdateOptions{FieldManager: "pilot-discovery"}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, ctx, c, shop, "legacy", nil, other)
 }

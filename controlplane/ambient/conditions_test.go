@@ -7,6 +7,7 @@ import (
 	typev1beta1 "istio.io/api/type/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -20,6 +21,29 @@ func serviceConds(u *Update) map[string]*BindingStatus {
 		out[c.Namespace+"/"+c.Name] = c.Condition
 	}
 	return out
+}
+
+// writeStatus does what the status writer would with an update's Service
+// conditions, and returns the batch of the informer events that follow.
+func (w *world) writeStatus(u *Update) batch {
+	b := batch{}
+	for _, c := range u.Services {
+		svc := getObj[corev1.Service](w.stores.Services, c.Namespace+"/"+c.Name)
+		if svc == nil {
+			continue
+		}
+		svc = svc.DeepCopy()
+		if c.Condition == nil {
+			meta.RemoveStatusCondition(&svc.Status.Conditions, ConditionWaypointBound)
+		} else {
+			meta.SetStatusCondition(&svc.Status.Conditions, metav1.Condition{Type: ConditionWaypointBound,
+				Status: conditionStatus(c.Condition), Reason: c.Condition.Reason, Message: c.Condition.Message})
+		}
+		for k := range w.set(kindService, svc)[kindService] {
+			b.add(kindService, k)
+		}
+	}
+	return b
 }
 
 // TestIndexServiceBinding follows the istio.io/WaypointBound condition of
@@ -41,8 +65,14 @@ func TestIndexServiceBinding(t *testing.T) {
 	// waypoint (or are a waypoint's own) with none, so that a condition
 	// left from before is removed.
 	want := map[string]*BindingStatus{"shop/cart": denied, "plain/web": nil, "infra/wp": nil}
-	if diff := cmp.Diff(want, serviceConds(w.ix.process(w.ix.all()))); diff != "" {
+	u := w.ix.process(w.ix.all())
+	if diff := cmp.Diff(want, serviceConds(u)); diff != "" {
 		t.Fatalf("first pass (-want +got):\n%s", diff)
+	}
+	// The status written, nothing more is reported: not for the write's
+	// own events, not for another pass.
+	if got := serviceConds(w.ix.process(w.writeStatus(u))); len(got) != 0 {
+		t.Errorf("the Services' own status writes reported again: %v", got)
 	}
 	if got := serviceConds(w.ix.process(w.ix.all())); len(got) != 0 {
 		t.Errorf("unchanged conditions reported again: %v", got)
@@ -78,15 +108,31 @@ func TestIndexServiceBinding(t *testing.T) {
 				s.Labels["istio.io/use-waypoint-namespace"] = "infra"
 			}))
 		}, map[string]*BindingStatus{"plain/web": denied}},
+		{"another writer changes the condition: it is put back", func() batch {
+			svc := newService("plain", "web", func(s *corev1.Service) {
+				s.Labels["istio.io/use-waypoint"] = "wp"
+				s.Labels["istio.io/use-waypoint-namespace"] = "infra"
+			})
+			svc.Status.Conditions = []metav1.Condition{{Type: ConditionWaypointBound, Status: metav1.ConditionTrue, Reason: ReasonWaypointAccepted}}
+			return w.set(kindService, svc)
+		}, map[string]*BindingStatus{"plain/web": denied}},
+		{"another writer adds the condition to a Service that asks for none: it is removed", func() batch {
+			svc := newService("shop", "cart", func(s *corev1.Service) { s.Labels["istio.io/use-waypoint"] = "none" })
+			svc.Status.Conditions = []metav1.Condition{{Type: ConditionWaypointBound, Status: metav1.ConditionTrue, Reason: ReasonWaypointAccepted}}
+			return w.set(kindService, svc)
+		}, map[string]*BindingStatus{"shop/cart": nil}},
 		{"the Service is deleted: nothing to write", func() batch { return w.del(kindService, newService("plain", "web", nil)) }, nil},
 	}
 	for _, s := range steps {
-		got := serviceConds(w.ix.process(s.change()))
+		u := w.ix.process(s.change())
 		if s.want == nil {
 			s.want = map[string]*BindingStatus{}
 		}
-		if diff := cmp.Diff(s.want, got); diff != "" {
+		if diff := cmp.Diff(s.want, serviceConds(u)); diff != "" {
 			t.Errorf("%s (-want +got):\n%s", s.name, diff)
+		}
+		if got := serviceConds(w.ix.process(w.writeStatus(u))); len(got) != 0 {
+			t.Errorf("%s: the status write reported again: %v", s.name, got)
 		}
 	}
 }

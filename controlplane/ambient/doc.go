@@ -47,8 +47,9 @@
 // condition istio.io/WaypointBound that istiod writes: True, reason
 // WaypointAccepted, once it is bound; False with the refusal's reason
 // ([Check]) while it is not; and none once it asks for no waypoint
-// ([ServiceStatusWriter], by server-side apply of that one condition, so
-// other controllers' conditions stay). A policy with targetRefs shows
+// ([ServiceStatusWriter]: set by server-side apply of that one condition,
+// removed by a JSON patch of that one entry, so other controllers'
+// conditions stay; one that another writer changes is put back). A policy with targetRefs shows
 // WaypointAccepted: whether each target binds it to a waypoint, with
 // istiod's reasons (Accepted, PartiallyInvalid, Invalid, TargetNotFound,
 // AncestorNotBound) and messages ([Update] Conditions).

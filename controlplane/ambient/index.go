@@ -570,11 +570,12 @@ func (ix *index) refused(ref objRef, obj runtime.Object, r *Refusal, u *Update) 
 }
 
 // serviceStatus records a Service's istio.io/WaypointBound condition and
-// reports it in u if it changed or the Service is new to this process
-// (whose status may hold a condition from before).
+// reports it in u if it changed, or the Service does not show it (a
+// Service new to this process may hold a condition from before, and
+// another writer may change it).
 func (ix *index) serviceStatus(svc *corev1.Service, c *BindingStatus, u *Update) {
 	key := svc.Namespace + "/" + svc.Name
-	if old, ok := ix.services[key]; ok && bindingEqual(old, c) {
+	if old, ok := ix.services[key]; ok && bindingEqual(old, c) && shows(svc, c) {
 		return
 	}
 	ix.services[key] = c

@@ -911,6 +911,29 @@ func TestWaypointStatus(t *testing.T) {
 		t.Errorf("observedGeneration %d: istiod leaves it unset", cond.ObservedGeneration)
 	}
 
+	// Conditions someone else overwrites are put back.
+	pol, err := istio.SecurityV1().AuthorizationPolicies(shop).Get(ctx, "to-web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cond := range pol.Status.Conditions {
+		cond.Status, cond.Reason, cond.Message = "False", "TargetNotFound", "overwritten"
+	}
+	if _, err := istio.SecurityV1().AuthorizationPolicies(shop).UpdateStatus(ctx, pol, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPolicy(t, ctx, istio, shop, "to-web", "WaypointAccepted", "True", "Accepted", "bound to "+infra+"/wp")
+	svc, err = c.Kube.CoreV1().Services(shop).Get(ctx, "web", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	meta.SetStatusCondition(&svc.Status.Conditions, metav1.Condition{Type: "istio.io/WaypointBound", Status: metav1.ConditionFalse,
+		Reason: "AttachmentDenied", Message: "overwritten"})
+	if _, err := c.Kube.CoreV1().Services(shop).UpdateStatus(ctx, svc, metav1.UpdateOptions{FieldManager: "someone"}); err != nil {
+		t.Fatal(err)
+	}
+	waitService(t, ctx, c, shop, "web", bound, other)
+
 	// The label goes: the condition goes, the auditor's stays.
 	patch(t, c, "namespaces", "", shop, `{"metadata":{"labels":{"istio.io/use-waypoint":null,"istio.io/use-waypoint-namespace":null}}}`)
 	waitService(t, ctx, c, shop, "web", nil, other)

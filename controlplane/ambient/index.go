@@ -224,7 +224,7 @@ func (ix *index) process(b batch) *Update {
 		ix.podChanged(key, u)
 	}
 	if len(b[kindPolicy])+len(b[kindGateway])+len(b[kindService])+len(b[kindNamespace]) > 0 {
-		ix.waypointPolicies(u)
+		ix.waypointPolicies(b[kindPolicy], u)
 	}
 	return u
 }
@@ -322,9 +322,11 @@ func (ix *index) policyChanged(key string, b batch, u *Update) {
 		}
 	}
 	ix.publishAuthz(key, res.Authorization, u)
-	// Status: only when it or the generation changed (or the policy is
-	// new to this process).
-	if p != nil && (old == nil || old.generation != p.Generation || !condEqual(old.cond, res.Condition)) {
+	// Status: only when it or the generation changed, the policy is new
+	// to this process, or it does not show the condition (another writer
+	// changed it).
+	if p != nil && (old == nil || old.generation != p.Generation || !condEqual(old.cond, res.Condition) ||
+		!policyShows(p, authpolicy.ConditionType, res.Condition)) {
 		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation,
 			Type: authpolicy.ConditionType, Condition: res.Condition})
 	}
@@ -590,11 +592,12 @@ func bindingEqual(a, b *BindingStatus) bool {
 }
 
 // waypointPolicies recomputes the WaypointAccepted condition of the
-// policies with targetRefs, and reports those that changed; a policy
+// policies with targetRefs, and reports those that changed, and those of
+// changed that do not show it (another writer changed it); a policy
 // without targetRefs is reported once, to remove a condition left from
 // before. Any change of a waypoint, Service or namespace may change them,
 // and there are few such policies: all are recomputed.
-func (ix *index) waypointPolicies(u *Update) {
+func (ix *index) waypointPolicies(changed map[string]struct{}, u *Update) {
 	for _, key := range sortedKeys(ix.policies) {
 		e := ix.policies[key]
 		if !e.targets && e.waypointSent {
@@ -605,13 +608,31 @@ func (ix *index) waypointPolicies(u *Update) {
 			continue
 		}
 		c := waypointAccepted(p, ix.cfg.RootNamespace, ix)
-		if e.waypointSent && condEqual(e.waypoint, c) {
+		_, dirty := changed[key]
+		if e.waypointSent && condEqual(e.waypoint, c) && (!dirty || policyShows(p, authpolicy.WaypointConditionType, c)) {
 			continue
 		}
 		e.waypoint, e.waypointSent = c, true
 		u.Conditions = append(u.Conditions, PolicyCondition{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation,
 			Type: authpolicy.WaypointConditionType, Condition: c})
 	}
+}
+
+// policyShows reports whether a policy's status shows the condition c of
+// type typ (nil: none) for its generation.
+func policyShows(p *securityv1.AuthorizationPolicy, typ string, c *authpolicy.Condition) bool {
+	for _, cur := range p.Status.GetConditions() {
+		if cur.GetType() != typ {
+			continue
+		}
+		st := "False"
+		if c != nil && c.Status {
+			st = "True"
+		}
+		return c != nil && cur.GetStatus() == st && cur.GetReason() == c.Reason && cur.GetMessage() == c.Message &&
+			cur.GetObservedGeneration() == p.Generation
+	}
+	return c == nil
 }
 
 // waypointReady implements policyLookup.

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	metav1alpha1 "istio.io/api/meta/v1alpha1"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	typev1beta1 "istio.io/api/type/v1beta1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
@@ -323,6 +324,39 @@ func ztunnelConds(u *Update) []PolicyCondition {
 	return out
 }
 
+// writePolicyStatus does what the status writer would with an update's
+// policy conditions, and returns the batch of the informer events that
+// follow.
+func (w *world) writePolicyStatus(u *Update) batch {
+	b := batch{}
+	for _, c := range u.Conditions {
+		p := getObj[securityv1.AuthorizationPolicy](w.stores.Policies, c.Namespace+"/"+c.Name)
+		if p == nil {
+			continue
+		}
+		p = p.DeepCopy()
+		var kept []*metav1alpha1.IstioCondition
+		for _, cur := range p.Status.GetConditions() {
+			if cur.GetType() != c.Type {
+				kept = append(kept, cur)
+			}
+		}
+		if c.Condition != nil {
+			st := "False"
+			if c.Condition.Status {
+				st = "True"
+			}
+			kept = append(kept, &metav1alpha1.IstioCondition{Type: c.Type, Status: st, Reason: c.Condition.Reason,
+				Message: c.Condition.Message, ObservedGeneration: c.Generation})
+		}
+		p.Status.Conditions = kept
+		for k := range w.set(kindPolicy, p)[kindPolicy] {
+			b.add(kindPolicy, k)
+		}
+	}
+	return b
+}
+
 func TestIndexPolicyConditions(t *testing.T) {
 	w := newWorld(t)
 	p := selectorPolicy("shop", "p", map[string]string{"app": "x"})
@@ -330,8 +364,22 @@ func TestIndexPolicyConditions(t *testing.T) {
 	if c := ztunnelConds(u); len(c) != 1 || !c[0].Condition.Status || c[0].Generation != 1 {
 		t.Fatalf("conditions = %+v, want one accepted at generation 1", u.Conditions)
 	}
+	if u := w.ix.process(w.writePolicyStatus(u)); len(u.Conditions) != 0 {
+		t.Errorf("the policy's own status write reported again: %+v", u.Conditions)
+	}
+	p = getObj[securityv1.AuthorizationPolicy](w.stores.Policies, "shop/p")
 	if u := w.ix.process(w.set(kindPolicy, p)); len(u.Conditions) != 0 {
 		t.Errorf("unchanged policy reported again: %+v", u.Conditions)
+	}
+	// Another writer changes the condition: it is put back.
+	changed := p.DeepCopy()
+	for _, c := range changed.Status.Conditions {
+		if c.Type == authpolicy.ConditionType {
+			c.Status = "False"
+		}
+	}
+	if c := ztunnelConds(w.ix.process(w.set(kindPolicy, changed))); len(c) != 1 || !c[0].Condition.Status {
+		t.Errorf("a condition another writer changed: %+v, want it reported again", c)
 	}
 	p2 := p.DeepCopy()
 	p2.Spec.Rules = []*securityv1beta1.Rule{{To: []*securityv1beta1.Rule_To{{Operation: &securityv1beta1.Operation{Methods: []string{"GET"}}}}}}

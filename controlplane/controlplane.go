@@ -282,6 +282,11 @@ func (cp *ControlPlane) Registry() *prometheus.Registry { return cp.reg }
 func (cp *ControlPlane) XDS() *xdsserver.Server { return cp.xds }
 
 func stripManagedFields(obj any) (any, error) {
+	if n, ok := obj.(*corev1.Node); ok {
+		// Only a node's labels (its locality) are read; its status, images
+		// above all, would be most of the cache.
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion, Labels: n.Labels}}, nil
+	}
 	if m, ok := obj.(metav1.Object); ok {
 		m.SetManagedFields(nil)
 	}
@@ -399,6 +404,7 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 		Namespaces:     s.kube.Core().V1().Namespaces().Informer(),
 		Policies:       s.istio.Security().V1().AuthorizationPolicies().Informer(),
 		PeerAuths:      s.istio.Security().V1().PeerAuthentications().Informer(),
+		Nodes:          s.kube.Core().V1().Nodes().Informer(),
 	}
 	if err := ca.AddPodIndexers(s.ambient.Pods); err != nil {
 		return nil, err

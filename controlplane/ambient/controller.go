@@ -58,6 +58,8 @@ type Informers struct {
 	// PeerAuths watches security.istio.io PeerAuthentications.
 	PeerAuths cache.SharedIndexInformer
 	Gateways  cache.SharedIndexInformer
+	// Nodes gives workloads their locality; optional (nil: none).
+	Nodes cache.SharedIndexInformer
 }
 
 func (inf Informers) stores() Stores {
@@ -71,6 +73,9 @@ func (inf Informers) stores() Stores {
 	}
 	if inf.Gateways != nil {
 		s.Gateways = inf.Gateways.GetIndexer()
+	}
+	if inf.Nodes != nil {
+		s.Nodes = inf.Nodes.GetIndexer()
 	}
 	return s
 }
@@ -120,17 +125,32 @@ func (cfg ControllerConfig) withDefaults() (ControllerConfig, error) {
 	return cfg, nil
 }
 
-// AddIndexers adds the indexes the controller needs to the informers. It
-// must be called before they start; NewController calls it.
+// AddIndexers adds the indexes the controller needs to the informers (the
+// Pods' only when inf has them). It must be called before they start;
+// NewController calls it.
 func AddIndexers(inf Informers) error {
-	if _, ok := inf.EndpointSlices.GetIndexer().GetIndexers()[IndexServiceName]; ok {
+	if _, ok := inf.EndpointSlices.GetIndexer().GetIndexers()[IndexServiceName]; !ok {
+		if err := inf.EndpointSlices.AddIndexers(cache.Indexers{IndexServiceName: SliceServiceIndex}); err != nil {
+			return fmt.Errorf("adding the EndpointSlice service index: %w", err)
+		}
+	}
+	if inf.Pods == nil {
 		return nil
 	}
-	err := inf.EndpointSlices.AddIndexers(cache.Indexers{IndexServiceName: SliceServiceIndex})
-	if err != nil {
-		return fmt.Errorf("adding the EndpointSlice service index: %w", err)
+	if _, ok := inf.Pods.GetIndexer().GetIndexers()[IndexPodNode]; !ok {
+		if err := inf.Pods.AddIndexers(cache.Indexers{IndexPodNode: PodNodeIndex}); err != nil {
+			return fmt.Errorf("adding the Pod node index: %w", err)
+		}
 	}
 	return nil
+}
+
+// PodNodeIndex indexes a Pod by its node's name, once it has one.
+func PodNodeIndex(obj any) ([]string, error) {
+	if p, ok := obj.(*corev1.Pod); ok && p.Spec.NodeName != "" {
+		return []string{p.Spec.NodeName}, nil
+	}
+	return nil, nil
 }
 
 // SliceServiceIndex indexes an EndpointSlice by its Service's key.
@@ -234,7 +254,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}{
 		{kindPod, c.inf.Pods}, {kindService, c.inf.Services}, {kindEndpointSlice, c.inf.EndpointSlices},
 		{kindNamespace, c.inf.Namespaces}, {kindPolicy, c.inf.Policies}, {kindPeerAuth, c.inf.PeerAuths},
-		{kindGateway, c.inf.Gateways},
+		{kindGateway, c.inf.Gateways}, {kindNode, c.inf.Nodes},
 	}
 	var synced []cache.InformerSynced
 	for _, w := range watch {

@@ -17,7 +17,12 @@
 // selector matches its labels, then the one its effective PeerAuthentication
 // mode names (package peerauth): the static STRICT policy, published while
 // any PeerAuthentication exists, or the converted form of its workload
-// PeerAuthentication.
+// PeerAuthentication. Its locality is its node's topology labels
+// (topology.kubernetes.io/region and zone, topology.istio.io/subzone), so
+// that a Service's trafficDistribution (PreferClose, PreferSameZone,
+// PreferSameNode) keeps connections close; a change of a node's labels
+// republishes its pods, any other change of a node nothing. Workloads of
+// endpoints that are not pods have no locality.
 //
 // A Service (other than ExternalName) is a Service named
 // "<namespace>/<hostname>", with its cluster IPs as addresses and its ports

@@ -29,6 +29,7 @@ const (
 	kindGateway       = "Gateway"
 	kindPolicy        = "AuthorizationPolicy"
 	kindPeerAuth      = "PeerAuthentication"
+	kindNode          = "Node"
 	// kindSliceWorkloads marks an EndpointSlice whose endpoints that are not
 	// pods must be rebuilt (its own change, or its Service's).
 	kindSliceWorkloads = "EndpointSliceWorkloads"
@@ -37,12 +38,17 @@ const (
 // IndexServiceName indexes EndpointSlices by "<namespace>/<service name>".
 const IndexServiceName = "weft-service-name"
 
+// IndexPodNode indexes Pods by the name of the node they run on.
+const IndexPodNode = "weft-pod-node"
+
 // Stores are the informer caches the index reads. Gateways may be nil when
 // the Gateway API is not installed (then there are no waypoints).
 type Stores struct {
 	Pods, Services, EndpointSlices, Namespaces, Gateways, Policies cache.Indexer
 	// PeerAuths holds the PeerAuthentications.
 	PeerAuths cache.Indexer
+	// Nodes holds the Nodes, for the workloads' locality; nil: no locality.
+	Nodes cache.Indexer
 }
 
 // Update is the outcome of one batch: the resources to publish and remove,
@@ -146,6 +152,8 @@ type index struct {
 	// services is the istio.io/WaypointBound condition last reported for
 	// each Service, by key (nil: none).
 	services map[string]*BindingStatus
+	// localities is each node's locality, by name (absent: none).
+	localities map[string]*workloadpb.Locality
 	// peerAuths is the PeerAuthentications as last processed, by
 	// namespace and then key. Workloads' keys and converted policies are
 	// both computed from it, so a workload never names a policy that is
@@ -171,6 +179,7 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		boundTo:        map[string]map[objRef]struct{}{},
 		denied:         map[objRef]string{},
 		services:       map[string]*BindingStatus{},
+		localities:     map[string]*workloadpb.Locality{},
 	}
 }
 
@@ -185,6 +194,7 @@ func (ix *index) all() batch {
 			b.add(kind, k)
 		}
 	}
+	add(kindNode, ix.stores.Nodes)
 	add(kindNamespace, ix.stores.Namespaces)
 	add(kindGateway, ix.stores.Gateways)
 	add(kindPolicy, ix.stores.Policies)
@@ -199,6 +209,9 @@ func (ix *index) all() batch {
 // The order matters: each step may mark more pods and Services dirty.
 func (ix *index) process(b batch) *Update {
 	u := &Update{Addresses: map[string]proto.Message{}, Authz: map[string]proto.Message{}}
+	for key := range b[kindNode] {
+		ix.nodeChanged(key, b)
+	}
 	for key := range b[kindNamespace] {
 		ix.namespaceChanged(key, b)
 	}
@@ -270,6 +283,27 @@ func (ix *index) namespaceChanged(ns string, b batch) {
 	}
 	for _, s := range ix.byNamespace(ix.stores.Services, ns) {
 		b.add(kindService, keyOf(s))
+	}
+}
+
+// nodeChanged marks the node's pods when its locality changed (a node's
+// other changes, its status above all, concern no workload).
+func (ix *index) nodeChanged(name string, b batch) {
+	var loc *workloadpb.Locality
+	if n := getObj[corev1.Node](ix.stores.Nodes, name); n != nil {
+		loc = NodeLocality(n.Labels)
+	}
+	if old, had := ix.localities[name]; had == (loc != nil) && proto.Equal(old, loc) {
+		return
+	}
+	if loc == nil {
+		delete(ix.localities, name)
+	} else {
+		ix.localities[name] = loc
+	}
+	pods, _ := ix.stores.Pods.ByIndex(IndexPodNode, name)
+	for _, p := range pods {
+		b.add(kindPod, keyOf(p))
 	}
 }
 
@@ -519,6 +553,7 @@ func (ix *index) podChanged(key string, u *Update) {
 		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[label.IoK8sNetworkingGatewayGatewayName.Name]] != nil
 		in.Services = ix.podServices(key)
 		in.Policies = append(ix.podPolicies(pod), ix.podPeerAuthKeys(pod)...)
+		in.Locality = ix.localities[pod.Spec.NodeName]
 		var refused *Refusal
 		res, refused = ix.cfg.Workload(in)
 		ix.refused(ref, pod, refused, u)

@@ -13,6 +13,7 @@ import (
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -38,7 +39,8 @@ func newWorld(t *testing.T) *world {
 		return cache.NewIndexer(cache.MetaNamespaceKeyFunc, idx)
 	}
 	s := Stores{
-		Pods: newStore(nil), Services: newStore(nil), Namespaces: newStore(nil),
+		Pods: newStore(cache.Indexers{IndexPodNode: PodNodeIndex}), Services: newStore(nil), Namespaces: newStore(nil),
+		Nodes:          newStore(nil),
 		EndpointSlices: newStore(cache.Indexers{IndexServiceName: SliceServiceIndex}),
 		Gateways:       newStore(nil), Policies: newStore(nil), PeerAuths: newStore(nil),
 	}
@@ -61,6 +63,8 @@ func (w *world) store(kind string) cache.Indexer {
 		return w.stores.Policies
 	case kindPeerAuth:
 		return w.stores.PeerAuths
+	case kindNode:
+		return w.stores.Nodes
 	}
 	panic(kind)
 }
@@ -130,6 +134,61 @@ func selectorPolicy(ns, name string, labels map[string]string) *securityv1.Autho
 }
 
 const cartSvc = "shop/cart.shop.svc.cluster.local"
+
+func node(name string, labels map[string]string) *corev1.Node {
+	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}
+}
+
+func resourceQuantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
+
+func onNode(name string) podOpt { return func(p *corev1.Pod) { p.Spec.NodeName = name } }
+
+// TestIndexLocality: a workload's locality is its node's topology labels;
+// a change of them republishes the node's pods and no other, and a change
+// of anything else of the node publishes nothing.
+func TestIndexLocality(t *testing.T) {
+	w := newWorld(t)
+	w.set(kindNamespace, ns("shop", nil))
+	zoneA := map[string]string{"topology.kubernetes.io/region": "r1", "topology.kubernetes.io/zone": "a", "topology.istio.io/subzone": "rack-1"}
+	w.set(kindNode, node("n1", zoneA), node("n2", nil))
+	w.set(kindPod, newPod("shop", "on-1", onNode("n1")), newPod("shop", "on-2", onNode("n2")), newPod("shop", "nowhere"))
+	w.ix.process(w.ix.all())
+	loc := func(pod string) *workloadpb.Locality { return w.workload("Kubernetes//Pod/shop/" + pod).GetLocality() }
+	if l := loc("on-1"); l.GetRegion() != "r1" || l.GetZone() != "a" || l.GetSubzone() != "rack-1" {
+		t.Errorf("on-1 locality %v, want r1/a/rack-1", l)
+	}
+	if l := loc("on-2"); l != nil {
+		t.Errorf("on-2, on a node without topology labels, has locality %v", l)
+	}
+	if l := loc("nowhere"); l != nil {
+		t.Errorf("a pod on no node has locality %v", l)
+	}
+
+	// The node's status (not its labels) changes: nothing to publish.
+	n1 := node("n1", zoneA)
+	n1.Status.Capacity = corev1.ResourceList{corev1.ResourcePods: *resourceQuantity("110")}
+	if changed, _ := names(w.ix.process(w.set(kindNode, n1))); len(changed) > 0 {
+		t.Errorf("a node status change published %v", changed)
+	}
+	// n2 gets a zone: its pod, and only it, is published again.
+	u := w.ix.process(w.set(kindNode, node("n2", map[string]string{"topology.kubernetes.io/zone": "b"})))
+	if changed, _ := names(u); !cmp.Equal(changed, []string{"Kubernetes//Pod/shop/on-2"}) {
+		t.Errorf("n2 zoned: published %v, want on-2 only", changed)
+	}
+	if l := loc("on-2"); l.GetZone() != "b" || l.GetRegion() != "" {
+		t.Errorf("on-2 locality %v, want zone b", l)
+	}
+	// n1 loses its labels, then goes: on-1 has no locality.
+	w.ix.process(w.set(kindNode, node("n1", nil)))
+	if l := loc("on-1"); l != nil {
+		t.Errorf("on-1 locality %v after its node lost its labels", l)
+	}
+	w.ix.process(w.set(kindNode, node("n1", zoneA)))
+	u = w.ix.process(w.del(kindNode, node("n1", zoneA)))
+	if changed, _ := names(u); !cmp.Equal(changed, []string{"Kubernetes//Pod/shop/on-1"}) || loc("on-1") != nil {
+		t.Errorf("n1 deleted: published %v, on-1 locality %v", changed, loc("on-1"))
+	}
+}
 
 // TestIndexIncremental drives the index through a sequence of changes and
 // checks after each that exactly the affected resources are published.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	"istio.io/api/annotation"
 	"istio.io/api/label"
 	corev1 "k8s.io/api/core/v1"
@@ -187,6 +188,9 @@ type PodInput struct {
 	// Policies are the resource names of the workload-selector policies
 	// that select the pod.
 	Policies []string
+	// Locality is the locality of the pod's node (NodeLocality); nil for
+	// none.
+	Locality *workloadpb.Locality
 }
 
 // Workload builds a pod's Workload, or returns nil when the pod is not a
@@ -229,6 +233,9 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal)
 		w.Status = workloadpb.WorkloadStatus_UNHEALTHY
 	}
 	w.CanonicalName, w.CanonicalRevision = canonical(p.Labels, w.WorkloadName)
+	if in.Locality != nil {
+		w.Locality = proto.Clone(in.Locality).(*workloadpb.Locality)
+	}
 	if !in.IsWaypoint {
 		w.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, apinames.WaypointForWorkload, p.Namespace, in.NamespaceLabels)
 	}
@@ -412,6 +419,22 @@ func AppProtocol(p corev1.ServicePort) workloadpb.AppProtocol {
 		return workloadpb.AppProtocol_TLS
 	}
 	return workloadpb.AppProtocol_UNKNOWN
+}
+
+// NodeLocality is the locality of a node with labels: its region and zone
+// from the well-known topology labels, its subzone from Istio's
+// topology.istio.io/subzone, as istiod reads them; nil when it has none of
+// them.
+func NodeLocality(labels map[string]string) *workloadpb.Locality {
+	l := &workloadpb.Locality{
+		Region:  labels[corev1.LabelTopologyRegion],
+		Zone:    labels[corev1.LabelTopologyZone],
+		Subzone: labels[label.TopologySubzone.Name],
+	}
+	if l.Region == "" && l.Zone == "" && l.Subzone == "" {
+		return nil
+	}
+	return l
 }
 
 // loadBalancing maps internalTrafficPolicy and trafficDistribution.

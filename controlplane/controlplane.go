@@ -421,6 +421,7 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	}
 	s.gateway = gwinformers.NewSharedInformerFactoryWithOptions(cp.clients.Gateway, 0, gwinformers.WithTransform(stripManagedFields))
 	s.ambient.Gateways = s.gateway.Gateway().V1().Gateways().Informer()
+	s.ambient.GatewayClasses = s.gateway.Gateway().V1().GatewayClasses().Informer()
 	inf := s.ambient
 	s.waypoints = waypointxds.Informers{
 		Gateways: inf.Gateways, Services: inf.Services, EndpointSlices: inf.EndpointSlices, Pods: inf.Pods,
@@ -428,6 +429,7 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 		HTTPRoutes: s.gateway.Gateway().V1().HTTPRoutes().Informer(),
 		GRPCRoutes: s.gateway.Gateway().V1().GRPCRoutes().Informer(),
 	}
+	s.waypoints.GatewayClasses = inf.GatewayClasses
 	return s, nil
 }
 

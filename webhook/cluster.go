@@ -17,9 +17,10 @@ import (
 
 // Listers adapts informer listers to the lookups the rules make.
 type Listers struct {
-	GatewayLister   gwlisters.GatewayLister
-	ServiceLister   corelisters.ServiceLister
-	NamespaceLister corelisters.NamespaceLister
+	GatewayLister      gwlisters.GatewayLister
+	GatewayClassLister gwlisters.GatewayClassLister
+	ServiceLister      corelisters.ServiceLister
+	NamespaceLister    corelisters.NamespaceLister
 }
 
 var (
@@ -32,6 +33,11 @@ var (
 // Gateway returns the Gateway namespace/name from the cache.
 func (l Listers) Gateway(namespace, name string) (*gwv1.Gateway, error) {
 	return l.GatewayLister.Gateways(namespace).Get(name)
+}
+
+// GatewayClass returns the GatewayClass name from the cache.
+func (l Listers) GatewayClass(name string) (*gwv1.GatewayClass, error) {
+	return l.GatewayClassLister.Get(name)
 }
 
 // Service returns the Service namespace/name from the cache.

@@ -275,6 +275,17 @@ metadata: {name: app, annotations: {ambient.istio.io/redirection: enabled}}`},
 metadata: {name: app, labels: {istio.io/use-waypoint: waypoint}}`},
 	{name: "pod-waypoint-for-workload", kind: "v1/Pod", ns: "shop", object: `
 metadata: {name: app, labels: {istio.io/use-waypoint: wl-waypoint}}`},
+	// A waypoint without istio.io/waypoint-for of its own takes its
+	// GatewayClass's; its own label wins over the class's.
+	{name: "pod-waypoint-for-from-class", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, labels: {istio.io/use-waypoint: legacy-waypoint}}`,
+		tweak: func(c *cluster) { c.classes["istio-waypoint"] = waypointClass("workload") }},
+	{name: "pod-waypoint-for-class-service", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, labels: {istio.io/use-waypoint: legacy-waypoint}}`,
+		tweak: func(c *cluster) { c.classes["istio-waypoint"] = waypointClass("service") }},
+	{name: "pod-waypoint-for-gateway-over-class", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: app, labels: {istio.io/use-waypoint: waypoint}}`,
+		tweak: func(c *cluster) { c.classes["istio-waypoint"] = waypointClass("all") }},
 	{name: "pod-cross-namespace-by-user", kind: "v1/Pod", ns: "shop", user: "bob", object: `
 metadata: {name: app, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}`},
 	{name: "pod-cross-namespace-by-controller", kind: "v1/Pod", ns: "shop", user: "system:serviceaccount:kube-system:replicaset-controller", object: `

@@ -19,6 +19,7 @@ import (
 // SubjectAccessReview API, for the pure rule logic.
 type cluster struct {
 	gateways   map[string]*gwv1.Gateway
+	classes    map[string]*gwv1.GatewayClass
 	services   map[string]*corev1.Service
 	namespaces map[string]*corev1.Namespace
 	// canUse holds "user namespace" pairs allowed to use waypoints there.
@@ -41,6 +42,19 @@ func (c *cluster) Gateway(ns, name string) (*gwv1.Gateway, error) {
 		return g, nil
 	}
 	return nil, apierrors.NewNotFound(schema.GroupResource{Group: gwv1.GroupName, Resource: "gateways"}, name)
+}
+
+// waypointClass is the istio-waypoint GatewayClass labelled
+// istio.io/waypoint-for=wf.
+func waypointClass(wf string) *gwv1.GatewayClass {
+	return &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "istio-waypoint", Labels: map[string]string{"istio.io/waypoint-for": wf}}}
+}
+
+func (c *cluster) GatewayClass(name string) (*gwv1.GatewayClass, error) {
+	if g, ok := c.classes[name]; ok {
+		return g, nil
+	}
+	return nil, apierrors.NewNotFound(schema.GroupResource{Group: gwv1.GroupName, Resource: "gatewayclasses"}, name)
 }
 
 func (c *cluster) Service(ns, name string) (*corev1.Service, error) {
@@ -90,6 +104,7 @@ func service(ns, name string, labels map[string]string, ports ...corev1.ServiceP
 func testCluster() *cluster {
 	c := &cluster{
 		gateways:   map[string]*gwv1.Gateway{},
+		classes:    map[string]*gwv1.GatewayClass{},
 		services:   map[string]*corev1.Service{},
 		namespaces: map[string]*corev1.Namespace{},
 		canUse:     map[string]bool{"alice infra": true},

@@ -60,6 +60,9 @@ type Informers struct {
 	Gateways  cache.SharedIndexInformer
 	// Nodes gives workloads their locality; optional (nil: none).
 	Nodes cache.SharedIndexInformer
+	// GatewayClasses give their Gateways a default istio.io/waypoint-for;
+	// optional, with Gateways.
+	GatewayClasses cache.SharedIndexInformer
 }
 
 func (inf Informers) stores() Stores {
@@ -76,6 +79,9 @@ func (inf Informers) stores() Stores {
 	}
 	if inf.Nodes != nil {
 		s.Nodes = inf.Nodes.GetIndexer()
+	}
+	if inf.GatewayClasses != nil {
+		s.GatewayClasses = inf.GatewayClasses.GetIndexer()
 	}
 	return s
 }
@@ -254,7 +260,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	}{
 		{kindPod, c.inf.Pods}, {kindService, c.inf.Services}, {kindEndpointSlice, c.inf.EndpointSlices},
 		{kindNamespace, c.inf.Namespaces}, {kindPolicy, c.inf.Policies}, {kindPeerAuth, c.inf.PeerAuths},
-		{kindGateway, c.inf.Gateways}, {kindNode, c.inf.Nodes},
+		{kindGateway, c.inf.Gateways}, {kindGatewayClass, c.inf.GatewayClasses}, {kindNode, c.inf.Nodes},
 	}
 	var synced []cache.InformerSynced
 	for _, w := range watch {

@@ -27,6 +27,7 @@ const (
 	kindEndpointSlice = "EndpointSlice"
 	kindNamespace     = "Namespace"
 	kindGateway       = "Gateway"
+	kindGatewayClass  = "GatewayClass"
 	kindPolicy        = "AuthorizationPolicy"
 	kindPeerAuth      = "PeerAuthentication"
 	kindNode          = "Node"
@@ -49,6 +50,9 @@ type Stores struct {
 	PeerAuths cache.Indexer
 	// Nodes holds the Nodes, for the workloads' locality; nil: no locality.
 	Nodes cache.Indexer
+	// GatewayClasses holds the GatewayClasses, whose istio.io/waypoint-for
+	// their Gateways inherit; nil: none is read.
+	GatewayClasses cache.Indexer
 }
 
 // Update is the outcome of one batch: the resources to publish and remove,
@@ -215,6 +219,9 @@ func (ix *index) process(b batch) *Update {
 	for key := range b[kindNamespace] {
 		ix.namespaceChanged(key, b)
 	}
+	for key := range b[kindGatewayClass] {
+		ix.gatewayClassChanged(key, b)
+	}
 	for key := range b[kindGateway] {
 		ix.gatewayChanged(key, b)
 	}
@@ -307,9 +314,26 @@ func (ix *index) nodeChanged(name string, b batch) {
 	}
 }
 
+// gatewayClassChanged marks the Gateways of the class: their traffic type
+// may follow its istio.io/waypoint-for.
+func (ix *index) gatewayClassChanged(name string, b batch) {
+	if ix.stores.Gateways == nil {
+		return
+	}
+	for _, o := range ix.stores.Gateways.List() {
+		if gw := o.(*gwv1.Gateway); string(gw.Spec.GatewayClassName) == name {
+			b.add(kindGateway, keyOf(gw))
+		}
+	}
+}
+
 func (ix *index) gatewayChanged(key string, b batch) {
 	gw := getObj[gwv1.Gateway](ix.stores.Gateways, key)
-	wp := NewWaypoint(gw, ix.cfg.Network)
+	var class *gwv1.GatewayClass
+	if gw != nil {
+		class = getObj[gwv1.GatewayClass](ix.stores.GatewayClasses, string(gw.Spec.GatewayClassName))
+	}
+	wp := NewWaypointOfClass(gw, class, ix.cfg.Network)
 	old := ix.waypoints[key]
 	if wp == nil {
 		delete(ix.waypoints, key)

@@ -40,7 +40,7 @@ func newWorld(t *testing.T) *world {
 	}
 	s := Stores{
 		Pods: newStore(cache.Indexers{IndexPodNode: PodNodeIndex}), Services: newStore(nil), Namespaces: newStore(nil),
-		Nodes:          newStore(nil),
+		Nodes: newStore(nil), GatewayClasses: newStore(nil),
 		EndpointSlices: newStore(cache.Indexers{IndexServiceName: SliceServiceIndex}),
 		Gateways:       newStore(nil), Policies: newStore(nil), PeerAuths: newStore(nil),
 	}
@@ -65,6 +65,8 @@ func (w *world) store(kind string) cache.Indexer {
 		return w.stores.PeerAuths
 	case kindNode:
 		return w.stores.Nodes
+	case kindGatewayClass:
+		return w.stores.GatewayClasses
 	}
 	panic(kind)
 }
@@ -142,6 +144,42 @@ func node(name string, labels map[string]string) *corev1.Node {
 func resourceQuantity(s string) *resource.Quantity { q := resource.MustParse(s); return &q }
 
 func onNode(name string) podOpt { return func(p *corev1.Pod) { p.Spec.NodeName = name } }
+
+// TestIndexGatewayClassWaypointFor: a waypoint without istio.io/waypoint-for
+// of its own takes the traffic its GatewayClass's label says, follows that
+// label's changes, and its own label wins over it.
+func TestIndexGatewayClassWaypointFor(t *testing.T) {
+	w := newWorld(t)
+	class := func(labels map[string]string) *gwv1.GatewayClass {
+		return &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "istio-waypoint", Labels: labels}}
+	}
+	addr := gwv1.GatewayStatusAddress{Type: ptr(gwv1.HostnameAddressType), Value: "waypoint.shop.svc.cluster.local"}
+	w.set(kindNamespace, ns("shop", map[string]string{"istio.io/use-waypoint": "waypoint"}))
+	w.set(kindGatewayClass, class(nil))
+	w.set(kindGateway, gateway("istio-waypoint", nil, addr))
+	w.set(kindPod, newPod("shop", "cart-1"))
+	w.ix.process(w.ix.all())
+	const pod = "Kubernetes//Pod/shop/cart-1"
+	if w.workload(pod).GetWaypoint() != nil {
+		t.Fatal("a pod bound to a service waypoint")
+	}
+	// The class says workload: the pod binds, through the Gateway's event.
+	u := w.ix.process(w.set(kindGatewayClass, class(map[string]string{"istio.io/waypoint-for": "workload"})))
+	if changed, _ := names(u); !cmp.Equal(changed, []string{pod}) || w.workload(pod).GetWaypoint() == nil {
+		t.Errorf("class for workload: published %v, pod waypoint %v", changed, w.workload(pod).GetWaypoint())
+	}
+	// The Gateway's own label wins.
+	w.ix.process(w.set(kindGateway, gateway("istio-waypoint", map[string]string{"istio.io/waypoint-for": "service"}, addr)))
+	if w.workload(pod).GetWaypoint() != nil {
+		t.Error("the Gateway says service, yet the pod keeps its waypoint")
+	}
+	// A class of another name changes nothing.
+	other := class(map[string]string{"istio.io/waypoint-for": "none"})
+	other.Name = "other"
+	if changed, _ := names(w.ix.process(w.set(kindGatewayClass, other))); len(changed) > 0 {
+		t.Errorf("another class's label published %v", changed)
+	}
+}
 
 // TestIndexLocality: a workload's locality is its node's topology labels;
 // a change of them republishes the node's pods and no other, and a change

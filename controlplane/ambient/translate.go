@@ -92,16 +92,23 @@ func (w *Waypoint) serves(kind string) bool {
 }
 
 // NewWaypoint returns the waypoint a Gateway defines, or nil if it is not of
-// the waypoint class.
+// the waypoint class, for a GatewayClass without labels.
 func NewWaypoint(gw *gwv1.Gateway, network string) *Waypoint {
+	return NewWaypointOfClass(gw, nil, network)
+}
+
+// NewWaypointOfClass returns the waypoint a Gateway defines, or nil if it is
+// not of the waypoint class; class is its GatewayClass (nil if unknown),
+// whose istio.io/waypoint-for applies when the Gateway has none.
+func NewWaypointOfClass(gw *gwv1.Gateway, class *gwv1.GatewayClass, network string) *Waypoint {
 	if gw == nil || string(gw.Spec.GatewayClassName) != apinames.WaypointClass {
 		return nil
 	}
-	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: apinames.WaypointForService, Attachment: NewAttachment(gw)}
-	switch v := gw.Labels[label.IoIstioWaypointFor.Name]; v {
-	case apinames.WaypointForService, apinames.WaypointForWorkload, apinames.WaypointForAll, apinames.WaypointForNone:
-		w.For = v
+	var classLabels map[string]string
+	if class != nil {
+		classLabels = class.Labels
 	}
+	w := &Waypoint{Namespace: gw.Namespace, Name: gw.Name, For: apinames.WaypointFor(gw.Labels, classLabels), Attachment: NewAttachment(gw)}
 	var ip *workloadpb.GatewayAddress
 	for _, a := range gw.Status.Addresses {
 		switch {

@@ -30,11 +30,14 @@ type Publisher interface {
 type Informers struct {
 	Gateways, Services, EndpointSlices, Pods, Namespaces cache.SharedIndexInformer
 	HTTPRoutes, GRPCRoutes, Policies                     cache.SharedIndexInformer
+	// GatewayClasses give their Gateways a default istio.io/waypoint-for;
+	// optional.
+	GatewayClasses cache.SharedIndexInformer
 }
 
 func (inf Informers) all() []cache.SharedIndexInformer {
-	return []cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
-		inf.HTTPRoutes, inf.GRPCRoutes, inf.Policies}
+	return append([]cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
+		inf.HTTPRoutes, inf.GRPCRoutes, inf.Policies}, inf.GatewayClasses)
 }
 
 func indexer(i cache.SharedIndexInformer) cache.Indexer {
@@ -166,6 +169,19 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
+// gatewayClass is the GatewayClass name, nil when unknown.
+func (c *Controller) gatewayClass(name string) *gwv1.GatewayClass {
+	if c.inf.GatewayClasses == nil {
+		return nil
+	}
+	o, ok, err := c.inf.GatewayClasses.GetIndexer().GetByKey(name)
+	if err != nil || !ok {
+		return nil
+	}
+	gc, _ := o.(*gwv1.GatewayClass)
+	return gc
+}
+
 // Synced reports whether the first build was published.
 func (c *Controller) Synced() bool {
 	c.mu.Lock()
@@ -179,7 +195,8 @@ func (c *Controller) rebuild() {
 	seen := map[string]*ambient.Waypoint{}
 	var reports []Report
 	for _, o := range c.inf.Gateways.GetIndexer().List() {
-		wp := ambient.NewWaypoint(o.(*gwv1.Gateway), "")
+		gw := o.(*gwv1.Gateway)
+		wp := ambient.NewWaypointOfClass(gw, c.gatewayClass(string(gw.Spec.GatewayClassName)), "")
 		if wp == nil {
 			continue
 		}

@@ -9,6 +9,8 @@
 // that spells the wire name independently checks it.
 package apinames
 
+import "istio.io/api/label"
+
 // The waypoint Gateway API: a Gateway of class WaypointClass, handled by the
 // controller WaypointController, with exactly one listener {name:
 // MeshListener, port: HBONEPort, protocol: ProtocolHBONE}.
@@ -42,6 +44,21 @@ const (
 	WaypointForAll      = "all"
 	WaypointForNone     = "none"
 )
+
+// WaypointFor is the traffic a waypoint takes, as istiod decides it: the
+// istio.io/waypoint-for label of its Gateway, else of its GatewayClass,
+// else service. A label whose value is none of the four is passed over, as
+// if absent (the webhook refuses it on a Gateway; a GatewayClass is not
+// admitted through it).
+func WaypointFor(gatewayLabels, classLabels map[string]string) string {
+	for _, l := range []map[string]string{gatewayLabels, classLabels} {
+		switch v := l[label.IoIstioWaypointFor.Name]; v {
+		case WaypointForService, WaypointForWorkload, WaypointForAll, WaypointForNone:
+			return v
+		}
+	}
+	return WaypointForService
+}
 
 // WaypointNone, as the value of istio.io/use-waypoint, opts a resource out of
 // an inherited waypoint.

@@ -18,6 +18,9 @@ import (
 // error for which apierrors.IsNotFound is true.
 type Gateways interface {
 	Gateway(namespace, name string) (*gwv1.Gateway, error)
+	// GatewayClass finds a GatewayClass, whose istio.io/waypoint-for its
+	// Gateways inherit.
+	GatewayClass(name string) (*gwv1.GatewayClass, error)
 }
 
 // Services finds Services, like [Gateways].

@@ -25,6 +25,9 @@ type empty struct{}
 func (empty) Gateway(string, string) (*gwv1.Gateway, error) {
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "gateways"}, "")
 }
+func (empty) GatewayClass(string) (*gwv1.GatewayClass, error) {
+	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "gatewayclasses"}, "")
+}
 func (empty) Service(string, string) (*corev1.Service, error) {
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "services"}, "")
 }
@@ -161,8 +164,14 @@ func TestDefaultingIdempotent(t *testing.T) {
 		}
 		var gw gwv1.Gateway
 		json.Unmarshal(patched, &gw)
-		if len(gw.Spec.Listeners) == 0 || gw.Labels["istio.io/waypoint-for"] == "" {
+		if len(gw.Spec.Listeners) == 0 {
 			t.Fatalf("case %d: defaults missing after the patch: %s", i, patched)
+		}
+		// istio.io/waypoint-for is never added: the GatewayClass's applies.
+		var in gwv1.Gateway
+		json.Unmarshal(obj, &in)
+		if _, had := in.Labels["istio.io/waypoint-for"]; !had && gw.Labels["istio.io/waypoint-for"] != "" {
+			t.Fatalf("case %d: the patch added istio.io/waypoint-for: %s", i, patched)
 		}
 		if strings.Count(string(patched), `"mesh"`) > 1 {
 			t.Fatalf("case %d: a duplicated listener: %s", i, patched)

@@ -20,9 +20,11 @@
 //	                         control characters (they are copied onto generated objects)
 //	gateway-annotations      gateway.istio.io/service-account names a ServiceAccount
 //
-// Defaulting (Mutate) gives a waypoint without listeners the mesh listener and
-// one without istio.io/waypoint-for the value service, as JSON Patch "add"
-// operations of what is missing only; a second call patches nothing.
+// Defaulting (Mutate) gives a waypoint without listeners the mesh listener,
+// as a JSON Patch "add" of what is missing only; a second call patches
+// nothing. It leaves istio.io/waypoint-for unset when it is, as istiod does:
+// such a waypoint takes its GatewayClass's value, else service, and the
+// waypoint-for-mismatch rule reads it so.
 //
 // Namespaces, Services, Pods, and the pod templates of Deployments,
 // StatefulSets, DaemonSets, ReplicaSets, Jobs and CronJobs:

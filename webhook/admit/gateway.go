@@ -179,8 +179,9 @@ func checkInfrastructure(rep *report, inf *gwv1.GatewayInfrastructure) {
 }
 
 // defaultGateway gives a waypoint Gateway without listeners the mesh
-// listener, and one without istio.io/waypoint-for the value service. It adds
-// nothing that is already there, so a second call patches nothing.
+// listener. It adds nothing that is already there, so a second call
+// patches nothing. It leaves istio.io/waypoint-for unset when it is: the
+// Gateway then takes its GatewayClass's value, or service.
 func (a *Admitter) defaultGateway(rv *review) {
 	var gw gwv1.Gateway
 	if !rv.decodeObject(&gw, nil) {
@@ -196,33 +197,23 @@ func (a *Admitter) defaultGateway(rv *review) {
 			{"name": apinames.MeshListener, "port": apinames.HBONEPort, "protocol": apinames.ProtocolHBONE},
 		}})
 	}
-	if _, ok := gw.Labels[label.IoIstioWaypointFor.Name]; !ok {
-		// Where the label goes depends on what the object has: no
-		// metadata, metadata without labels (or null ones), or labels.
-		var probe struct {
-			Metadata *struct {
-				Labels map[string]string `json:"labels"`
-			} `json:"metadata"`
-		}
-		_ = decode(rv.req.Object.Raw, &probe, "Gateway") // it decoded above
-		switch {
-		case probe.Metadata == nil:
-			rep.patch = append(rep.patch, patchOp{Op: "add", Path: "/metadata",
-				Value: map[string]any{"labels": map[string]string{label.IoIstioWaypointFor.Name: apinames.WaypointForService}}})
-		case probe.Metadata.Labels == nil:
-			rep.patch = append(rep.patch, patchOp{Op: "add", Path: "/metadata/labels",
-				Value: map[string]string{label.IoIstioWaypointFor.Name: apinames.WaypointForService}})
-		default:
-			rep.patch = append(rep.patch, patchOp{Op: "add",
-				Path: "/metadata/labels/" + pointerEscape(label.IoIstioWaypointFor.Name), Value: apinames.WaypointForService})
-		}
-	}
 }
 
-// waypointFor is the traffic a waypoint Gateway takes; unset means service.
-func waypointFor(gw *gwv1.Gateway) string {
-	if v, ok := gw.Labels[label.IoIstioWaypointFor.Name]; ok {
-		return v
+// waypointFor is the traffic a waypoint Gateway takes: its own
+// istio.io/waypoint-for, else its GatewayClass's, else service; from says
+// where the value came from, for messages.
+func (a *Admitter) waypointFor(gw *gwv1.Gateway) (wf, from string) {
+	var classLabels map[string]string
+	class := string(gw.Spec.GatewayClassName)
+	if gc, err := a.cfg.Gateways.GatewayClass(class); err == nil && gc != nil {
+		classLabels = gc.Labels
 	}
-	return apinames.WaypointForService
+	wf = apinames.WaypointFor(gw.Labels, classLabels)
+	switch {
+	case gw.Labels[label.IoIstioWaypointFor.Name] == wf:
+		return wf, "istio.io/waypoint-for=" + q(wf)
+	case classLabels[label.IoIstioWaypointFor.Name] == wf:
+		return wf, fmt.Sprintf("istio.io/waypoint-for=%s from its GatewayClass %s", q(wf), class)
+	}
+	return wf, "no istio.io/waypoint-for (so " + q(wf) + ")"
 }

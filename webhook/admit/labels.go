@@ -301,10 +301,10 @@ func (a *Admitter) checkBinding(rv *review, s *subject, lbase string) {
 		rep.deny("waypoint-class", wpField, "Gateway %s/%s has class %s, not istio-waypoint; name a waypoint Gateway",
 			target, wp, q(string(gw.Spec.GatewayClassName)))
 	default:
-		if wf := waypointFor(gw); !covers(wf, s.kind) {
+		if wf, from := a.waypointFor(gw); !covers(wf, s.kind) {
 			rep.deny("waypoint-for-mismatch", wpField,
-				"waypoint %s/%s has istio.io/waypoint-for=%s and takes no %s; use a waypoint for %s, or change that label",
-				target, wp, q(wf), s.kind.traffic(), wantedFor(s.kind))
+				"waypoint %s/%s has %s and takes no %s; use a waypoint for %s, or change that label",
+				target, wp, from, s.kind.traffic(), wantedFor(s.kind))
 		}
 	}
 }

@@ -1,20 +1,12 @@
 package admit
 
-import (
-	"encoding/json"
-	"strings"
-)
+import "encoding/json"
 
 // patchOp is one RFC 6902 operation. The webhook only ever adds.
 type patchOp struct {
 	Op    string `json:"op"`
 	Path  string `json:"path"`
 	Value any    `json:"value"`
-}
-
-// pointerEscape escapes a JSON Pointer reference token (RFC 6901 §3).
-func pointerEscape(token string) string {
-	return strings.NewReplacer("~", "~0", "/", "~1").Replace(token)
 }
 
 func marshalPatch(ops []patchOp) []byte {

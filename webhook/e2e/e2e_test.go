@@ -22,6 +22,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -92,8 +93,42 @@ func TestWebhook(t *testing.T) {
 		if len(got) != 1 || got[0].Name != want[0].Name || got[0].Port != want[0].Port || got[0].Protocol != want[0].Protocol {
 			t.Errorf("listeners %+v, want the mesh listener", got)
 		}
-		if created.Labels["istio.io/waypoint-for"] != "service" {
-			t.Errorf("labels %v, want istio.io/waypoint-for=service", created.Labels)
+		if v, ok := created.Labels["istio.io/waypoint-for"]; ok {
+			t.Errorf("istio.io/waypoint-for=%q added; it is left to the GatewayClass", v)
+		}
+	})
+
+	t.Run("waypoint-for from the GatewayClass", func(t *testing.T) {
+		classes := gw.GatewayV1().GatewayClasses()
+		setClass := func(ctx context.Context, v any) error {
+			patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{"istio.io/waypoint-for": v}}})
+			_, err := classes.Patch(ctx, "istio-waypoint", types.MergePatchType, patch, metav1.PatchOptions{})
+			return err
+		}
+		t.Cleanup(func() {
+			if err := setClass(context.Background(), nil); err != nil {
+				t.Error(err)
+			}
+		})
+		// A pod asking for the waypoint wh-gw/waypoint, which has no label
+		// of its own: a dry run goes through admission and stores nothing.
+		usePod := func(ctx context.Context) error {
+			_, err := kube.CoreV1().Pods("wh-gw").Create(ctx, &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "app", Labels: map[string]string{"istio.io/use-waypoint": "waypoint"}},
+				Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "weft/echo:test"}}},
+			}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}
+		wantDenied(t, usePod(ctx), labelsHook, `waypoint wh-gw/waypoint has no istio.io/waypoint-for (so "service") and takes no workload traffic`, apierrors.IsInvalid)
+		if err := setClass(ctx, "workload"); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for err := usePod(ctx); err != nil; err = usePod(ctx) {
+			if time.Now().After(deadline) {
+				t.Fatalf("with the class for workload, the pod is still refused: %v", err)
+			}
+			time.Sleep(200 * time.Millisecond) // the webhook's cache catches up
 		}
 	})
 

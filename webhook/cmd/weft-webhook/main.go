@@ -258,7 +258,8 @@ func run(cfg Config, log *slog.Logger) error {
 	kf := informers.NewSharedInformerFactory(kube, 0)
 	gf := gwinformers.NewSharedInformerFactory(gw, 0)
 	services, namespaces, gateways := kf.Core().V1().Services(), kf.Core().V1().Namespaces(), gf.Gateway().V1().Gateways()
-	for _, inf := range []cache.SharedIndexInformer{services.Informer(), namespaces.Informer(), gateways.Informer()} {
+	classes := gf.Gateway().V1().GatewayClasses()
+	for _, inf := range []cache.SharedIndexInformer{services.Informer(), namespaces.Informer(), gateways.Informer(), classes.Informer()} {
 		if err := inf.SetTransform(stripManagedFields); err != nil {
 			return fmt.Errorf("configuring an informer: %w", err)
 		}
@@ -283,7 +284,8 @@ func run(cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	listers := webhook.Listers{GatewayLister: gateways.Lister(), ServiceLister: services.Lister(), NamespaceLister: namespaces.Lister()}
+	listers := webhook.Listers{GatewayLister: gateways.Lister(), GatewayClassLister: classes.Lister(),
+		ServiceLister: services.Lister(), NamespaceLister: namespaces.Lister()}
 	access, err := webhook.NewAccessLimit(webhook.AccessReviews{Client: kube.AuthorizationV1().SubjectAccessReviews()},
 		cfg.UnauthenticatedSARRate, cfg.UnauthenticatedSARBurst, reg)
 	if err != nil {

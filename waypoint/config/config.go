@@ -55,14 +55,50 @@ type Chain struct {
 	// address and port select that no chain listing the detected protocol
 	// takes. HTTP/1.0 and HTTP/1.1 are listed together or not at all.
 	AppProtocols []string
-	// Exactly one of HTTP or TCPCluster.
+	// Exactly one of HTTP, TCPCluster or TCPWeighted.
 	HTTP       *HTTP
 	TCPCluster string
+	// TCPWeighted is tcp_proxy's weighted_clusters: each connection goes to
+	// one cluster, picked by weight (PickTCP). Weights are at least one in
+	// total; a cluster of weight 0 is never picked.
+	TCPWeighted []WeightedCluster
 	// NetRBAC are the network RBAC filters before tcp_proxy, in order.
 	NetRBAC []*rbac.Filter
 	// NetShadowRBAC are those filters' shadow rules (dry-run policies):
 	// evaluated and recorded, never enforced.
 	NetShadowRBAC []*rbac.Filter
+}
+
+// WeightedCluster is one cluster of tcp_proxy's weighted_clusters.
+type WeightedCluster struct {
+	Name   string
+	Weight uint32
+}
+
+// TCP reports whether the chain relays streams (tcp_proxy) rather than
+// parsing them as HTTP.
+func (c *Chain) TCP() bool { return c.TCPCluster != "" || len(c.TCPWeighted) > 0 }
+
+// PickTCP names the cluster a new stream of a TCP chain goes to: the
+// chain's cluster, or one of its weighted clusters, each with the chance
+// of its weight in the total. n returns a uniform number in [0, max)
+// (math/rand/v2.Uint64N).
+func (c *Chain) PickTCP(n func(max uint64) uint64) string {
+	if len(c.TCPWeighted) == 0 {
+		return c.TCPCluster
+	}
+	var total uint64
+	for _, w := range c.TCPWeighted {
+		total += uint64(w.Weight)
+	}
+	x := n(total)
+	for _, w := range c.TCPWeighted {
+		if x < uint64(w.Weight) {
+			return w.Name
+		}
+		x -= uint64(w.Weight)
+	}
+	return c.TCPWeighted[len(c.TCPWeighted)-1].Name // not reached with n in range
 }
 
 // Takes reports whether the chain lists proto in its application
@@ -143,7 +179,9 @@ var (
 	chainMatchFields     = pbcheck.Fields[*listenerv3.FilterChainMatch]("prefix_ranges", "destination_port", "application_protocols")
 	filterFields         = pbcheck.Fields[*listenerv3.Filter]("name", "typed_config")
 	netRBACFields        = pbcheck.Fields[*netrbac.RBAC]("rules", "stat_prefix", "shadow_rules", "shadow_rules_stat_prefix")
-	tcpProxyFields       = pbcheck.Fields[*tcpv3.TcpProxy]("cluster", "stat_prefix")
+	tcpProxyFields       = pbcheck.Fields[*tcpv3.TcpProxy]("cluster", "weighted_clusters", "stat_prefix")
+	tcpWeightedFields    = pbcheck.Fields[*tcpv3.TcpProxy_WeightedCluster]("clusters")
+	tcpClusterWFields    = pbcheck.Fields[*tcpv3.TcpProxy_WeightedCluster_ClusterWeight]("name", "weight")
 	hcmFields            = pbcheck.Fields[*hcmv3.HttpConnectionManager]("codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout",
 		"normalize_path", "merge_slashes", "path_with_escaped_slashes_action")
 	rdsFields             = pbcheck.Fields[*hcmv3.Rds]("route_config_name", "config_source")
@@ -297,13 +335,9 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 			if !last {
 				return fmt.Errorf("%s: tcp_proxy must be the last filter", w)
 			}
-			if err := tcpProxyFields.Check(m, w); err != nil {
+			if err := compileTCPProxy(c, m, w); err != nil {
 				return err
 			}
-			if m.GetCluster() == "" {
-				return fmt.Errorf("%s.cluster is required", w)
-			}
-			c.TCPCluster = m.GetCluster()
 		case *hcmv3.HttpConnectionManager:
 			if !last || len(c.NetRBAC) > 0 {
 				return fmt.Errorf("%s: http_connection_manager must be the only filter", w)
@@ -317,8 +351,54 @@ func compileFilters(c *Chain, fs []*listenerv3.Filter, where string) error {
 			return fmt.Errorf("%s.typed_config %s is not supported", w, f.GetTypedConfig().GetTypeUrl())
 		}
 	}
-	if c.HTTP == nil && c.TCPCluster == "" {
+	if c.HTTP == nil && !c.TCP() {
 		return fmt.Errorf("%s.filters has no http_connection_manager or tcp_proxy", where)
+	}
+	return nil
+}
+
+// maxTCPWeight bounds a weighted_clusters total, as Envoy's route weights
+// are bounded: large enough for any split, small enough to add up safely.
+const maxTCPWeight = 1 << 32
+
+// compileTCPProxy compiles a tcp_proxy: a cluster, or weighted_clusters
+// with names and a total weight of at least one.
+func compileTCPProxy(c *Chain, m *tcpv3.TcpProxy, w string) error {
+	if err := tcpProxyFields.Check(m, w); err != nil {
+		return err
+	}
+	wc := m.GetWeightedClusters()
+	if wc == nil {
+		if m.GetCluster() == "" {
+			return fmt.Errorf("%s: cluster or weighted_clusters is required", w)
+		}
+		c.TCPCluster = m.GetCluster()
+		return nil
+	}
+	w += ".weighted_clusters"
+	if err := tcpWeightedFields.Check(wc, w); err != nil {
+		return err
+	}
+	if len(wc.GetClusters()) == 0 {
+		return fmt.Errorf("%s.clusters is empty: list at least one cluster", w)
+	}
+	var total uint64
+	for i, cw := range wc.GetClusters() {
+		cwhere := fmt.Sprintf("%s.clusters[%d]", w, i)
+		if err := tcpClusterWFields.Check(cw, cwhere); err != nil {
+			return err
+		}
+		if cw.GetName() == "" {
+			return fmt.Errorf("%s.name is required", cwhere)
+		}
+		total += uint64(cw.GetWeight())
+		c.TCPWeighted = append(c.TCPWeighted, WeightedCluster{Name: cw.GetName(), Weight: cw.GetWeight()})
+	}
+	switch {
+	case total == 0:
+		return fmt.Errorf("%s: the weights add up to 0, so no cluster could be picked; give one cluster a weight", w)
+	case total > maxTCPWeight:
+		return fmt.Errorf("%s: the weights add up to %d, more than %d", w, total, uint64(maxTCPWeight))
 	}
 	return nil
 }

@@ -217,3 +217,60 @@ func mustAnyT(t *testing.T, m proto.Message) *anypb.Any {
 	}
 	return a
 }
+
+// TestTCPWeightedClusters: tcp_proxy's weighted_clusters compile to the
+// chain's weighted clusters; what could never pick a cluster, or names
+// none, is refused with the field named.
+func TestTCPWeightedClusters(t *testing.T) {
+	weighted := func(cws ...*tcpv3.TcpProxy_WeightedCluster_ClusterWeight) *tcpv3.TcpProxy {
+		return &tcpv3.TcpProxy{StatPrefix: "t", ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{
+			WeightedClusters: &tcpv3.TcpProxy_WeightedCluster{Clusters: cws}}}
+	}
+	cw := func(name string, w uint32) *tcpv3.TcpProxy_WeightedCluster_ClusterWeight {
+		return &tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: name, Weight: w}
+	}
+	compile := func(p *tcpv3.TcpProxy) (*Chain, error) {
+		l, err := CompileListener(&listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{chainWith(t, "tcp", nil, p)}})
+		if err != nil {
+			return nil, err
+		}
+		return l.Chains[0], nil
+	}
+	ch, err := compile(weighted(cw("a", 3), cw("b", 0), cw("c", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !ch.TCP() || ch.TCPCluster != "" || len(ch.TCPWeighted) != 3 {
+		t.Fatalf("compiled %+v", ch)
+	}
+	// Every number of [0, 4) picks by the intervals a:[0,3), c:[3,4); b
+	// (weight 0) never.
+	for x, want := range []string{"a", "a", "a", "c"} {
+		if got := ch.PickTCP(func(max uint64) uint64 {
+			if max != 4 {
+				t.Fatalf("total %d, want 4", max)
+			}
+			return uint64(x)
+		}); got != want {
+			t.Errorf("x=%d picks %s, want %s", x, got, want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		p    *tcpv3.TcpProxy
+		err  string
+	}{
+		{"no cluster", &tcpv3.TcpProxy{StatPrefix: "t"}, "cluster or weighted_clusters is required"},
+		{"empty list", weighted(), "weighted_clusters.clusters is empty"},
+		{"all zero", weighted(cw("a", 0), cw("b", 0)), "the weights add up to 0"},
+		{"no name", weighted(cw("a", 1), cw("", 1)), "weighted_clusters.clusters[1].name is required"},
+		{"metadata", weighted(&tcpv3.TcpProxy_WeightedCluster_ClusterWeight{Name: "a", Weight: 1, MetadataMatch: &corev3.Metadata{}}),
+			"metadata_match is not supported"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := compile(tc.p); err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("got %v, want %q", err, tc.err)
+			}
+		})
+	}
+}

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/netip"
@@ -61,6 +62,9 @@ type Config struct {
 	UpstreamHBONEPort uint16
 	// DialTCP replaces the plain TCP connect to endpoints (tests).
 	DialTCP func(ctx context.Context, addr netip.AddrPort) (net.Conn, error)
+	// Rand returns a uniform number in [0, max): the pick of a TCP chain's
+	// weighted clusters. Default math/rand/v2.Uint64N.
+	Rand func(max uint64) uint64
 }
 
 // Proxy is the waypoint data path.
@@ -85,6 +89,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.AccessLog == nil {
 		cfg.AccessLog = cfg.Logger
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = rand.Uint64N
 	}
 	p := &Proxy{cfg: cfg}
 	var err error
@@ -205,7 +212,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	if !config.Detects(chains) {
 		// A TCP port: nothing to detect, and a protocol whose server speaks
 		// first must not wait for the client.
-		if ch := config.SelectFrom(chains, ""); ch != nil && ch.TCPCluster != "" {
+		if ch := config.SelectFrom(chains, ""); ch != nil && ch.TCP() {
 			s.use(ch, "")
 			s.serveTCP(st, ch)
 			return
@@ -224,7 +231,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	}
 	s.use(ch, kind.proto())
 	switch {
-	case ch.TCPCluster != "":
+	case ch.TCP():
 		s.serveTCP(conn, ch)
 	case kind == sniffedH2:
 		s.serveH2(conn)
@@ -417,11 +424,10 @@ func (s *session) authorizeTCP(ch *config.Chain) (denied bool, policy, audit str
 func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	start := time.Now()
 	snap := s.p.cfg.Store.Snapshot()
-	if cur := snap.Select(s.target, s.proto); cur != nil && cur.TCPCluster != "" && cur.Name == ch.Name {
+	if cur := snap.Select(s.target, s.proto); cur != nil && cur.TCP() && cur.Name == ch.Name {
 		ch = cur
 	}
-	cluster := ch.TCPCluster
-	log := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(), "chain", ch.Name, "cluster", cluster}
+	log := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(), "chain", ch.Name}
 	denied, policy, audit := s.authorizeTCP(ch)
 	log = s.p.evaluateShadow(ch.NetShadowRBAC, s.netRequest()).appendLog(log)
 	if audit != "" {
@@ -432,6 +438,10 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 			"connection_termination_details", "rbac_access_denied_matched_policy["+cmp.Or(policy, "none")+"]")...)
 		return
 	}
+	// The cluster is picked only for a stream the policies let through: a
+	// denied stream reaches no cluster, whatever the weights.
+	cluster := ch.PickTCP(s.p.cfg.Rand)
+	log = append(log, "cluster", cluster)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	up, ep, err := s.p.upstream.Dial(ctx, snap, cluster, s.target)
 	cancel()

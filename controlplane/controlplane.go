@@ -412,10 +412,11 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	if !*cp.cfg.Waypoints || cp.clients.Gateway == nil {
 		return s, nil
 	}
-	switch ok, err := hasGatewayAPI(cp.clients.Kube); {
+	gwres, err := gatewayAPIResources(cp.clients.Kube)
+	switch {
 	case err != nil:
 		return nil, err
-	case !ok:
+	case !gwres["gateways"]:
 		cp.log.Warn("the Gateway API CRDs are not installed; running without waypoints")
 		return s, nil
 	}
@@ -430,6 +431,13 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 		GRPCRoutes: s.gateway.Gateway().V1().GRPCRoutes().Informer(),
 	}
 	s.waypoints.GatewayClasses = inf.GatewayClasses
+	// TCPRoute is in Gateway API's experimental channel: without its CRD,
+	// waypoints run without TCPRoutes.
+	if gwres["tcproutes"] {
+		s.waypoints.TCPRoutes = s.gateway.Gateway().V1().TCPRoutes().Informer()
+	} else {
+		cp.log.Info("the TCPRoute CRD (gateway.networking.k8s.io/v1) is not installed; waypoints apply no TCPRoutes")
+	}
 	return s, nil
 }
 
@@ -525,7 +533,7 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 	}
 	wi := infs.waypoints
 	p.routeStatus, err = waypointxds.NewStatusWriter(apinames.WaypointController, cp.clients.Gateway.GatewayV1(),
-		wi.HTTPRoutes.GetIndexer(), wi.GRPCRoutes.GetIndexer(), log.With("part", "route-status"), cp.reg)
+		wi.HTTPRoutes.GetIndexer(), wi.GRPCRoutes.GetIndexer(), indexerOf(wi.TCPRoutes), log.With("part", "route-status"), cp.reg)
 	if err != nil {
 		return nil, err
 	}
@@ -663,8 +671,6 @@ func portOf(addr string) string {
 	return p
 }
 
-// hasGatewayAPI reports whether gateway.networking.k8s.io/v1 Gateways are
-// served.
 // requireIstioSecurityAPI fails start-up, with what to do, when the API
 // server does not serve the Istio security kinds the control plane
 // watches: their informers would wait for ever. Helm installs the chart's
@@ -688,15 +694,29 @@ func requireIstioSecurityAPI(kube kubernetes.Interface) error {
 	return nil
 }
 
-func hasGatewayAPI(kube kubernetes.Interface) (bool, error) {
+// indexerOf is an optional informer's store.
+func indexerOf(inf cache.SharedIndexInformer) cache.Indexer {
+	if inf == nil {
+		return nil
+	}
+	return inf.GetIndexer()
+}
+
+// gatewayAPIResources lists the resources gateway.networking.k8s.io/v1
+// serves, by name; none when the group is not installed.
+func gatewayAPIResources(kube kubernetes.Interface) (map[string]bool, error) {
 	res, err := kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
 	if err != nil {
 		if strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "could not find") {
-			return false, nil
+			return nil, nil
 		}
-		return false, fmt.Errorf("discovering the Gateway API: %w", err)
+		return nil, fmt.Errorf("discovering the Gateway API: %w", err)
 	}
-	return slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == "gateways" }), nil
+	out := map[string]bool{}
+	for _, r := range res.APIResources {
+		out[r.Name] = true
+	}
+	return out, nil
 }
 
 func (cp *ControlPlane) monitorMux(xds *xdsserver.Server) http.Handler {

@@ -18,11 +18,12 @@ import (
 const (
 	kindHTTPRoute = "HTTPRoute"
 	kindGRPCRoute = "GRPCRoute"
+	kindTCPRoute  = "TCPRoute"
 )
 
 // RouteKey names a route.
 type RouteKey struct {
-	// Kind is "HTTPRoute" or "GRPCRoute".
+	// Kind is "HTTPRoute", "GRPCRoute" or "TCPRoute".
 	Kind, Namespace, Name string
 }
 
@@ -63,6 +64,10 @@ type routeReport struct {
 	// unsupported the values the mesh does not implement (Accepted); each
 	// problem once, in the order found.
 	refs, unsupported []problem
+	// rejected maps the index of a parentRef that would attach a TCPRoute
+	// but does not (another TCPRoute applies, or the route's rules cannot
+	// be applied) to why, for its Accepted condition.
+	rejected map[int]problem
 }
 
 type problem struct {
@@ -75,6 +80,15 @@ func (r *routeReport) attach(parent int, waypoint string) {
 		r.attached = map[int]string{}
 	}
 	r.attached[parent] = waypoint
+}
+
+func (r *routeReport) reject(parent int, p problem) {
+	if r.rejected == nil {
+		r.rejected = map[int]problem{}
+	}
+	if _, ok := r.rejected[parent]; !ok {
+		r.rejected[parent] = p
+	}
 }
 
 func addProblem(ps []problem, p problem) []problem {
@@ -96,6 +110,9 @@ func (r *routeReport) merge(o *routeReport) {
 	}
 	for _, p := range o.unsupported {
 		r.unsupported = addProblem(r.unsupported, p)
+	}
+	for i, p := range o.rejected {
+		r.reject(i, p)
 	}
 }
 
@@ -169,6 +186,10 @@ func Outcomes(mesh Mesh, st Stores, waypoints map[string]*ambient.Waypoint, repo
 	for _, obj := range list(st.GRPCRoutes) {
 		r := obj.(*gwv1.GRPCRoute)
 		out = append(out, o.route(grpcSource(r), r.Generation, r.Spec.ParentRefs))
+	}
+	for _, obj := range list(st.TCPRoutes) {
+		r := obj.(*gwv1.TCPRoute)
+		out = append(out, o.route(tcpSource(r), r.Generation, r.Spec.ParentRefs))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key.String() < out[j].Key.String() })
 	return out
@@ -266,8 +287,19 @@ func (o *outcomes) serviceParent(src *source, rep *routeReport, i int, ref gwv1.
 		return &metav1.Condition{Status: metav1.ConditionTrue, Reason: string(gwv1.RouteReasonAccepted),
 			Message: fmt.Sprintf("routes traffic to Service %s/%s through waypoint %s", ns, ref.Name, wp)}
 	}
-	reason, msg := o.whyNotServed(svc, ref)
+	if p, ok := rep.rejectedAt(i); ok {
+		return no(p.reason, "%s", p.message)
+	}
+	reason, msg := o.whyNotServed(src.kind, svc, ref)
 	return no(reason, "%s", msg)
+}
+
+func (r *routeReport) rejectedAt(i int) (problem, bool) {
+	if r == nil {
+		return problem{}, false
+	}
+	p, ok := r.rejected[i]
+	return p, ok
 }
 
 func (r *routeReport) attachedTo(i int) (string, bool) {
@@ -282,15 +314,22 @@ func (r *routeReport) attachedTo(i int) (string, bool) {
 // rules of boundServices and service, in their order. A waypoint whose
 // owner does not admit the Service's namespace is NotAllowedByListeners,
 // every other case NoMatchingParent.
-func (o *outcomes) whyNotServed(svc *corev1.Service, ref gwv1.ParentReference) (gwv1.RouteConditionReason, string) {
+func (o *outcomes) whyNotServed(kind string, svc *corev1.Service, ref gwv1.ParentReference) (gwv1.RouteConditionReason, string) {
 	name := svc.Namespace + "/" + svc.Name
 	nsl := nsLabels(o.st.Namespaces, svc.Namespace)
 	bind := ambient.BindingFor(svc.Namespace, svc.Labels, nsl)
-	var http, matched bool
+	// fits: a port of the kind the route applies to (an HTTP chain for
+	// HTTP and gRPC routes, a TCP chain for TCP routes).
+	var fits, matched bool
 	for _, p := range svc.Spec.Ports {
 		if (ref.Port == nil || int32(*ref.Port) == p.Port) && (ref.SectionName == nil || string(*ref.SectionName) == p.Name) {
 			matched = true
-			http = http || ((p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) && portKind(p) != portTCP)
+			stream := p.Protocol == "" || p.Protocol == corev1.ProtocolTCP
+			if kind == kindTCPRoute {
+				fits = fits || (stream && portKind(p) != portHTTP)
+			} else {
+				fits = fits || (stream && portKind(p) != portTCP)
+			}
 		}
 	}
 	none := gwv1.RouteReasonNoMatchingParent
@@ -311,7 +350,9 @@ func (o *outcomes) whyNotServed(svc *corev1.Service, ref gwv1.ParentReference) (
 	switch {
 	case len(serviceIPs(svc)) == 0:
 		return none, fmt.Sprintf("Service %s is headless: its pods are reached directly, not through the waypoint", name)
-	case !http:
+	case !fits && kind == kindTCPRoute:
+		return none, fmt.Sprintf("the parentRef names only HTTP ports of Service %s (by appProtocol or port name), which the waypoint parses as HTTP: the TCPRoute is not applied; route them with an HTTPRoute or GRPCRoute", name)
+	case !fits:
 		return none, fmt.Sprintf("the parentRef names only TCP ports of Service %s (by appProtocol or port name): HTTP and gRPC routes apply to HTTP ports", name)
 	}
 	return none, fmt.Sprintf("waypoint %s has not taken Service %s yet", bind.Key, name)

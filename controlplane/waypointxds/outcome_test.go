@@ -31,27 +31,26 @@ func outcomesOf(t *testing.T, f *fixture) map[string]RouteOutcome {
 // says what is wrong.
 func TestRouteOutcomes(t *testing.T) {
 	got := outcomesOf(t, load(t, "testdata/status.yaml"))
-	type cond struct{ status, reason, message string }
 	tests := []struct {
 		route                  string
-		accepted, resolvedRefs cond
+		accepted, resolvedRefs want
 	}{
-		{"HTTPRoute shop/ok", cond{"True", "Accepted", "through waypoint shop/wp"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/no-parent", cond{"False", "NoMatchingParent", "parent Service shop/ghost not found"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/no-backend", cond{"True", "Accepted", ""}, cond{"False", "BackendNotFound", "backend Service shop/nowhere not found"}},
-		{"HTTPRoute shop/no-port", cond{"True", "Accepted", ""}, cond{"False", "BackendNotFound", "backend Service shop/v1 has no port 81"}},
-		{"HTTPRoute shop/cross-namespace", cond{"True", "Accepted", ""}, cond{"False", "RefNotPermitted", "backends in other namespaces are not supported"}},
-		{"HTTPRoute shop/bad-kind", cond{"True", "Accepted", ""}, cond{"False", "InvalidKind", "backend b is not a Service"}},
-		{"HTTPRoute shop/filter", cond{"False", "UnsupportedValue", "filter ExtensionRef is not supported; its rule answers 500"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/backend-filter", cond{"False", "UnsupportedValue", "filter ResponseHeaderModifier is not supported on a backend"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/tcp-port", cond{"False", "NoMatchingParent", "only TCP ports of Service shop/api"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/missing-port", cond{"False", "NoMatchingParent", "Service shop/api has no port that the parentRef names"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/to-waypoint", cond{"False", "NotAllowedByListeners", "HBONE listener takes no routes"}, cond{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/ok", want{"True", "Accepted", "through waypoint shop/wp"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/no-parent", want{"False", "NoMatchingParent", "parent Service shop/ghost not found"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/no-backend", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backend Service shop/nowhere not found"}},
+		{"HTTPRoute shop/no-port", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backend Service shop/v1 has no port 81"}},
+		{"HTTPRoute shop/cross-namespace", want{"True", "Accepted", ""}, want{"False", "RefNotPermitted", "backends in other namespaces are not supported"}},
+		{"HTTPRoute shop/bad-kind", want{"True", "Accepted", ""}, want{"False", "InvalidKind", "backend b is not a Service"}},
+		{"HTTPRoute shop/filter", want{"False", "UnsupportedValue", "filter ExtensionRef is not supported; its rule answers 500"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/backend-filter", want{"False", "UnsupportedValue", "filter ResponseHeaderModifier is not supported on a backend"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/tcp-port", want{"False", "NoMatchingParent", "only TCP ports of Service shop/api"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/missing-port", want{"False", "NoMatchingParent", "Service shop/api has no port that the parentRef names"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/to-waypoint", want{"False", "NotAllowedByListeners", "HBONE listener takes no routes"}, want{"True", "ResolvedRefs", ""}},
 		// A route no waypoint serves still has its references checked.
-		{"HTTPRoute other/unbound", cond{"False", "NoMatchingParent", "Service other/plain uses no waypoint"}, cond{"False", "BackendNotFound", "other/nowhere"}},
-		{"HTTPRoute other/consumer", cond{"False", "UnsupportedValue", "consumer routes"}, cond{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute guest/denied", cond{"False", "NotAllowedByListeners", "we are not permitted to attach to waypoint"}, cond{"True", "ResolvedRefs", ""}},
-		{"GRPCRoute shop/grpc", cond{"True", "Accepted", ""}, cond{"False", "BackendNotFound", "backend Service shop/missing not found"}},
+		{"HTTPRoute other/unbound", want{"False", "NoMatchingParent", "Service other/plain uses no waypoint"}, want{"False", "BackendNotFound", "other/nowhere"}},
+		{"HTTPRoute other/consumer", want{"False", "UnsupportedValue", "consumer routes"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute guest/denied", want{"False", "NotAllowedByListeners", "we are not permitted to attach to waypoint"}, want{"True", "ResolvedRefs", ""}},
+		{"GRPCRoute shop/grpc", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backend Service shop/missing not found"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.route, func(t *testing.T) {
@@ -59,22 +58,7 @@ func TestRouteOutcomes(t *testing.T) {
 			if !ok {
 				t.Fatalf("no outcome for %s", tc.route)
 			}
-			if len(o.Parents) != 1 {
-				t.Fatalf("%d parents, want 1: %+v", len(o.Parents), o.Parents)
-			}
-			conds := o.Parents[0].Conditions
-			if len(conds) != 2 || conds[0].Type != "Accepted" || conds[1].Type != "ResolvedRefs" {
-				t.Fatalf("conditions %+v, want Accepted and ResolvedRefs", conds)
-			}
-			for i, want := range []cond{tc.accepted, tc.resolvedRefs} {
-				c := conds[i]
-				if string(c.Status) != want.status || c.Reason != want.reason || !strings.Contains(c.Message, want.message) {
-					t.Errorf("%s = %s/%s %q; want %s/%s containing %q", c.Type, c.Status, c.Reason, c.Message, want.status, want.reason, want.message)
-				}
-				if c.ObservedGeneration != o.Generation {
-					t.Errorf("%s observedGeneration %d, want the route's %d", c.Type, c.ObservedGeneration, o.Generation)
-				}
-			}
+			checkOutcome(t, o, tc.accepted, tc.resolvedRefs)
 		})
 	}
 	if o := got["HTTPRoute shop/ok"]; o.Generation != 3 || o.Parents[0].Ref.Name != "api" || *o.Parents[0].Ref.Port != 80 {
@@ -82,6 +66,32 @@ func TestRouteOutcomes(t *testing.T) {
 	}
 	if o, ok := got["HTTPRoute shop/to-ingress"]; !ok || len(o.Parents) != 0 {
 		t.Errorf("a route whose only parent is another controller's Gateway: %+v, want an outcome without parents", o)
+	}
+}
+
+// want is an expected condition: its status, reason and a part of its
+// message.
+type want struct{ status, reason, message string }
+
+// checkOutcome checks a route of one parentRef: its conditions Accepted
+// and ResolvedRefs, of the route's generation.
+func checkOutcome(t *testing.T, o RouteOutcome, accepted, resolvedRefs want) {
+	t.Helper()
+	if len(o.Parents) != 1 {
+		t.Fatalf("%d parents, want 1: %+v", len(o.Parents), o.Parents)
+	}
+	conds := o.Parents[0].Conditions
+	if len(conds) != 2 || conds[0].Type != "Accepted" || conds[1].Type != "ResolvedRefs" {
+		t.Fatalf("conditions %+v, want Accepted and ResolvedRefs", conds)
+	}
+	for i, w := range []want{accepted, resolvedRefs} {
+		c := conds[i]
+		if string(c.Status) != w.status || c.Reason != w.reason || !strings.Contains(c.Message, w.message) {
+			t.Errorf("%s = %s/%s %q; want %s/%s containing %q", c.Type, c.Status, c.Reason, c.Message, w.status, w.reason, w.message)
+		}
+		if c.ObservedGeneration != o.Generation {
+			t.Errorf("%s observedGeneration %d, want the route's %d", c.Type, c.ObservedGeneration, o.Generation)
+		}
 	}
 }
 

@@ -22,7 +22,8 @@ import (
 // api is the package's API server, with the chart's route CRDs.
 var api = apitest.NewShared(
 	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_httproutes.yaml"),
-	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_grpcroutes.yaml"))
+	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_grpcroutes.yaml"),
+	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_tcproutes.yaml"))
 
 func TestMain(m *testing.M) { os.Exit(api.Main(m)) }
 
@@ -123,10 +124,21 @@ func TestStatusWriterAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	tcp, err := gw.GatewayV1().TCPRoutes(ns).Create(ctx, &gwv1.TCPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: ns},
+		Spec: gwv1.TCPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{svc}},
+			Rules: []gwv1.TCPRouteRule{{BackendRefs: []gwv1.BackendRef{{BackendObjectReference: gwv1.BackendObjectReference{
+				Name: "v1", Port: ptr(gwv1.PortNumber(80))}}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	inf := gwinformers.NewSharedInformerFactory(gw, 0)
 	httpInf, grpcInf := inf.Gateway().V1().HTTPRoutes().Informer(), inf.Gateway().V1().GRPCRoutes().Informer()
+	tcpInf := inf.Gateway().V1().TCPRoutes().Informer()
 	reg := prometheus.NewRegistry()
-	w, err := NewStatusWriter(apinames.WaypointController, gw.GatewayV1(), httpInf.GetIndexer(), grpcInf.GetIndexer(), nil, reg)
+	w, err := NewStatusWriter(apinames.WaypointController, gw.GatewayV1(), httpInf.GetIndexer(), grpcInf.GetIndexer(), tcpInf.GetIndexer(), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,6 +167,8 @@ func TestStatusWriterAPI(t *testing.T) {
 			{Key: RouteKey{kindHTTPRoute, ns, "api"}, Generation: route.Generation, Parents: []ParentOutcome{parent(refs)}},
 			{Key: RouteKey{kindGRPCRoute, ns, "api"}, Generation: grpc.Generation, Parents: []ParentOutcome{{Ref: grpc.Spec.ParentRefs[0],
 				Conditions: []metav1.Condition{cond("Accepted", true, "Accepted", 1), cond("ResolvedRefs", true, "ResolvedRefs", 1)}}}},
+			{Key: RouteKey{kindTCPRoute, ns, "api"}, Generation: tcp.Generation, Parents: []ParentOutcome{{Ref: tcp.Spec.ParentRefs[0],
+				Conditions: []metav1.Condition{cond("Accepted", false, ReasonConflicted, 1), cond("ResolvedRefs", true, "ResolvedRefs", 1)}}}},
 		})
 	}
 	// ours finds the controller's entry and the other controller's.
@@ -188,9 +202,15 @@ func TestStatusWriterAPI(t *testing.T) {
 	r := waitFor("status written", func(r *gwv1.HTTPRoute) bool {
 		mine, theirs := ours(r.Status.Parents)
 		g, err := gw.GatewayV1().GRPCRoutes(ns).Get(ctx, "api", metav1.GetOptions{})
+		tr, terr := gw.GatewayV1().TCPRoutes(ns).Get(ctx, "api", metav1.GetOptions{})
 		return mine != nil && theirs != nil && meta.IsStatusConditionTrue(mine.Conditions, "ResolvedRefs") &&
-			err == nil && len(g.Status.Parents) == 1
+			err == nil && len(g.Status.Parents) == 1 && terr == nil && len(tr.Status.Parents) == 1
 	})
+	if tr, err := gw.GatewayV1().TCPRoutes(ns).Get(ctx, "api", metav1.GetOptions{}); err != nil ||
+		tr.Status.Parents[0].ControllerName != apinames.WaypointController ||
+		meta.FindStatusCondition(tr.Status.Parents[0].Conditions, "Accepted").Reason != string(ReasonConflicted) {
+		t.Errorf("TCPRoute status %+v (%v)", tr.Status.Parents, err)
+	}
 	mine, theirs := ours(r.Status.Parents)
 	if *mine.ParentRef.Port != 80 || string(*mine.ParentRef.Kind) != "Service" || theirs.Conditions[0].Message != "theirs" {
 		t.Errorf("status.parents %+v", r.Status.Parents)

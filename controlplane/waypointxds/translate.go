@@ -76,11 +76,13 @@ func (m Mesh) withDefaults() Mesh {
 }
 
 // Stores are the informer caches the translation reads. EndpointSlices must
-// carry the index ambient.IndexServiceName; Namespaces, GRPCRoutes and Policies may
-// be nil.
+// carry the index ambient.IndexServiceName; Namespaces, GRPCRoutes, TCPRoutes and
+// Policies may be nil.
 type Stores struct {
 	Services, EndpointSlices, Pods, Namespaces cache.Indexer
 	HTTPRoutes, GRPCRoutes, Policies           cache.Indexer
+	// TCPRoutes may be nil.
+	TCPRoutes cache.Indexer
 }
 
 // Resources are one waypoint's resources: by type URL, then by name.
@@ -121,6 +123,8 @@ type builder struct {
 	chains   []*listenerv3.FilterChain
 	// inspect: some chain needs the detected protocol.
 	inspect bool
+	// needBlackHole: some tcp_proxy goes to BlackHoleCluster.
+	needBlackHole bool
 	// Notes are the problems found, for the log (not errors: the rest of
 	// the configuration is still served); a route's problems are also in
 	// routes, for its status.
@@ -151,6 +155,9 @@ func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, Report) {
 	}
 	for _, name := range sortedKeys(b.clusters) {
 		b.cluster(name, b.clusters[name])
+	}
+	if b.needBlackHole {
+		b.blackHoleCluster()
 	}
 	b.res.add(resource.ClusterType, PassthroughCluster, &clusterv3.Cluster{
 		Name:                 PassthroughCluster,
@@ -311,10 +318,10 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 		}
 		switch kind {
 		case portTCP:
-			b.chains = append(b.chains, tcpChain(name, match(nil), netFilters, cname))
+			b.chains = append(b.chains, tcpChain(name, match(nil), netFilters, b.tcpTarget(svc, p, cname)))
 			continue
 		case portDetect:
-			b.chains = append(b.chains, tcpChain(name+tcpChainSuffix, match(nil), netFilters, cname))
+			b.chains = append(b.chains, tcpChain(name+tcpChainSuffix, match(nil), netFilters, b.tcpTarget(svc, p, cname)))
 			b.inspect = true
 		}
 		protos := []string(nil)
@@ -326,9 +333,10 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 	}
 }
 
-// tcpChain is a chain of network RBAC filters and a tcp_proxy to cluster.
-func tcpChain(name string, m *listenerv3.FilterChainMatch, rbac []*listenerv3.Filter, cluster string) *listenerv3.FilterChain {
-	fs := append(append([]*listenerv3.Filter(nil), rbac...), tcpProxy(cluster))
+// tcpChain is a chain of network RBAC filters and a tcp_proxy: the
+// policies always run before the proxy picks a cluster.
+func tcpChain(name string, m *listenerv3.FilterChainMatch, rbac []*listenerv3.Filter, proxy *listenerv3.Filter) *listenerv3.FilterChain {
+	fs := append(append([]*listenerv3.Filter(nil), rbac...), proxy)
 	return &listenerv3.FilterChain{Name: name, FilterChainMatch: m, Filters: fs}
 }
 
@@ -364,7 +372,7 @@ func (b *builder) workloads(policies []*securityv1.AuthorizationPolicy) {
 			netFilters, netDone = b.netRBACFilters(policies, nil), true
 		}
 		// A workload's ports are unknown: its streams are detected.
-		b.chains = append(b.chains, tcpChain(name+tcpChainSuffix, &listenerv3.FilterChainMatch{PrefixRanges: ranges}, netFilters, PassthroughCluster))
+		b.chains = append(b.chains, tcpChain(name+tcpChainSuffix, &listenerv3.FilterChainMatch{PrefixRanges: ranges}, netFilters, tcpProxy(PassthroughCluster)))
 		b.inspect = true
 		b.chains = append(b.chains, &listenerv3.FilterChain{
 			Name:             name,
@@ -390,9 +398,11 @@ func mustAny(m proto.Message) *anypb.Any {
 }
 
 func tcpProxy(cluster string) *listenerv3.Filter {
-	return &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{
-		TypedConfig: mustAny(&tcpv3.TcpProxy{StatPrefix: cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}}),
-	}}
+	return tcpFilter(&tcpv3.TcpProxy{StatPrefix: cluster, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})
+}
+
+func tcpFilter(p *tcpv3.TcpProxy) *listenerv3.Filter {
+	return &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(p)}}
 }
 
 func router() *hcmv3.HttpFilter {
@@ -456,6 +466,21 @@ func (b *builder) cluster(name string, ref clusterRef) {
 	}
 	b.res.add(resource.ClusterType, name, c)
 	b.res.add(resource.EndpointType, name, b.endpoints(name, ref))
+}
+
+// blackHoleCluster adds BlackHoleCluster: an EDS cluster whose
+// assignment has no endpoints, so that the waypoint closes what goes to it.
+func (b *builder) blackHoleCluster() {
+	b.res.add(resource.ClusterType, BlackHoleCluster, &clusterv3.Cluster{
+		Name:                 BlackHoleCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &corev3.ConfigSource{
+			ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+			ResourceApiVersion:    corev3.ApiVersion_V3,
+		}},
+		ConnectTimeout: durationpb.New(10 * time.Second),
+	})
+	b.res.add(resource.EndpointType, BlackHoleCluster, &endpointv3.ClusterLoadAssignment{ClusterName: BlackHoleCluster})
 }
 
 // endpoints lists the endpoints of a Service port from its EndpointSlices.

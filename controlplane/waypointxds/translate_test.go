@@ -56,7 +56,7 @@ func load(t *testing.T, path string) *fixture {
 	slicesIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
 	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
-		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), Policies: newIndexer()}}
+		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer()}}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var raw map[string]any
@@ -92,6 +92,8 @@ func load(t *testing.T, path string) *fixture {
 			add(f.st.HTTPRoutes, &gwv1.HTTPRoute{})
 		case "GRPCRoute":
 			add(f.st.GRPCRoutes, &gwv1.GRPCRoute{})
+		case "TCPRoute":
+			add(f.st.TCPRoutes, &gwv1.TCPRoute{})
 		case "AuthorizationPolicy":
 			add(f.st.Policies, &securityv1.AuthorizationPolicy{})
 		case "Gateway":

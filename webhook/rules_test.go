@@ -42,7 +42,7 @@ type ruleCase struct {
 }
 
 var resources = map[string]string{
-	"Gateway": "gateways", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes",
+	"Gateway": "gateways", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "TCPRoute": "tcproutes", "TLSRoute": "tlsroutes", "UDPRoute": "udproutes",
 	"Namespace": "namespaces",
 	"Service":   "services", "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "CronJob": "cronjobs",
 	"AuthorizationPolicy": "authorizationpolicies", "PeerAuthentication": "peerauthentications", "ConfigMap": "configmaps",
@@ -368,6 +368,47 @@ metadata: {name: db}
 spec:
   parentRefs: [{name: ingress}, {group: "", kind: Service, name: web, port: 80}]
   rules: [{backendRefs: [{name: web, port: 80}]}]`},
+	{name: "route-tcp-split", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: db}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web, port: 443}]
+  rules: [{backendRefs: [{name: plain, port: 8080, weight: 9}, {name: optout, port: 80, weight: 1}]}]`},
+	{name: "route-tcp-backends-invalid", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: db}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web}]
+  rules:
+  - backendRefs:
+    - {group: "", kind: Pod, name: db-0, port: 5432}
+    - {name: api, namespace: bound, port: 9000}
+    - {name: plain}
+    - {group: core, kind: Service, name: plain, port: 8080}`},
+	{name: "route-tcp-weights-zero", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: db}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web}]
+  rules: [{backendRefs: [{name: plain, port: 8080, weight: 0}]}]`},
+	{name: "route-tcp-two-rules", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: db}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web}]
+  rules: [{backendRefs: [{name: plain, port: 8080}]}, {backendRefs: [{name: optout, port: 80}]}]`},
+	{name: "route-tcp-consumer", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: steal}
+spec:
+  parentRefs: [{group: "", kind: Service, name: api, namespace: bound, port: 9000}]
+  rules: [{backendRefs: [{name: plain, port: 8080}]}]`},
+	{name: "route-tls-service-parent", kind: "gateway.networking.k8s.io/v1/TLSRoute", ns: "shop", object: `
+metadata: {name: tls}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web, port: 443}]
+  hostnames: [web.shop.svc.cluster.local]
+  rules: [{backendRefs: [{name: web, port: 443}]}]`},
+	{name: "route-udp-service-parent", kind: "gateway.networking.k8s.io/v1alpha2/UDPRoute", ns: "shop", object: `
+metadata: {name: dns}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web}]
+  rules: [{backendRefs: [{name: web, port: 53}]}]`},
 	{name: "route-tls-gateway-parent", kind: "gateway.networking.k8s.io/v1/TLSRoute", ns: "shop", object: `
 metadata: {name: tls}
 spec:

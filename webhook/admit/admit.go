@@ -177,7 +177,7 @@ func (a *Admitter) validators() map[groupKind]func(*review) {
 		gatewayGK:     a.validateGateway,
 		httpRouteGK:   a.validateRoute,
 		grpcRouteGK:   a.validateRoute,
-		tcpRouteGK:    a.refuseMeshRoute,
+		tcpRouteGK:    a.validateTCPRoute,
 		tlsRouteGK:    a.refuseMeshRoute,
 		udpRouteGK:    a.refuseMeshRoute,
 		namespaceGK:   a.validateLabelled,

@@ -65,7 +65,15 @@
 //	route-consumer         warning: a Service in another namespace (a consumer route)
 //	route-no-waypoint      warning: neither the Service nor its namespace uses a waypoint
 //
-// TCPRoutes, TLSRoutes and UDPRoutes with a Service parent:
+// TCPRoutes with a Service parent: the parent checks above, and
+//
+//	route-tcp-rules          exactly one rule (a stream has nothing that tells rules apart)
+//	route-backend-kind       backends are Services (group "" or core)
+//	route-backend-namespace  backends are in the route's namespace (ReferenceGrant is not read)
+//	route-backend-port       a backend names a port
+//	route-tcp-no-weight      warning: no backend has a weight above 0 (every connection refused)
+//
+// TLSRoutes and UDPRoutes with a Service parent:
 //
 //	route-kind-unsupported  refused: waypoints do not apply these kinds yet
 //

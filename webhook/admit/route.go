@@ -134,10 +134,72 @@ type routeParents struct {
 	} `json:"spec"`
 }
 
-// refuseMeshRoute refuses a route kind waypoints do not apply yet (TCPRoute,
-// TLSRoute, UDPRoute) when it names a Service parent, the mesh attachment:
-// accepted, it would be dropped without a word. Routes of those kinds
-// under a Gateway are another controller's business.
+// validateTCPRoute checks a TCPRoute with Service parents, which the
+// waypoint applies to the Service's TCP ports: its parents as an
+// HTTPRoute's, and its one rule's backends, which must be Services of the
+// route's namespace with a port (ReferenceGrant is not read, so a backend
+// in another namespace would never be used).
+func (a *Admitter) validateTCPRoute(rv *review) {
+	var r gwv1.TCPRoute
+	if !rv.decodeObject(&r, nil) {
+		return
+	}
+	ns := r.Namespace
+	if rv.req.Namespace != "" {
+		ns = rv.req.Namespace
+	}
+	any := false
+	for i, p := range r.Spec.ParentRefs {
+		if p.Kind == nil || *p.Kind != "Service" {
+			continue
+		}
+		any = true
+		a.checkServiceParent(rv, fmt.Sprintf("spec.parentRefs[%d]", i), p, ns)
+	}
+	if !any {
+		rv.rep.skip()
+		return
+	}
+	if len(r.Spec.Rules) != 1 {
+		rv.rep.deny("route-tcp-rules", "spec.rules", "a TCPRoute of a Service has exactly one rule (it has %d): a stream has nothing that tells rules apart; put every backend in one rule", len(r.Spec.Rules))
+		return
+	}
+	weighted := false
+	for i, br := range r.Spec.Rules[0].BackendRefs {
+		checkTCPBackend(rv, fmt.Sprintf("spec.rules[0].backendRefs[%d]", i), br.BackendObjectReference, ns)
+		weighted = weighted || br.Weight == nil || *br.Weight > 0
+	}
+	if !weighted {
+		rv.rep.warn("route-tcp-no-weight", "spec.rules[0].backendRefs", "no backend has a weight above 0, so the waypoint refuses every connection to the Service")
+	}
+}
+
+// checkTCPBackend checks one backendRef of a TCPRoute: a Service of the
+// route's namespace, with a port.
+func checkTCPBackend(rv *review, field string, ref gwv1.BackendObjectReference, home string) {
+	rep := &rv.rep
+	g, k := "", "Service"
+	if ref.Group != nil {
+		g = string(*ref.Group)
+	}
+	if ref.Kind != nil {
+		k = string(*ref.Kind)
+	}
+	switch {
+	case (g != "" && g != "core") || k != "Service":
+		rep.deny("route-backend-kind", field+".kind", "a waypoint sends TCP only to Services: %s (group %s) is not supported; use kind Service, group \"\"", q(k), q(g))
+	case ref.Namespace != nil && string(*ref.Namespace) != home:
+		rep.deny("route-backend-namespace", field+".namespace",
+			"backend %s/%s is in another namespace; the mesh does not read ReferenceGrants, so only Services of the route's namespace (%s) are backends", *ref.Namespace, ref.Name, home)
+	case ref.Port == nil:
+		rep.deny("route-backend-port", field+".port", "a Service backend needs a port; set port to one of Service %s's ports", q(string(ref.Name)))
+	}
+}
+
+// refuseMeshRoute refuses a route kind waypoints do not apply yet (TLSRoute,
+// UDPRoute) when it names a Service parent, the mesh attachment: accepted,
+// it would be dropped without a word. Routes of those kinds under a
+// Gateway are another controller's business.
 func (a *Admitter) refuseMeshRoute(rv *review) {
 	var r routeParents // the rest of the route is not looked at
 	if !rv.decodeObject(&r, nil) {
@@ -150,7 +212,7 @@ func (a *Admitter) refuseMeshRoute(rv *review) {
 		}
 		any = true
 		rv.rep.deny("route-kind-unsupported", fmt.Sprintf("spec.parentRefs[%d]", i),
-			"waypoints do not apply %ss yet, so this route would do nothing; route HTTP and gRPC with an HTTPRoute or GRPCRoute, and leave other traffic to the Service", rv.req.Kind.Kind)
+			"waypoints do not apply %ss yet, so this route would do nothing; route HTTP and gRPC with an HTTPRoute or GRPCRoute, TCP with a TCPRoute, and leave other traffic to the Service", rv.req.Kind.Kind)
 	}
 	if !any {
 		rv.rep.skip()

@@ -1,8 +1,8 @@
 // Package waypointxds computes each waypoint's Envoy configuration — the
 // Listener, RouteConfigurations, Clusters and ClusterLoadAssignments of the
 // subset the waypoint proxy accepts (ARCHITECTURE.md "Waypoint") — from the
-// Services bound to it, their HTTPRoutes and GRPCRoutes (GAMMA: a parentRef
-// of kind Service) and the AuthorizationPolicies that target the waypoint's
+// Services bound to it, their HTTPRoutes, GRPCRoutes and TCPRoutes (GAMMA: a
+// parentRef of kind Service) and the AuthorizationPolicies that target the waypoint's
 // Gateway or one of those Services.
 //
 // # Binding
@@ -41,12 +41,33 @@
 // port with routes answers 404 for a request no rule matches. A rule without
 // backends answers 500, as Gateway API asks.
 //
+// # TCP routes
+//
+// A producer TCPRoute (attached as above) applies to the TCP chain of each
+// port it names: a tcp, tls, mongo, mysql or redis port, or the /tcp chain
+// of a port whose protocol is detected. An HTTP-only port has no TCP chain,
+// so a TCPRoute naming only such ports is not applied (NoMatchingParent,
+// saying to use an HTTPRoute). Its one rule's backends (Services of the
+// route's namespace with a port) become the tcp_proxy's weighted_clusters,
+// or its cluster when one is left; a weight of 0 takes none of the
+// connections. A backend that cannot be used keeps its weight and goes to
+// BlackHoleCluster, which has no endpoints: as Gateway API asks, that share
+// of the connections is refused, never sent elsewhere, and when no backend
+// has a weight every connection is. A stream carries nothing that tells
+// routes or rules apart, so of the TCPRoutes of a port the oldest applies
+// (then the first by namespace/name) and the others are Accepted=False
+// with the reason Conflicted; a TCPRoute with other than one rule (the
+// schema allows one) is not applied (UnsupportedValue). The chain's network
+// RBAC filters run before the proxy picks a cluster. A port without a
+// TCPRoute relays to the Service itself.
+//
 // # Status
 //
 // What the translation finds about a route is recorded per route and
 // parentRef (Report) and becomes, through Outcomes, the route's Gateway API
 // conditions: Accepted (True when a waypoint applies it; NoMatchingParent,
-// NotAllowedByListeners or UnsupportedValue with the reason when not) and
+// NotAllowedByListeners, UnsupportedValue or, for a shadowed TCPRoute,
+// Conflicted with the reason when not) and
 // ResolvedRefs (BackendNotFound, RefNotPermitted, InvalidKind). The log's
 // notes are derived from the same records. StatusWriter writes them into
 // status.parents under the waypoint controller's name.

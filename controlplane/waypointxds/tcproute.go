@@ -20,6 +20,16 @@ const BlackHoleCluster = "BlackHoleCluster"
 // two TCPRoutes apart, so only the oldest applies.
 const ReasonConflicted gwv1.RouteConditionReason = "Conflicted"
 
+// Gateway API's bounds of a rule's backendRefs and of a weight, which the
+// CRD enforces. An API server without that schema does not, and the
+// waypoint refuses a tcp_proxy whose weights add up past 2^32 (a refusal
+// would freeze the configuration of every Service on the waypoint), so the
+// translation keeps to them.
+const (
+	maxBackends = 16
+	maxWeight   = 1000000
+)
+
 func tcpSource(r *gwv1.TCPRoute) *source {
 	s := &source{key: r.Namespace + "/" + r.Name, kind: kindTCPRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp}
 	for _, rr := range r.Spec.Rules {
@@ -101,10 +111,16 @@ func (b *builder) tcpTarget(svc *corev1.Service, port corev1.ServicePort, self s
 		return tcpProxy(self)
 	}
 	var cws []*tcpv3.TcpProxy_WeightedCluster_ClusterWeight
-	for _, be := range src.rules[0].backends {
+	backends := src.rules[0].backends
+	if len(backends) > maxBackends {
+		b.unsupported(src, "the rule has %d backendRefs, more than Gateway API's %d; only the first %d are used", len(backends), maxBackends, maxBackends)
+		backends = backends[:maxBackends]
+	}
+	for _, be := range backends {
 		if be.weight <= 0 {
 			continue // weight 0: no connection goes there
 		}
+		be.weight = min(be.weight, maxWeight)
 		name, ok := b.backendCluster(src, be.ref)
 		if !ok {
 			name = b.blackHole()

@@ -1,7 +1,10 @@
 package waypointxds
 
 import (
+	"math"
+
 	"net/netip"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"testing"
 
 	"github.com/weftmesh/weft/controlplane/ambient"
@@ -84,5 +87,38 @@ func TestTCPRouteChains(t *testing.T) {
 	// The HTTP-only port has no TCP chain, whatever the TCPRoute says.
 	if ch := snap.Chain(netip.MustParseAddrPort("10.96.2.10:8080")); ch == nil || ch.TCP() {
 		t.Errorf("db:8080 chain %+v, want the HTTP chain", ch)
+	}
+}
+
+// TestTCPRouteHugeWeights: weights past Gateway API's maximum (1,000,000,
+// which the CRD enforces; an API server without that schema does not)
+// must not produce a tcp_proxy the waypoint refuses: a NACK would freeze
+// the configuration of every Service on the waypoint. They are clamped to
+// the maximum.
+func TestTCPRouteHugeWeights(t *testing.T) {
+	// copies of the route's two backends: 2, and 2500 (5000 backendRefs,
+	// past the schema's 16: 5000 times 1,000,000 is still past 2^32).
+	for _, copies := range []int{2, 2500} {
+		f := load(t, "testdata/tcp-route.yaml")
+		o, _, _ := f.st.TCPRoutes.GetByKey("shop/split")
+		r := o.(*gwv1.TCPRoute).DeepCopy()
+		huge := int32(math.MaxInt32)
+		two := r.Spec.Rules[0].BackendRefs
+		r.Spec.Rules[0].BackendRefs = nil
+		for range copies {
+			for _, br := range two {
+				br.Weight = &huge
+				r.Spec.Rules[0].BackendRefs = append(r.Spec.Rules[0].BackendRefs, br)
+			}
+		}
+		if err := f.st.TCPRoutes.Update(r); err != nil {
+			t.Fatal(err)
+		}
+		res, _ := Build(testMesh, ambient.NewWaypoint(f.gateways[0], ""), f.st)
+		snap := compiled(t, res)
+		ch := snap.Chain(netip.MustParseAddrPort("10.96.2.10:5432"))
+		if ch == nil || len(ch.TCPWeighted) != 2 || ch.TCPWeighted[0].Weight != ch.TCPWeighted[1].Weight {
+			t.Fatalf("%d backendRefs: db:5432 weighted clusters %+v, want v1 and v2 with equal weights", 2*copies, ch)
+		}
 	}
 }

@@ -13,6 +13,12 @@ declare -A need=(
 	[iptables]=iptables
 	[flock]=util-linux
 	[tcpdump]=tcpdump
+	# The local cluster's real-node mode: one containerd (with its ctr)
+	# per node, runc under it. The package starts no daemon where PID 1 is
+	# not systemd, and the policy-rc.d below covers the others.
+	[containerd]=containerd
+	[runc]=runc
+	[nsenter]=util-linux
 )
 if [[ ${BENCH:-} == 1 ]]; then
 	need[nginx]=nginx
@@ -30,7 +36,7 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-# Packages with a service (nginx) must not start it: a policy-rc.d that
+# Packages with a service (nginx, containerd) must not start it: a policy-rc.d that
 # denies every start, only for this install and only if there is none.
 if [[ ! -e /usr/sbin/policy-rc.d ]]; then
 	printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
@@ -40,6 +46,8 @@ fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # nor at boot, where systemd runs.
-if [[ " ${missing[*]} " == *" nginx "* && -d /run/systemd/system ]]; then
-	systemctl disable --now nginx >/dev/null 2>&1 || true
-fi
+for svc in nginx containerd; do
+	if [[ " ${missing[*]} " == *" $svc "* && -d /run/systemd/system ]]; then
+		systemctl disable --now "$svc" >/dev/null 2>&1 || true
+	fi
+done

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # tools.sh: builds the pinned third-party tools the local cluster runs into bin/.
 #
-#   scripts/tools.sh [group...]     groups: kube etcd helm cni (default: all)
+#   scripts/tools.sh [group...]     groups: kube kubelet etcd helm cni (default: all)
 #
 # Each group is a Go module under tools/ that pins its versions:
 #   kube  tools/kube  kube-apiserver, kube-controller-manager, kube-scheduler,
 #                     kube-proxy, kubectl (k8s.io/kubernetes)      -> bin/
+#   kubelet tools/kube  kubelet, same version and ldflags as kube    -> bin/
 #   etcd  tools/etcd  etcd (go.etcd.io/etcd/server/v3)            -> bin/
 #   helm  tools/helm  helm (helm.sh/helm/v3)                       -> bin/
 #   cni   tools/cni   bridge, host-local, loopback plugins         -> bin/cni/
@@ -16,6 +17,10 @@
 # to date. Groups build one after the other, never in parallel (a Kubernetes
 # binary takes ~3 GB of memory to build), and a lock keeps two runs of this
 # script from building at the same time.
+#
+# The kubelet is a group of its own so that the real-node mode of the local
+# cluster can be built (or not) without rebuilding the control plane; it
+# shares tools/kube's module, so both stamps move together with its pins.
 #
 # Every build records its wall-clock duration in bin/.tools/<group>.build
 # (seconds=, cache=shared|cold). TOOLS_COLD=1 rebuilds every group with a
@@ -70,7 +75,7 @@ modversion() {
 build_group() {
 	local group="$1" outdir="$2" ldflags="$3"
 	shift 3
-	local dir="tools/$group" names=() pkgs=() spec
+	local dir="${dir:-tools/$group}" names=() pkgs=() spec
 	for spec in "$@"; do
 		names+=("${spec%%=*}")
 		pkgs+=("${spec#*=}")
@@ -94,6 +99,7 @@ build_group() {
 
 	local hint=""
 	[[ $group == kube ]] && hint="; a cold build takes ~12 min"
+	[[ $group == kubelet ]] && hint="; a cold build takes several minutes"
 	echo "tools: building $group $version (${names[*]}; GOCACHE $cache_kind$hint)"
 	rm -f "$state/$group.stamp"
 	local log="$state/$group.log" start i
@@ -115,22 +121,35 @@ build_group() {
 	echo "tools: $group $version built in ${secs}s"
 }
 
-kube() {
-	local v
-	v="$(modversion kube k8s.io/kubernetes)"
-	[[ -n "$v" ]] || die "tools/kube/go.mod does not require k8s.io/kubernetes"
-	local major minor
+# kube_ldflags prints the version ldflags of the Kubernetes binaries built
+# at version $1.
+kube_ldflags() {
+	local v="$1" major minor
 	major="${v#v}"
 	major="${major%%.*}"
 	minor="$(cut -d. -f2 <<<"$v")"
 	local V=k8s.io/component-base/version
-	label="$v" build_group kube "$BIN" \
-		"-s -w -X $V.gitVersion=$v -X $V.gitMajor=$major -X $V.gitMinor=$minor -X $V.gitTreeState=clean" \
+	echo "-s -w -X $V.gitVersion=$v -X $V.gitMajor=$major -X $V.gitMinor=$minor -X $V.gitTreeState=clean"
+}
+
+kube() {
+	local v
+	v="$(modversion kube k8s.io/kubernetes)"
+	[[ -n "$v" ]] || die "tools/kube/go.mod does not require k8s.io/kubernetes"
+	label="$v" build_group kube "$BIN" "$(kube_ldflags "$v")" \
 		kube-apiserver=k8s.io/kubernetes/cmd/kube-apiserver \
 		kube-controller-manager=k8s.io/kubernetes/cmd/kube-controller-manager \
 		kube-scheduler=k8s.io/kubernetes/cmd/kube-scheduler \
 		kube-proxy=k8s.io/kubernetes/cmd/kube-proxy \
 		kubectl=k8s.io/kubernetes/cmd/kubectl
+}
+
+kubelet() {
+	local v
+	v="$(modversion kube k8s.io/kubernetes)"
+	[[ -n "$v" ]] || die "tools/kube/go.mod does not require k8s.io/kubernetes"
+	label="$v" dir=tools/kube build_group kubelet "$BIN" "$(kube_ldflags "$v")" \
+		kubelet=k8s.io/kubernetes/cmd/kubelet
 }
 
 etcd() {
@@ -161,10 +180,10 @@ cni() {
 }
 
 groups=("$@")
-[[ ${#groups[@]} -gt 0 ]] || groups=(kube etcd helm cni)
+[[ ${#groups[@]} -gt 0 ]] || groups=(kube kubelet etcd helm cni)
 for g in "${groups[@]}"; do
 	case "$g" in
-	kube | etcd | helm | cni) "$g" ;;
-	*) die "unknown tool group $g (want kube, etcd, helm or cni)" ;;
+	kube | kubelet | etcd | helm | cni) "$g" ;;
+	*) die "unknown tool group $g (want kube, kubelet, etcd, helm or cni)" ;;
 	esac
 done

@@ -25,7 +25,7 @@ import (
 // bin/.tools/<group>.build and sums their durations.
 func toolsBuild(binDir string) (seconds int, source string, err error) {
 	var parts []string
-	for _, g := range []string{"kube", "etcd", "helm", "cni"} {
+	for _, g := range []string{"kube", "kubelet", "etcd", "helm", "cni"} {
 		path := filepath.Join(binDir, ".tools", g+".build")
 		f, err := os.Open(path)
 		if err != nil {

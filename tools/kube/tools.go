@@ -1,7 +1,8 @@
 //go:build tools
 
 // Package tools pins the Kubernetes binaries the local test cluster runs
-// (control plane and kube-proxy) and the kubectl that matches them.
+// (control plane, kube-proxy and the kubelet) and the kubectl that matches
+// them.
 package tools
 
 import (
@@ -9,5 +10,6 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 	_ "k8s.io/kubernetes/cmd/kubectl"
 )

@@ -24,12 +24,14 @@ build: ## Build every Weft binary into bin/.
 
 # Architecture of the images `make images` writes (GOARCH spelling).
 IMAGE_ARCH ?= $(shell $(GO) env GOARCH)
-# The components the images hold, built static for them into bin/images/bin/.
+# The components the images hold, built static for them into bin/images/bin/,
+# with the echo test app and the pause (sandbox) image of the local cluster's
+# real nodes.
 IMAGE_CMDS := ./controlplane/cmd/weft-controlplane ./webhook/cmd/weft-webhook ./ztunnel/cmd/ztunnel \
-	./cni/cmd/weft-cni-agent ./cni/cmd/weft-cni ./waypoint/cmd/waypoint
+	./cni/cmd/weft-cni-agent ./cni/cmd/weft-cni ./waypoint/cmd/waypoint ./test/cmd/echo ./test/cmd/pause
 
 .PHONY: images
-images: ## Write OCI image archives of every component into bin/images/.
+images: ## Write OCI image archives of every component, the echo app and pause into bin/images/.
 	@mkdir -p $(BIN)/images/bin
 	CGO_ENABLED=0 GOOS=linux GOARCH=$(IMAGE_ARCH) $(GO) build -trimpath -o $(BIN)/images/bin/ $(IMAGE_CMDS)
 	GOOS= GOARCH= $(GO) run ./test/cmd/weft-images -bin $(BIN)/images/bin -out $(BIN)/images -chart charts/weft -arch $(IMAGE_ARCH)

@@ -1,6 +1,8 @@
-// Command weft-images writes an image archive of every Weft component, with
-// no container engine: each image is an empty base plus one layer holding the
-// component's static binaries under /usr/local/bin.
+// Command weft-images writes an image archive of every Weft component, and
+// of the two images the local cluster's real nodes run besides (the echo
+// test app and the pause/sandbox image), with no container engine: each
+// image is an empty base plus one layer holding static binaries under
+// /usr/local/bin.
 //
 //	weft-images [-bin bin/images/bin] [-out bin/images] [-chart charts/weft] [-hub HUB] [-tag TAG] [-arch ARCH]
 //
@@ -64,6 +66,11 @@ var components = []component{
 	{name: "ztunnel", binaries: []string{"ztunnel"}},
 	{name: "weft-cni-agent", binaries: []string{"weft-cni-agent", "weft-cni"}},
 	{name: "waypoint", binaries: []string{"waypoint"}},
+	// The echo test app (test/cmd/echo) and the sandbox image of the
+	// cluster's real nodes (test/cmd/pause, their containerd's
+	// sandbox_image).
+	{name: "echo", binaries: []string{"echo"}},
+	{name: "pause", binaries: []string{"pause"}},
 }
 
 // Config is what to build and where.

@@ -23,7 +23,7 @@ import (
 var repoRoot = filepath.Join("..", "..", "..")
 
 // allBinaries are the binaries the images hold.
-var allBinaries = []string{"weft-controlplane", "weft-webhook", "ztunnel", "weft-cni-agent", "weft-cni", "waypoint"}
+var allBinaries = []string{"weft-controlplane", "weft-webhook", "ztunnel", "weft-cni-agent", "weft-cni", "waypoint", "echo", "pause"}
 
 // fakeBinaries writes a small executable script for each name into a temp
 // dir; its content names the binary, so layers differ between images.
@@ -103,6 +103,8 @@ func TestBuild(t *testing.T) {
 		{"ztunnel", []string{"ztunnel"}},
 		{"weft-cni-agent", []string{"weft-cni-agent", "weft-cni"}},
 		{"waypoint", []string{"waypoint"}},
+		{"echo", []string{"echo"}},
+		{"pause", []string{"pause"}},
 	}
 	if len(results) != len(tests) {
 		t.Fatalf("got %d images, want %d", len(results), len(tests))

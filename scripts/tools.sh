@@ -99,7 +99,7 @@ build_group() {
 
 	local hint=""
 	[[ $group == kube ]] && hint="; a cold build takes ~12 min"
-	[[ $group == kubelet ]] && hint="; a cold build takes several minutes"
+	[[ $group == kubelet ]] && hint="; a cold build takes ~15 min"
 	echo "tools: building $group $version (${names[*]}; GOCACHE $cache_kind$hint)"
 	rm -f "$state/$group.stamp"
 	local log="$state/$group.log" start i

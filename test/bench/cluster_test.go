@@ -119,7 +119,8 @@ func BenchmarkCluster(b *testing.B) {
 			Spec: corev1.PodSpec{
 				TerminationGracePeriodSeconds: &zero,
 				Containers: []corev1.Container{{
-					Name: "echo", Image: "weft/echo:bench", Args: []string{"-http", "8080", "-grpc", "", "-tcp", ""},
+					Name: "echo", Image: "weft/echo:latest", ImagePullPolicy: corev1.PullIfNotPresent,
+					Args: []string{"-http", "8080", "-grpc", "", "-tcp", ""},
 				}},
 			},
 		}

@@ -329,6 +329,9 @@ func (c *Cluster) PodNetns(ctx context.Context, namespace, name string) (string,
 		if p.Spec.HostNetwork {
 			return n.Netns, nil
 		}
+		if i >= len(c.runners) {
+			return "", errRealNode
+		}
 		return c.runners[i].NetnsPath(p.UID), nil
 	}
 	return "", fmt.Errorf("pod %s/%s is not on a node of this cluster (node %q)", namespace, name, p.Spec.NodeName)
@@ -354,6 +357,9 @@ func (c *Cluster) ExecContainer(ctx context.Context, namespace, pod, container s
 	for i, n := range c.nodes {
 		if n.Name != p.Spec.NodeName {
 			continue
+		}
+		if i >= len(c.runners) {
+			return nil, nil, errRealNode
 		}
 		var out, errb bytes.Buffer
 		err := c.runners[i].Exec(ctx, p, container, argv, nil, &out, &errb)

@@ -14,7 +14,8 @@ type EchoOptions struct {
 	Spread bool
 	// Labels are added to the pods' labels (app: <name> is always there).
 	Labels map[string]string
-	// Image runs the echo server. Default weft/echo:latest.
+	// Image runs the echo server. Default weft/echo:latest, pulled only if
+	// not present (real nodes import it, nothing is ever pulled).
 	Image string
 	// Annotations are the pods' annotations.
 	Annotations map[string]string
@@ -63,6 +64,7 @@ spec:
       containers:
       - name: echo
         image: {{.Image}}
+        imagePullPolicy: IfNotPresent
         args: ["-http", "8080", "-grpc", "7070", "-tcp", "9090"]
         ports:
         - {name: http, containerPort: 8080}

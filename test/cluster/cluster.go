@@ -61,7 +61,8 @@ type Cluster struct {
 	rest       *rest.Config
 	client     kubernetes.Interface
 	nodes      []Node
-	runners    []*node.Runner
+	runners    []*node.Runner // stand-in mode
+	realNodes  []*realNode    // real-node mode
 	dns        *dnsServer
 
 	// webhookClientCA is the PEM CA of the API server's webhook client
@@ -143,7 +144,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	c.bgCancel = bgCancel
 
 	images := make(chan error, 1)
-	go func() { images <- c.buildImages(ctx) }()
+	if cfg.NodeMode == NodeModeKubelet {
+		// Nodes import the archives as they start: build them first.
+		go func() { images <- nil }()
+	} else {
+		go func() { images <- c.buildImages(ctx) }()
+	}
 
 	c.log.Info("building network namespaces", "underlay", underlayNet, "pods", clusterCIDR, "services", serviceCIDR)
 	if c.topo, err = buildTopology(r.netnsPrefix(), cfg.Nodes); err != nil {
@@ -177,6 +183,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	c.dns = &dnsServer{ns: c.topo.cp, addr: net.JoinHostPort(cpAddr.String(), "53"), client: c.client, log: c.log}
 	c.goBackground(bgCtx, "cluster DNS", c.dns.Run)
 
+	if cfg.NodeMode == NodeModeKubelet {
+		c.log.Info("writing image archives", "dir", c.imageDir())
+		if err := c.buildImageArchives(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if err := c.startNodes(ctx, bgCtx, creds); err != nil {
 		return nil, err
 	}
@@ -204,6 +216,9 @@ func checkTools(cfg *Config) error {
 		if !exe(filepath.Join(cfg.BinDir, t)) {
 			missing = append(missing, filepath.Join(cfg.BinDir, t))
 		}
+	}
+	if cfg.NodeMode == NodeModeKubelet && !exe(filepath.Join(cfg.BinDir, "kubelet")) {
+		missing = append(missing, filepath.Join(cfg.BinDir, "kubelet"))
 	}
 	for _, t := range []string{"bridge", "host-local", "loopback"} {
 		if !exe(filepath.Join(cfg.BinDir, "cni", t)) {
@@ -236,6 +251,14 @@ func checkTools(cfg *Config) error {
 		missing = append(missing, cfg.Etcd)
 		if len(hints) == 0 {
 			hints = append(hints, "build it with `make tools`")
+		}
+	}
+	if cfg.NodeMode == NodeModeKubelet {
+		for _, t := range []string{"containerd", "ctr", "runc"} {
+			if _, err := exec.LookPath(t); err != nil && !exe("/usr/sbin/"+t) {
+				missing = append(missing, t)
+				hints = append(hints, fmt.Sprintf("real-node mode needs %s: `make deps` installs it", t))
+			}
 		}
 	}
 	proxyTool := map[string]string{"nftables": "nft", "iptables": "iptables-restore"}[cfg.ProxyMode]
@@ -285,12 +308,17 @@ func (c *Cluster) goBackground(ctx context.Context, name string, fn func(context
 }
 
 // Err reports a failure of a part of the running cluster: a control-plane
-// process or kube-proxy that exited, or a node runner that failed.
+// process, kube-proxy, a kubelet or containerd that exited, or a node
+// runner that failed.
 func (c *Cluster) Err() error {
 	c.bgMu.Lock()
 	err := c.bgErr
 	c.bgMu.Unlock()
-	return errors.Join(err, checkExited(append([]*process{c.etcd, c.apiserver, c.kcm, c.scheduler}, c.proxies...)...))
+	procs := append([]*process{c.etcd, c.apiserver, c.kcm, c.scheduler}, c.proxies...)
+	for _, r := range c.realNodes {
+		procs = append(procs, r.containerd, r.kubelet)
+	}
+	return errors.Join(err, checkExited(procs...))
 }
 
 // dialCP opens a connection from inside the control-plane namespace.
@@ -334,10 +362,15 @@ func (c *Cluster) waitReady(ctx context.Context) error {
 		ready := 0
 		for _, n := range nodes.Items {
 			for _, cond := range n.Status.Conditions {
-				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				// Ready, and schedulable: real kubelets register tainted
+				// not-ready until the node lifecycle controller sees them.
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue && len(n.Spec.Taints) == 0 {
 					ready++
 				}
 			}
+		}
+		if c.cfg.NodeMode == NodeModeKubelet {
+			c.setPodCIDRs(ctx, nodes.Items)
 		}
 		if ready < c.cfg.Nodes {
 			return false, fmt.Sprintf("%d of %d nodes Ready", ready, c.cfg.Nodes), nil
@@ -396,6 +429,11 @@ func (c *Cluster) close() error {
 		c.bgCancel() // node runners stop their pods, the forwarder closes
 	}
 	c.bgWG.Wait()
+	if c.cfg.NodeMode == NodeModeKubelet && c.run != nil {
+		if err := c.stopRealNodes(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	// The cluster's state is thrown away: every process at once, with a
 	// short grace period.
 	var wg sync.WaitGroup
@@ -445,6 +483,9 @@ func (c *Cluster) Leftovers() []string {
 	}
 	for _, m := range mountsMentioning(c.run.dir, "/netns/"+c.run.netnsPrefix()) {
 		out = append(out, "mount "+m)
+	}
+	for _, cg := range runCgroups(c.run.id) {
+		out = append(out, "cgroup "+cg)
 	}
 	c.pidsMu.Lock()
 	for pid, start := range c.pids {

@@ -58,6 +58,14 @@ type Config struct {
 	Etcd string
 	// Go is the go command used to build images. Default: $GO, else "go".
 	Go string
+	// NodeMode is what runs the nodes' pods: NodeModeStandIn ("standin",
+	// the node runner of package node, which runs image binaries from
+	// BinDir) or NodeModeKubelet ("kubelet": the kubelet with containerd
+	// and runc on each node, running OCI images the cluster writes into
+	// BinDir/images and imports; it needs bin/kubelet from `make tools`
+	// and containerd and runc from `make deps`). Default: $WEFT_NODES,
+	// else "standin".
+	NodeMode string
 }
 
 // SetDefaults fills in the documented defaults.
@@ -90,6 +98,12 @@ func (c *Config) SetDefaults() error {
 	if c.StartTimeout == 0 {
 		c.StartTimeout = 3 * time.Minute
 	}
+	if c.NodeMode == "" {
+		c.NodeMode = os.Getenv("WEFT_NODES")
+		if c.NodeMode == "" {
+			c.NodeMode = NodeModeStandIn
+		}
+	}
 	if c.Go == "" {
 		c.Go = os.Getenv("GO")
 		if c.Go == "" {
@@ -108,6 +122,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("cluster: APIPort %d out of range", c.APIPort)
 	case c.ProxyMode != "nftables" && c.ProxyMode != "iptables":
 		return fmt.Errorf("cluster: ProxyMode %q: want nftables or iptables", c.ProxyMode)
+	case c.NodeMode != NodeModeStandIn && c.NodeMode != NodeModeKubelet:
+		return fmt.Errorf("cluster: NodeMode %q (WEFT_NODES): want %s or %s", c.NodeMode, NodeModeStandIn, NodeModeKubelet)
 	case !filepath.IsAbs(c.StateDir):
 		return fmt.Errorf("cluster: StateDir %q must be absolute", c.StateDir)
 	}

@@ -18,7 +18,10 @@ import (
 type creds struct {
 	ca, front                                   *pki
 	apiserver, admin, kcm, scheduler, proxy, fp certFiles
-	saKey, saPub                                string
+	// kubeletClient is the API server's client certificate towards the
+	// kubelets (real-node mode).
+	kubeletClient certFiles
+	saKey, saPub  string
 	// webhookCA signs webhookClient, the certificate the API server
 	// presents to webhooks behind Services.
 	webhookCA     *pki
@@ -61,6 +64,9 @@ func (c *Cluster) writePKI() (*creds, error) {
 		{&cr.proxy, func() (certFiles, error) { return ca.client("kube-proxy", "system:kube-proxy") }},
 		{&cr.fp, func() (certFiles, error) { return front.client("front-proxy-client", "front-proxy-client") }},
 		{&cr.webhookClient, func() (certFiles, error) { return wca.client("webhook-client", WebhookClientName) }},
+		{&cr.kubeletClient, func() (certFiles, error) {
+			return ca.client("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters")
+		}},
 	}
 	for _, s := range steps {
 		if *s.out, err = s.fn(); err != nil {
@@ -122,6 +128,40 @@ func (c *Cluster) writeAdmissionConfig(cf certFiles) (string, error) {
 	return path, nil
 }
 
+// kubeletAPIServerArgs are the API server's authorization and admission
+// flags and, in real-node mode, how it reaches the kubelets: by InternalIP,
+// checking their serving certificates against the cluster CA and
+// presenting a client certificate of its own; kubelets are authorized by
+// the Node authorizer and NodeRestriction, as on a real cluster.
+func (c *Cluster) kubeletAPIServerArgs(cr *creds) []string {
+	if c.cfg.NodeMode != NodeModeKubelet {
+		return []string{
+			"--authorization-mode=RBAC",
+			"--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+		}
+	}
+	return []string{
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
+		"--kubelet-preferred-address-types=InternalIP",
+		"--kubelet-certificate-authority=" + cr.ca.caFile(),
+		"--kubelet-client-certificate=" + cr.kubeletClient.cert,
+		"--kubelet-client-key=" + cr.kubeletClient.key,
+	}
+}
+
+// kcmControllers is kube-controller-manager's --controllers flag. The
+// harness assigns pod CIDRs itself. With the stand-in no kubelet posts node
+// leases: node lifecycle and taint eviction would evict every pod. Real
+// kubelets post them and register tainted not-ready, a taint only the node
+// lifecycle controller removes.
+func (c *Cluster) kcmControllers() string {
+	if c.cfg.NodeMode == NodeModeKubelet {
+		return "--controllers=*,-node-ipam-controller"
+	}
+	return "--controllers=*,-node-lifecycle-controller,-taint-eviction-controller,-node-ipam-controller"
+}
+
 // startControlPlane starts etcd, kube-apiserver, kube-controller-manager
 // and kube-scheduler inside the control-plane namespace and waits for the
 // API server to be ready.
@@ -176,14 +216,12 @@ func (c *Cluster) startControlPlane(ctx context.Context, cr *creds) error {
 	c.webhookClientCA = cr.webhookCA.caPEM()
 	c.log.Info("starting kube-apiserver", "advertise", cpAddr, "service_cidr", serviceCIDR)
 	bin := func(n string) string { return filepath.Join(c.cfg.BinDir, n) }
-	c.apiserver, err = startProcess(cp, "kube-apiserver", logs, bin("kube-apiserver"), []string{
+	c.apiserver, err = startProcess(cp, "kube-apiserver", logs, bin("kube-apiserver"), append([]string{
 		"--etcd-servers=http://127.0.0.1:2379",
 		"--bind-address=0.0.0.0", fmt.Sprintf("--secure-port=%d", apiPort),
 		"--advertise-address=" + cpAddr.String(),
 		"--tls-cert-file=" + cr.apiserver.cert, "--tls-private-key-file=" + cr.apiserver.key,
 		"--client-ca-file=" + cr.ca.caFile(),
-		"--authorization-mode=RBAC",
-		"--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook",
 		"--admission-control-config-file=" + admission,
 		"--enable-aggregator-routing=true",
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -199,7 +237,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, cr *creds) error {
 		"--allow-privileged=true", "--profiling=false",
 		"--cert-dir=" + c.path("conf", "apiserver"),
 		"--v=1",
-	})
+	}, c.kubeletAPIServerArgs(cr)...))
 	if err != nil {
 		return err
 	}
@@ -237,9 +275,7 @@ func (c *Cluster) startControlPlane(ctx context.Context, cr *creds) error {
 		"--service-account-private-key-file=" + cr.saKey, "--root-ca-file=" + cr.ca.caFile(),
 		"--cluster-signing-cert-file=" + cr.ca.caFile(), "--cluster-signing-key-file=" + cr.ca.caKeyFile(),
 		"--use-service-account-credentials=true",
-		// No kubelet posts node leases: node lifecycle and taint eviction
-		// would evict every pod; the harness assigns pod CIDRs itself.
-		"--controllers=*,-node-lifecycle-controller,-taint-eviction-controller,-node-ipam-controller",
+		c.kcmControllers(),
 		"--cert-dir=" + c.path("conf", "kcm"),
 		"--v=1",
 	})

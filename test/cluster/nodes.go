@@ -3,12 +3,14 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"k8s.io/client-go/kubernetes"
 
@@ -43,7 +45,8 @@ func bridgeConfList(n Node) ([]byte, error) {
 	return json.MarshalIndent(conf, "", "  ")
 }
 
-// startNodes prepares each node's root, starts its runner and kube-proxy.
+// startNodes prepares each node's root, starts its runner (or, in
+// real-node mode, its containerd and kubelet) and kube-proxy.
 func (c *Cluster) startNodes(ctx, bgCtx context.Context, cr *creds) error {
 	version := "v0.0.0"
 	if v, err := c.client.Discovery().ServerVersion(); err == nil {
@@ -58,6 +61,10 @@ func (c *Cluster) startNodes(ctx, bgCtx context.Context, cr *creds) error {
 		n := Node{Name: nodeName(i), Address: nodeAddr(i), PodCIDR: nodePodCIDR(i), Netns: ns.Path(), Root: c.path(nodeName(i))}
 		if err := prepareNodeRoot(n, filepath.Join(c.cfg.BinDir, "cni")); err != nil {
 			return fmt.Errorf("preparing %s: %w", n.Name, err)
+		}
+		c.nodes = append(c.nodes, n)
+		if c.cfg.NodeMode == NodeModeKubelet {
+			continue
 		}
 		rc := c.RESTConfig()
 		rc.UserAgent = "weft-node/" + n.Name
@@ -75,10 +82,16 @@ func (c *Cluster) startNodes(ctx, bgCtx context.Context, cr *creds) error {
 		if err != nil {
 			return err
 		}
-		c.nodes = append(c.nodes, n)
 		c.runners = append(c.runners, r)
 		c.goBackground(bgCtx, "node runner "+n.Name, r.Run)
-
+	}
+	if c.cfg.NodeMode == NodeModeKubelet {
+		if err := c.startRealNodes(ctx, cr); err != nil {
+			return err
+		}
+	}
+	for i, n := range c.nodes {
+		ns := c.topo.nodes[i]
 		conf := c.path("conf", "kube-proxy-"+n.Name+".yaml")
 		if err := os.WriteFile(conf, []byte(kubeProxyConfig(proxyConf, n.Name, c.cfg.ProxyMode)), 0o600); err != nil {
 			return err
@@ -91,6 +104,51 @@ func (c *Cluster) startNodes(ctx, bgCtx context.Context, cr *creds) error {
 		c.proxies = append(c.proxies, p)
 		c.track(p)
 		c.log.Info("node started", "node", n.Name, "address", n.Address, "pod_cidr", n.PodCIDR, "proxy_mode", c.cfg.ProxyMode)
+	}
+	return nil
+}
+
+// startRealNodes starts every node's containerd and imports the images,
+// the nodes in parallel, then every node's kubelet.
+func (c *Cluster) startRealNodes(ctx context.Context, cr *creds) error {
+	if err := c.saveSysctls(); err != nil {
+		return err
+	}
+	type result struct {
+		r   *realNode
+		err error
+	}
+	results := make([]result, len(c.nodes))
+	var wg sync.WaitGroup
+	for i, n := range c.nodes {
+		ns := c.topo.nodes[i]
+		if err := addDefaultRoute(ns); err != nil {
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := c.startRuntime(ctx, n, ns)
+			results[i] = result{r, err}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for i, res := range results {
+		if res.r != nil {
+			c.realNodes = append(c.realNodes, res.r)
+		}
+		if res.err != nil {
+			errs = append(errs, fmt.Errorf("starting %s: %w", c.nodes[i].Name, res.err))
+		}
+	}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	for _, r := range c.realNodes {
+		if err := c.startKubelet(r, cr); err != nil {
+			return fmt.Errorf("starting the kubelet of %s: %w", r.node.Name, err)
+		}
 	}
 	return nil
 }

@@ -121,8 +121,17 @@ func CleanStale(stateDir string, log *slog.Logger) ([]string, error) {
 			return nil, err
 		}
 		for _, e := range entries {
-			if id := strings.TrimSuffix(e.Name(), ".lock"); runIDRE.MatchString(id) {
+			if id := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".lock"), ".sysctls"); runIDRE.MatchString(id) {
 				ids[id] = true
+			}
+		}
+	}
+	// Real-node runs also leave cgroups named <run>-<node>.
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		entries, _ := os.ReadDir(filepath.Join(cgroupMount, ctrl))
+		for _, e := range entries {
+			if m := runNetnsRE.FindStringSubmatch(e.Name()); m != nil && e.IsDir() {
+				ids[m[1]] = true
 			}
 		}
 	}
@@ -177,6 +186,11 @@ func removeRun(stateDir, id string, names []string) (nNS, nProcs int, err error)
 	}
 	waitGone(procs, 10*time.Second)
 	var errs []error
+	// Real-node mode: containers outside those namespaces, mounts, cgroups,
+	// sysctls and the runtime's files outside the run's directory.
+	if err := cleanRuntimeLeftovers(filepath.Join(stateDir, id), id); err != nil {
+		errs = append(errs, err)
+	}
 	for _, n := range mine {
 		if err := netns.Delete(n); err != nil {
 			errs = append(errs, err)

@@ -1,0 +1,696 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/weftmesh/weft/internal/netns"
+)
+
+// Real-node mode (Config.NodeMode "kubelet"): every node runs the kubelet
+// with its own containerd (and runc under it) inside the node's network
+// namespace, each with its own state directories, sockets and cgroup
+// parent, all under the node's Root. Processes enter the node's namespace
+// with setns on the network namespace alone (as `nsenter --net` does):
+// `ip netns exec` would also remount /sys in a new mount namespace, which
+// hides the cgroup mounts the kubelet needs.
+
+// Node modes.
+const (
+	// NodeModeStandIn runs each node's pods with the node runner of
+	// package node.
+	NodeModeStandIn = "standin"
+	// NodeModeKubelet runs the kubelet, containerd and runc on each node.
+	NodeModeKubelet = "kubelet"
+)
+
+// errRealNode is returned by the helpers that reach into a pod through the
+// stand-in node runner (PodNetns, Exec) in real-node mode.
+var errRealNode = errors.New("not available with real nodes (NodeMode kubelet) yet: use kubectl exec")
+
+// realNode is one node's kubelet and containerd.
+type realNode struct {
+	node       Node
+	ns         *netns.NS
+	cgroup     string // the kubelet's cgroupRoot, "/<run>-<node>"
+	containerd *process
+	kubelet    *process
+}
+
+func (r *realNode) sock() string       { return filepath.Join(r.node.Root, "run/containerd.sock") }
+func (r *realNode) kubeletDir() string { return filepath.Join(r.node.Root, "var/lib/kubelet") }
+
+// kubeletSysctls are the machine-wide sysctls the kubelet sets when
+// protectKernelDefaults is false (it refuses to start with true on a
+// machine whose values differ). Start records them and Close restores them.
+var kubeletSysctls = []string{
+	"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+}
+
+// sysctlFile is the run's record of kubeletSysctls before the first
+// kubelet started, so that a later clean restores them after a kill. It
+// lives beside the run's lock, not in its directory: a cleaner that cannot
+// unmount what the run left may remove the directory only in part.
+func sysctlFile(id string) string { return filepath.Join(LockDir, id+".sysctls") }
+
+// cgroupMount is where cgroup v1 controllers (and cgroup2 at unified) are.
+const cgroupMount = "/sys/fs/cgroup"
+
+// sandboxImage is the pause image every pod's sandbox runs.
+const sandboxImage = "weft/pause:latest"
+
+// startRuntime starts node n's containerd and imports the images.
+func (c *Cluster) startRuntime(ctx context.Context, n Node, ns *netns.NS) (*realNode, error) {
+	r := &realNode{node: n, ns: ns, cgroup: "/" + c.run.id + "-" + n.Name}
+	for _, d := range []string{"run", "containerd/root", "containerd/state", "runc", "var/log/pods", "var/lib/kubelet/pki"} {
+		if err := os.MkdirAll(filepath.Join(n.Root, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	if err := makeCgroup(r.cgroup); err != nil {
+		return nil, fmt.Errorf("making cgroup %s: %w", r.cgroup, err)
+	}
+	conf := filepath.Join(n.Root, "containerd.toml")
+	if err := os.WriteFile(conf, []byte(containerdConfig(r)), 0o644); err != nil {
+		return nil, err
+	}
+	var err error
+	r.containerd, err = startProcess(ns, "containerd-"+n.Name, c.path("logs"), "containerd", []string{"--config=" + conf})
+	if err != nil {
+		return nil, err
+	}
+	c.track(r.containerd)
+	return r, c.importImages(ctx, r)
+}
+
+// startKubelet starts the node's kubelet. Every node's images must be
+// imported by then: cAdvisor, as the kubelet starts, maps its root
+// directory's file system through the mount table and fails the start on
+// a mount that vanished meanwhile, like those of an image unpacking on the
+// same tmpfs.
+func (c *Cluster) startKubelet(r *realNode, cr *creds) error {
+	n := r.node
+	kc, err := c.writeKubeletFiles(r, cr)
+	if err != nil {
+		return err
+	}
+	r.kubelet, err = startProcess(r.ns, "kubelet-"+n.Name, c.path("logs"), filepath.Join(c.cfg.BinDir, "kubelet"), []string{
+		"--config=" + kc,
+		"--kubeconfig=" + filepath.Join(n.Root, "kubelet.kubeconfig"),
+		"--root-dir=" + r.kubeletDir(),
+		"--cert-dir=" + filepath.Join(r.kubeletDir(), "pki"),
+		"--hostname-override=" + n.Name,
+		"--node-ip=" + n.Address.String(),
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	c.track(r.kubelet)
+	return nil
+}
+
+// containerdConfig is a node's containerd configuration (version 2): its
+// own root, state and sockets, and the CRI plugin with the pause image,
+// the node's CNI directories, runc with a per-node state root, no AppArmor
+// (absent here) and restrict_oom_score_adj (the machine may lack
+// CAP_SYS_RESOURCE, without which runc cannot lower oom_score_adj). Pods'
+// network namespaces are mounted under the state directory.
+func containerdConfig(r *realNode) string {
+	root := r.node.Root
+	return fmt.Sprintf(`version = 2
+root = %q
+state = %q
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = %q
+
+[ttrpc]
+  address = %q
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %q
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = %q
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = %q
+    conf_dir = %q
+    max_conf_num = 1
+`, filepath.Join(root, "containerd/root"), filepath.Join(root, "containerd/state"),
+		r.sock(), r.sock()+".ttrpc", filepath.Join(root, "containerd/opt"),
+		sandboxImage, filepath.Join(root, "runc"), r.node.CNIBinDir(), r.node.CNIConfDir())
+}
+
+// importImages waits for containerd and imports every archive of
+// BinDir/images into its k8s.io namespace, tagged also :latest (pods
+// naming either tag find it; IfNotPresent then never pulls).
+func (c *Cluster) importImages(ctx context.Context, r *realNode) error {
+	archives, err := filepath.Glob(filepath.Join(c.imageDir(), "*.tar"))
+	if err != nil || len(archives) == 0 {
+		return fmt.Errorf("no image archives in %s (the cluster writes them at start): %v", c.imageDir(), err)
+	}
+	if err := c.poll(ctx, "containerd on "+r.node.Name, func(ctx context.Context) (bool, string, error) {
+		if ok, perr := r.containerd.exited(); ok {
+			return false, "", fmt.Errorf("%w", errors.Join(perr, r.containerd.failure()))
+		}
+		_, err := c.ctr(ctx, r, "version")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		return true, "", nil
+	}); err != nil {
+		return err
+	}
+	for _, a := range archives {
+		out, err := c.ctr(ctx, r, "images", "import", "--no-unpack=false", a)
+		if err != nil {
+			return fmt.Errorf("importing %s on %s: %w", a, r.node.Name, err)
+		}
+		for _, ref := range importedRefs(out) {
+			if i := strings.LastIndexByte(ref, ':'); i > 0 && !strings.HasSuffix(ref, ":latest") {
+				if _, err := c.ctr(ctx, r, "images", "tag", "--force", ref, ref[:i]+":latest"); err != nil {
+					return fmt.Errorf("tagging %s on %s: %w", ref, r.node.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// importedRefs reads the references `ctr images import` printed
+// ("unpacking docker.io/weft/echo:0.1.0 (sha256:...)...done").
+func importedRefs(out string) []string {
+	var refs []string
+	for _, line := range strings.Split(out, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "unpacking "); ok {
+			if f := strings.Fields(rest); len(f) > 0 {
+				refs = append(refs, f[0])
+			}
+		}
+	}
+	return refs
+}
+
+// ctr runs ctr against the node's containerd in its k8s.io namespace.
+func (c *Cluster) ctr(ctx context.Context, r *realNode, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, "ctr", append([]string{"--address", r.sock(), "--namespace", "k8s.io"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ctr %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// writeKubeletFiles writes the node's kubeconfig (client certificate
+// system:node:<name> in group system:nodes, which the Node authorizer
+// knows), its serving certificate for its InternalIP (signed by the
+// cluster CA, which the API server checks) and its KubeletConfiguration;
+// it returns the configuration's path.
+func (c *Cluster) writeKubeletFiles(r *realNode, cr *creds) (string, error) {
+	n := r.node
+	client, err := cr.ca.client("kubelet-"+n.Name, "system:node:"+n.Name, "system:nodes")
+	if err != nil {
+		return "", err
+	}
+	server := fmt.Sprintf("https://%s:%d", cpAddr, apiPort)
+	if err := writeKubeconfig(filepath.Join(n.Root, "kubelet.kubeconfig"), server, cr.ca.caPEM(), client); err != nil {
+		return "", err
+	}
+	serving, err := cr.ca.serving("kubelet-serving-"+n.Name, n.Name, []net.IP{n.Address.AsSlice()}, []string{n.Name})
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(n.Root, "kubelet.yaml")
+	return path, os.WriteFile(path, []byte(kubeletConfig(r, cr.ca.caFile(), serving)), 0o644)
+}
+
+// kubeletConfig is the node's KubeletConfiguration. cgroup v1 is allowed
+// (this kind of machine has it), with the cgroupfs driver and a cgroup root
+// of the node's own; protectKernelDefaults is false, so the kubelet sets
+// kubeletSysctls (restored at Close). The API server authenticates with a
+// client certificate of the cluster CA and is authorized through
+// SubjectAccessReviews (it is in system:masters). Eviction thresholds are
+// low: the node shares a tmpfs with the machine.
+func kubeletConfig(r *realNode, caFile string, serving certFiles) string {
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: %s
+containerRuntimeEndpoint: unix://%s
+podLogsDir: %s
+failSwapOn: false
+protectKernelDefaults: false
+resolvConf: ""
+address: %s
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: %s
+tlsPrivateKeyFile: %s
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %s}
+authorization:
+  mode: Webhook
+clusterDNS: [%s]
+clusterDomain: %s
+serializeImagePulls: false
+evictionHard:
+  memory.available: 50Mi
+  nodefs.available: 1%%
+  imagefs.available: 1%%
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+nodeStatusUpdateFrequency: 4s
+fileCheckFrequency: 2s
+syncFrequency: 10s
+`, r.cgroup, r.sock(), filepath.Join(r.node.Root, "var/log/pods"), r.node.Address,
+		serving.cert, serving.key, caFile, clusterDNSIP, clusterDomain)
+}
+
+// cgroupControllers lists the cgroup v1 hierarchies under cgroupMount
+// (every directory but unified, which is cgroup2).
+func cgroupControllers() []string {
+	entries, _ := os.ReadDir(cgroupMount)
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() && e.Name() != "unified" {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// makeCgroup makes the cgroup in every v1 hierarchy, systemd's included
+// (the kubelet checks them all), with cpuset.cpus and cpuset.mems copied
+// from the root (a new cpuset is empty, and no task may join it).
+func makeCgroup(name string) error {
+	for _, ctrl := range cgroupControllers() {
+		dir := filepath.Join(cgroupMount, ctrl, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if ctrl != "cpuset" {
+			continue
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			b, err := os.ReadFile(filepath.Join(cgroupMount, ctrl, f))
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, f), b, 0); err != nil {
+				return fmt.Errorf("writing %s: %w", f, err)
+			}
+		}
+	}
+	return nil
+}
+
+// runCgroups lists the cgroup roots of run id's nodes ("/<id>-<node>").
+func runCgroups(id string) []string {
+	seen := map[string]bool{}
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		entries, _ := os.ReadDir(filepath.Join(cgroupMount, ctrl))
+		for _, e := range entries {
+			if e.IsDir() && strings.HasPrefix(e.Name(), id+"-") {
+				seen["/"+e.Name()] = true
+			}
+		}
+	}
+	var out []string
+	for n := range seen {
+		out = append(out, n)
+	}
+	return out
+}
+
+// killCgroup kills every process in the cgroup tree (pids from every
+// hierarchy) until none is left or the timeout passes.
+func killCgroup(name string, timeout time.Duration) int {
+	killed := map[int]bool{}
+	deadline := time.Now().Add(timeout)
+	for {
+		pids := cgroupPIDs(name)
+		if len(pids) == 0 || time.Now().After(deadline) {
+			return len(killed)
+		}
+		for _, pid := range pids {
+			killed[pid] = true
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// cgroupPIDs lists the processes in the cgroup tree in any hierarchy.
+func cgroupPIDs(name string) []int {
+	seen := map[int]bool{}
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		root := filepath.Join(cgroupMount, ctrl, name)
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			b, _ := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				var pid int
+				if _, err := fmt.Sscan(f, &pid); err == nil && pid != os.Getpid() {
+					seen[pid] = true
+				}
+			}
+			return nil
+		})
+	}
+	var out []int
+	for p := range seen {
+		out = append(out, p)
+	}
+	return out
+}
+
+// removeCgroup removes the cgroup tree from every hierarchy, deepest
+// first; a cgroup dir is removed with rmdir, its files go with it.
+func removeCgroup(name string) error {
+	var errs []error
+	for _, ctrl := range append(cgroupControllers(), "unified") {
+		root := filepath.Join(cgroupMount, ctrl, name)
+		var dirs []string
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readSysctls reads the keys of /proc/sys.
+func readSysctls(keys []string) map[string]string {
+	out := map[string]string{}
+	for _, k := range keys {
+		if b, err := os.ReadFile("/proc/sys/" + k); err == nil {
+			out[k] = strings.TrimSpace(string(b))
+		}
+	}
+	return out
+}
+
+// saveSysctls records kubeletSysctls in the run's directory.
+func (c *Cluster) saveSysctls() error {
+	var b strings.Builder
+	for k, v := range readSysctls(kubeletSysctls) {
+		fmt.Fprintf(&b, "%s=%s\n", k, v)
+	}
+	return os.WriteFile(sysctlFile(c.run.id), []byte(b.String()), 0o600)
+}
+
+// restoreSysctls writes back the values run id recorded, then forgets them.
+func restoreSysctls(id string) error {
+	b, err := os.ReadFile(sysctlFile(id))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, "=")
+		if !ok || !strings.HasPrefix(k, "vm/") && !strings.HasPrefix(k, "kernel/") || strings.Contains(k, "..") {
+			continue
+		}
+		if cur := readSysctls([]string{k})[k]; cur == v {
+			continue
+		}
+		if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0); err != nil {
+			errs = append(errs, fmt.Errorf("restoring %s: %w", k, err))
+		}
+	}
+	if len(errs) == 0 {
+		os.Remove(sysctlFile(id))
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder detaches every mount below dir, deepest first.
+func unmountUnder(dir string) error {
+	var errs []error
+	for range 3 { // mounts stacked on mounts show up again
+		mounts := mountsMentioning(dir + "/")
+		if len(mounts) == 0 {
+			return nil
+		}
+		for i := len(mounts) - 1; i >= 0; i-- {
+			if err := unix.Unmount(mounts[i], unix.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("unmounting %s: %w", mounts[i], err))
+			}
+		}
+	}
+	if m := mountsMentioning(dir + "/"); len(m) > 0 {
+		return errors.Join(append(errs, fmt.Errorf("still mounted: %s", strings.Join(m, " ")))...)
+	}
+	return nil
+}
+
+// cleanRuntimeLeftovers removes what the runtimes of a run in runDir keep
+// outside it (real-node mode): processes in its cgroups, mounts under its
+// directory, its cgroups, the sysctls the kubelet changed, the kubelet's
+// /var/log/containers links into it, the CNI result cache of its pods and
+// shim sockets nobody listens on. A run of the stand-in has none of them;
+// it is a no-op then.
+func cleanRuntimeLeftovers(runDir, id string) error {
+	var errs []error
+	cgroups := runCgroups(id)
+	for _, cg := range cgroups {
+		killCgroup(cg, 10*time.Second)
+	}
+	if err := unmountUnder(runDir); err != nil {
+		errs = append(errs, err)
+	}
+	for _, cg := range cgroups {
+		if err := removeCgroup(cg); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := restoreSysctls(id); err != nil {
+		errs = append(errs, err)
+	}
+	removeLinksInto("/var/log/containers", runDir)
+	os.Remove("/var/log/containers") // the kubelet makes it; only when empty
+	removeCNIResults(runDir)
+	removeDeadSockets("/run/containerd/s")
+	for _, d := range []string{"/run/containerd/s", "/run/containerd/runc", "/run/containerd"} {
+		os.Remove(d) // only when empty
+	}
+	return errors.Join(errs...)
+}
+
+// removeLinksInto removes the symlinks of dir that point below target.
+func removeLinksInto(dir, target string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if dst, err := os.Readlink(p); err == nil && strings.HasPrefix(dst, target+"/") {
+			os.Remove(p)
+		}
+	}
+}
+
+// cniResultsDir is where libcni (in containerd's CRI) caches ADD results.
+const cniResultsDir = "/var/lib/cni/results"
+
+// removeCNIResults removes cached CNI results whose network namespace was
+// under runDir (containerd mounts them under its state directory), and the
+// cache directories when they end up empty.
+func removeCNIResults(runDir string) {
+	entries, _ := os.ReadDir(cniResultsDir)
+	for _, e := range entries {
+		p := filepath.Join(cniResultsDir, e.Name())
+		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), runDir+"/") {
+			os.Remove(p)
+		}
+	}
+	for _, d := range []string{cniResultsDir, "/var/lib/cni"} {
+		os.Remove(d)
+	}
+}
+
+// removeDeadSockets removes the unix sockets in dir that nobody listens
+// on (shims killed with their node leave theirs behind).
+func removeDeadSockets(dir string) {
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		p := filepath.Join(dir, e.Name())
+		if e.Type()&os.ModeSocket == 0 {
+			continue
+		}
+		conn, err := net.DialTimeout("unix", p, time.Second)
+		if err == nil {
+			conn.Close()
+			continue
+		}
+		os.Remove(p)
+	}
+}
+
+// stopRealNodes stops every node's kubelet, then its containerd, then what
+// runs in its cgroup (containers and shims outlive containerd), and cleans
+// what they leave outside the run's directory.
+func (c *Cluster) stopRealNodes() error {
+	var wg sync.WaitGroup
+	for _, r := range c.realNodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if r.kubelet != nil {
+				r.kubelet.stop(2 * time.Second)
+			}
+			if r.containerd != nil {
+				r.containerd.stop(2 * time.Second)
+			}
+		}()
+	}
+	wg.Wait()
+	// Shims live in the node's network namespace, containers in the
+	// node's cgroup or their pod's namespace.
+	inodes := map[uint64]bool{}
+	for _, r := range c.realNodes {
+		if ino, err := r.ns.ID(); err == nil {
+			inodes[ino] = true
+		}
+	}
+	for _, pid := range processesIn(inodes) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return cleanRuntimeLeftovers(c.run.dir, c.run.id)
+}
+
+// addDefaultRoute gives a node's namespace a default route through the
+// control plane: the kubelet refuses to start without one.
+func addDefaultRoute(ns *netns.NS) error {
+	h, err := ns.Netlink()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	r := &netlink.Route{Dst: nil, Gw: cpAddr.AsSlice()}
+	if err := h.RouteAdd(r); err != nil {
+		return fmt.Errorf("adding a default route in %s: %w", ns.Path(), err)
+	}
+	return nil
+}
+
+// imageDir holds the image archives of real-node mode.
+func (c *Cluster) imageDir() string { return filepath.Join(c.cfg.BinDir, "images") }
+
+// buildImageArchives builds, as `make images` does, static binaries of
+// every image package (the mesh's, the pause image's and Config.Images)
+// into BinDir/images/bin and writes their OCI archives into BinDir/images.
+func (c *Cluster) buildImageArchives(ctx context.Context) error {
+	pkgs := append(MeshImages(), "./test/cmd/pause")
+	for _, p := range c.cfg.Images {
+		if !containsString(pkgs, p) {
+			pkgs = append(pkgs, p)
+		}
+	}
+	binDir := filepath.Join(c.imageDir(), "bin")
+	if err := os.MkdirAll(binDir, 0o755); err != nil {
+		return err
+	}
+	build := exec.CommandContext(ctx, c.cfg.Go, append([]string{"build", "-buildvcs=false", "-trimpath", "-o", binDir + "/"}, pkgs...)...)
+	build.Dir = c.cfg.RepoDir
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building image binaries: %w\n%s", err, out)
+	}
+	tool := filepath.Join(c.imageDir(), "weft-images")
+	steps := [][]string{
+		{c.cfg.Go, "build", "-buildvcs=false", "-o", tool, "./test/cmd/weft-images"},
+		{tool, "-bin", binDir, "-out", c.imageDir(), "-chart", filepath.Join(c.cfg.RepoDir, "charts/weft")},
+	}
+	for _, s := range steps {
+		cmd := exec.CommandContext(ctx, s[0], s[1:]...)
+		cmd.Dir = c.cfg.RepoDir
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("writing image archives (%s): %w\n%s", strings.Join(s, " "), err, out)
+		}
+	}
+	return nil
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// setPodCIDRs gives every registered node without a pod CIDR its own, as
+// the stand-in's nodes have (kube-controller-manager's IPAM is off).
+func (c *Cluster) setPodCIDRs(ctx context.Context, nodes []corev1.Node) {
+	for _, n := range nodes {
+		if n.Spec.PodCIDR != "" {
+			continue
+		}
+		for _, mine := range c.nodes {
+			if mine.Name == n.Name {
+				_, err := c.client.CoreV1().Nodes().Patch(ctx, n.Name, types.StrategicMergePatchType, nodePodCIDRPatch(mine.PodCIDR), metav1.PatchOptions{})
+				if err != nil {
+					c.log.Warn("setting a node's pod CIDR failed", "node", n.Name, "err", err)
+				}
+			}
+		}
+	}
+}
+
+// nodePodCIDRPatch sets a node's spec.podCIDR (the kubelet registers the
+// Node without; the node's CNI configuration already uses the range).
+func nodePodCIDRPatch(p netip.Prefix) []byte {
+	return []byte(fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%q]}}`, p, p))
+}
+
+// NodeMode is what runs the nodes' pods (Config.NodeMode).
+func (c *Cluster) NodeMode() string { return c.cfg.NodeMode }

@@ -63,7 +63,10 @@ type Cluster struct {
 	nodes      []Node
 	runners    []*node.Runner // stand-in mode
 	realNodes  []*realNode    // real-node mode
-	dns        *dnsServer
+
+	mountPointsOnce sync.Once // real-node mode: makeMountPoints
+	mountPointsErr  error
+	dns             *dnsServer
 
 	// webhookClientCA is the PEM CA of the API server's webhook client
 	// certificate.

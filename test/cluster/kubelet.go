@@ -91,13 +91,86 @@ func (c *Cluster) startRuntime(ctx context.Context, n Node, ns *netns.NS) (*real
 	if err := os.WriteFile(conf, []byte(containerdConfig(r)), 0o644); err != nil {
 		return nil, err
 	}
+	if err := c.makeMountPoints(); err != nil {
+		return nil, err
+	}
+	script, args := nodeMountScript(n, conf)
 	var err error
-	r.containerd, err = startProcess(ns, "containerd-"+n.Name, c.path("logs"), "containerd", []string{"--config=" + conf})
+	r.containerd, err = startProcess(ns, "containerd-"+n.Name, c.path("logs"), "unshare",
+		append([]string{"--mount", "--propagation", "slave", "--", "sh", "-euc", script, "node-mounts"}, args...))
 	if err != nil {
 		return nil, err
 	}
 	c.track(r.containerd)
 	return r, c.importImages(ctx, r)
+}
+
+// nodePaths are the machine paths that, in a node's mount namespace, are
+// the node's own directories under its root: the CNI directories, the
+// CNI result cache, pods' network namespaces, and the directories the
+// chart's CNI agent and ztunnel share through hostPath volumes. A pod's
+// hostPath thus means the same on a node here as on a real one, and two
+// nodes never share them.
+var nodePaths = []string{"/opt", "/etc/cni/net.d", "/var/lib/cni", "/run/netns", "/run/weft-cni", "/run/ztunnel"}
+
+// nodeMountScript is the shell script (and its arguments) that, run by
+// `unshare --mount --propagation slave` (mounts of the machine still show
+// in the node, the node's stay in it), bind-mounts the node's directories
+// on nodePaths and then executes containerd. The kubelet joins that mount
+// namespace: its mounts, containerd's and the shims' live and die with it.
+// /sys is left as it is, so cgroup mounts stay visible.
+func nodeMountScript(n Node, conf string) (string, []string) {
+	var args []string
+	for _, p := range nodePaths {
+		args = append(args, filepath.Join(n.Root, p), p)
+	}
+	script := `while [ $# -gt 0 ]; do mkdir -p "$1"; mount --bind "$1" "$2"; shift 2; done
+exec containerd --config=` + shellQuote(conf)
+	return script, args
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// makeMountPoints makes the nodePaths missing on the machine (a bind mount
+// needs its target), recording them beside the run's lock so that Close,
+// or the clean of a killed run, removes them again when empty.
+func (c *Cluster) makeMountPoints() error {
+	c.mountPointsOnce.Do(func() {
+		var made []string
+		for _, p := range nodePaths {
+			for d := p; d != "/"; d = filepath.Dir(d) {
+				if _, err := os.Stat(d); errors.Is(err, os.ErrNotExist) {
+					made = append(made, d)
+				}
+			}
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				c.mountPointsErr = err
+				return
+			}
+		}
+		if len(made) > 0 {
+			c.mountPointsErr = os.WriteFile(madeDirsFile(c.run.id), []byte(strings.Join(made, "\n")+"\n"), 0o600)
+		}
+	})
+	return c.mountPointsErr
+}
+
+// madeDirsFile lists the machine directories run id made as mount points,
+// deepest first.
+func madeDirsFile(id string) string { return filepath.Join(LockDir, id+".dirs") }
+
+// removeMadeDirs removes the directories run id made, if empty.
+func removeMadeDirs(id string) {
+	b, err := os.ReadFile(madeDirsFile(id))
+	if err != nil {
+		return
+	}
+	for _, d := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		if filepath.IsAbs(d) && !strings.Contains(d, "..") {
+			os.Remove(d) // only when empty, and not a mount point of a live node
+		}
+	}
+	os.Remove(madeDirsFile(id))
 }
 
 // startKubelet starts the node's kubelet. Every node's images must be
@@ -111,7 +184,9 @@ func (c *Cluster) startKubelet(r *realNode, cr *creds) error {
 	if err != nil {
 		return err
 	}
-	r.kubelet, err = startProcess(r.ns, "kubelet-"+n.Name, c.path("logs"), filepath.Join(c.cfg.BinDir, "kubelet"), []string{
+	mnt := fmt.Sprintf("--mount=/proc/%d/ns/mnt", r.containerd.cmd.Process.Pid)
+	r.kubelet, err = startProcess(r.ns, "kubelet-"+n.Name, c.path("logs"), "nsenter", []string{
+		mnt, "--", filepath.Join(c.cfg.BinDir, "kubelet"),
 		"--config=" + kc,
 		"--kubeconfig=" + filepath.Join(n.Root, "kubelet.kubeconfig"),
 		"--root-dir=" + r.kubeletDir(),
@@ -131,8 +206,7 @@ func (c *Cluster) startKubelet(r *realNode, cr *creds) error {
 // own root, state and sockets, and the CRI plugin with the pause image,
 // the node's CNI directories, runc with a per-node state root, no AppArmor
 // (absent here) and restrict_oom_score_adj (the machine may lack
-// CAP_SYS_RESOURCE, without which runc cannot lower oom_score_adj). Pods'
-// network namespaces are mounted under the state directory.
+// CAP_SYS_RESOURCE, without which runc cannot lower oom_score_adj).
 func containerdConfig(r *realNode) string {
 	root := r.node.Root
 	return fmt.Sprintf(`version = 2
@@ -153,7 +227,6 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = %q
   disable_apparmor = true
   restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   [plugins."io.containerd.grpc.v1.cri".containerd]
@@ -170,7 +243,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
     max_conf_num = 1
 `, filepath.Join(root, "containerd/root"), filepath.Join(root, "containerd/state"),
 		r.sock(), r.sock()+".ttrpc", filepath.Join(root, "containerd/opt"),
-		sandboxImage, filepath.Join(root, "runc"), r.node.CNIBinDir(), r.node.CNIConfDir())
+		sandboxImage, filepath.Join(root, "runc"), "/opt/cni/bin", "/etc/cni/net.d")
 }
 
 // importImages waits for containerd and imports every archive of
@@ -496,8 +569,8 @@ func unmountUnder(dir string) error {
 // cleanRuntimeLeftovers removes what the runtimes of a run in runDir keep
 // outside it (real-node mode): processes in its cgroups, mounts under its
 // directory, its cgroups, the sysctls the kubelet changed, the kubelet's
-// /var/log/containers links into it, the CNI result cache of its pods and
-// shim sockets nobody listens on. A run of the stand-in has none of them;
+// /var/log/containers links into it, the mount points it made on the
+// machine and shim sockets nobody listens on. A run of the stand-in has none of them;
 // it is a no-op then.
 func cleanRuntimeLeftovers(runDir, id string) error {
 	var errs []error
@@ -518,7 +591,7 @@ func cleanRuntimeLeftovers(runDir, id string) error {
 	}
 	removeLinksInto("/var/log/containers", runDir)
 	os.Remove("/var/log/containers") // the kubelet makes it; only when empty
-	removeCNIResults(runDir)
+	removeMadeDirs(id)
 	removeDeadSockets("/run/containerd/s")
 	for _, d := range []string{"/run/containerd/s", "/run/containerd/runc", "/run/containerd"} {
 		os.Remove(d) // only when empty
@@ -534,25 +607,6 @@ func removeLinksInto(dir, target string) {
 		if dst, err := os.Readlink(p); err == nil && strings.HasPrefix(dst, target+"/") {
 			os.Remove(p)
 		}
-	}
-}
-
-// cniResultsDir is where libcni (in containerd's CRI) caches ADD results.
-const cniResultsDir = "/var/lib/cni/results"
-
-// removeCNIResults removes cached CNI results whose network namespace was
-// under runDir (containerd mounts them under its state directory), and the
-// cache directories when they end up empty.
-func removeCNIResults(runDir string) {
-	entries, _ := os.ReadDir(cniResultsDir)
-	for _, e := range entries {
-		p := filepath.Join(cniResultsDir, e.Name())
-		if b, err := os.ReadFile(p); err == nil && strings.Contains(string(b), runDir+"/") {
-			os.Remove(p)
-		}
-	}
-	for _, d := range []string{cniResultsDir, "/var/lib/cni"} {
-		os.Remove(d)
 	}
 }
 

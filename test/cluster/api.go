@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -329,8 +330,8 @@ func (c *Cluster) PodNetns(ctx context.Context, namespace, name string) (string,
 		if p.Spec.HostNetwork {
 			return n.Netns, nil
 		}
-		if i >= len(c.runners) {
-			return "", errRealNode
+		if r, ok := c.realNodeOf(n.Name); ok {
+			return c.realPodNetns(r, p)
 		}
 		return c.runners[i].NetnsPath(p.UID), nil
 	}
@@ -358,11 +359,12 @@ func (c *Cluster) ExecContainer(ctx context.Context, namespace, pod, container s
 		if n.Name != p.Spec.NodeName {
 			continue
 		}
-		if i >= len(c.runners) {
-			return nil, nil, errRealNode
-		}
 		var out, errb bytes.Buffer
-		err := c.runners[i].Exec(ctx, p, container, argv, nil, &out, &errb)
+		if r, ok := c.realNodeOf(n.Name); ok {
+			err = c.realExec(ctx, r, p, container, argv, &out, &errb)
+		} else {
+			err = c.runners[i].Exec(ctx, p, container, argv, nil, &out, &errb)
+		}
 		if err != nil {
 			err = fmt.Errorf("exec %s in %s/%s: %w (stderr: %s)", strings.Join(argv, " "), namespace, pod, err, strings.TrimSpace(errb.String()))
 		}
@@ -465,7 +467,14 @@ func (c *Cluster) PodPIDs(ctx context.Context, namespace, pod string) ([]int, er
 	if err != nil {
 		return nil, err
 	}
-	return processesIn(map[uint64]bool{ino: true}), nil
+	pids := processesIn(map[uint64]bool{ino: true})
+	if _, ok := c.realNodeOf(p.Spec.NodeName); ok {
+		// The sandbox's pause process is the runtime's, not the pod's.
+		pids = slices.DeleteFunc(pids, func(pid int) bool {
+			return filepath.Base(strings.SplitN(cmdline(pid), " ", 2)[0]) == "pause"
+		})
+	}
+	return pids, nil
 }
 
 // OpenInPod opens a file as a pod's (first) container sees it: in its mount
@@ -496,13 +505,17 @@ func (c *Cluster) OpenInPod(ctx context.Context, namespace, pod, path string, fl
 }
 
 // Logs returns a container's log (stdout and stderr, across restarts) of
-// the newest pod with that name, also after the pod was deleted.
+// the newest pod with that name, also after the pod was deleted. On real
+// nodes it holds the restarts the kubelet keeps (the latest two).
 func (c *Cluster) Logs(namespace, pod, container string) (string, error) {
 	var best string
 	var bestTime time.Time
 	for _, n := range c.nodes {
-		matches, _ := filepath.Glob(filepath.Join(n.Root, "var/log/pods", namespace+"_"+pod+"_*", container+".log"))
-		for _, m := range matches {
+		dir := filepath.Join(n.Root, "var/log/pods", namespace+"_"+pod+"_*")
+		matches, _ := filepath.Glob(filepath.Join(dir, container+".log"))
+		// The kubelet's layout: <container>/<restart count>.log.
+		real, _ := filepath.Glob(filepath.Join(dir, container, "*.log"))
+		for _, m := range append(matches, real...) {
 			if st, err := os.Stat(m); err == nil && st.ModTime().After(bestTime) {
 				best, bestTime = m, st.ModTime()
 			}
@@ -511,8 +524,42 @@ func (c *Cluster) Logs(namespace, pod, container string) (string, error) {
 	if best == "" {
 		return "", fmt.Errorf("no log for container %s of pod %s/%s", container, namespace, pod)
 	}
-	b, err := os.ReadFile(best)
-	return string(b), err
+	if filepath.Base(filepath.Dir(best)) != container {
+		b, err := os.ReadFile(best)
+		return string(b), err
+	}
+	files, _ := filepath.Glob(filepath.Join(filepath.Dir(best), "*.log"))
+	restart := func(f string) int {
+		n, _ := strconv.Atoi(strings.TrimSuffix(filepath.Base(f), ".log"))
+		return n
+	}
+	slices.SortFunc(files, func(a, b string) int { return restart(a) - restart(b) })
+	var out []byte
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return "", err
+		}
+		out = append(out, stripCRILog(b)...)
+	}
+	return string(out), nil
+}
+
+// stripCRILog turns a CRI log file ("<time> <stream> <P|F> <text>" lines,
+// P a partial line) into the text the container wrote.
+func stripCRILog(b []byte) []byte {
+	var out []byte
+	for _, line := range strings.Split(strings.TrimSuffix(string(b), "\n"), "\n") {
+		f := strings.SplitN(line, " ", 4)
+		if len(f) < 4 {
+			continue
+		}
+		out = append(out, f[3]...)
+		if f[2] != "P" {
+			out = append(out, '\n')
+		}
+	}
+	return out
 }
 
 // LogPath returns a control-plane or kube-proxy log file: etcd,

@@ -281,7 +281,8 @@ spec:
       terminationGracePeriodSeconds: 1
       containers:
       - name: agent
-        image: weft/echo:e2e
+        image: weft/echo:latest
+        imagePullPolicy: IfNotPresent
         args: ["-http", "8080", "-grpc", "", "-tcp", ""]
         readinessProbe:
           tcpSocket: {port: 8080}
@@ -344,7 +345,8 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
   - name: app
-    image: weft/echo:e2e
+    image: weft/echo:latest
+    imagePullPolicy: IfNotPresent
     args: ["-http", "8080", "-grpc", "", "-tcp", ""]
     env:
     - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
@@ -389,6 +391,13 @@ spec:
 	}
 	pid := pids[0]
 
+	// limits.cpu without a limit is the node's allocatable CPU, rounded up.
+	node, err := c.Client().CoreV1().Nodes().Get(ctx, pod.Spec.NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpus := fmt.Sprintf("CPUS=%d", node.Status.Allocatable.Cpu().Value())
+
 	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -396,7 +405,7 @@ spec:
 	vars := strings.Split(string(env), "\x00")
 	for _, want := range []string{
 		"POD_NAME=app", "POD_UID=" + string(pod.UID), "POD_IP=" + pod.Status.PodIP, "HOST_IP=" + pod.Status.HostIP,
-		"SA=app", "GREETING=hello", "MESSAGE=hello from app", "CPUS=8", "HOSTNAME=app",
+		"SA=app", "GREETING=hello", "MESSAGE=hello from app", cpus, "HOSTNAME=app",
 		"KUBERNETES_SERVICE_HOST=10.96.0.1", "KUBERNETES_SERVICE_PORT=443",
 	} {
 		if !slices.Contains(vars, want) {
@@ -505,7 +514,8 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
   - name: main
-    image: weft/echo:e2e
+    image: weft/echo:latest
+    imagePullPolicy: IfNotPresent
     args: ["-http", "not-a-port"]
 `, name, policy)
 	}
@@ -529,9 +539,15 @@ spec:
 	}); err != nil {
 		t.Fatal(err)
 	}
-	logs, err := c.Logs(ns, "always", "main")
-	if err != nil || strings.Count(logs, "bad port") < 2 {
-		t.Fatalf("log of the restarted container: %q, %v", logs, err)
+	// A real kubelet opens the next start's log as it restarts the
+	// container: wait for that start to have written.
+	var logs string
+	var logErr error
+	if err := c.WaitFor(ctx, "two starts in the restarted container's log", func(ctx context.Context) (bool, error) {
+		logs, logErr = c.Logs(ns, "always", "main")
+		return logErr == nil && strings.Count(logs, "bad port") >= 2, nil
+	}); err != nil {
+		t.Fatalf("log of the restarted container: %q, %v (%v)", logs, logErr, err)
 	}
 	if err := c.Delete(ctx, manifest); err != nil {
 		t.Fatal(err)
@@ -577,7 +593,8 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
   - name: agent
-    image: weft/echo:e2e
+    image: weft/echo:latest
+    imagePullPolicy: IfNotPresent
     args: ["-http", "18080", "-grpc", "", "-tcp", ""]
     env:
     - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
@@ -652,7 +669,8 @@ spec:
   terminationGracePeriodSeconds: 1
   containers:
   - name: echo
-    image: weft/echo:e2e
+    image: weft/echo:latest
+    imagePullPolicy: IfNotPresent
     args: ["-http", "8080", "-grpc", "", "-tcp", ""]
 %s`, name, name, n.Name, extra)
 	}

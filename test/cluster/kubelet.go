@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -39,10 +40,6 @@ const (
 	// NodeModeKubelet runs the kubelet, containerd and runc on each node.
 	NodeModeKubelet = "kubelet"
 )
-
-// errRealNode is returned by the helpers that reach into a pod through the
-// stand-in node runner (PodNetns, Exec) in real-node mode.
-var errRealNode = errors.New("not available with real nodes (NodeMode kubelet) yet: use kubectl exec")
 
 // realNode is one node's kubelet and containerd.
 type realNode struct {
@@ -94,6 +91,12 @@ func (c *Cluster) startRuntime(ctx context.Context, n Node, ns *netns.NS) (*real
 	if err := c.makeMountPoints(); err != nil {
 		return nil, err
 	}
+	if err := os.MkdirAll(filepath.Join(n.Root, "var"), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Symlink("../run", filepath.Join(n.Root, "var/run")); err != nil && !errors.Is(err, os.ErrExist) {
+		return nil, err
+	}
 	script, args := nodeMountScript(n, conf)
 	var err error
 	r.containerd, err = startProcess(ns, "containerd-"+n.Name, c.path("logs"), "unshare",
@@ -107,11 +110,13 @@ func (c *Cluster) startRuntime(ctx context.Context, n Node, ns *netns.NS) (*real
 
 // nodePaths are the machine paths that, in a node's mount namespace, are
 // the node's own directories under its root: the CNI directories, the
-// CNI result cache, pods' network namespaces, and the directories the
-// chart's CNI agent and ztunnel share through hostPath volumes. A pod's
-// hostPath thus means the same on a node here as on a real one, and two
-// nodes never share them.
-var nodePaths = []string{"/opt", "/etc/cni/net.d", "/var/lib/cni", "/run/netns", "/run/weft-cni", "/run/ztunnel"}
+// CNI result cache and /run (pods' network namespaces, shim sockets, and
+// what pods share through hostPath volumes under /var/run, such as the
+// chart's CNI agent and ztunnel). A pod's hostPath there thus means the
+// same on a node here as on a real one, and as with the stand-in, it is
+// under the node's root (Root/var/run links to Root/run); two nodes never
+// share them.
+var nodePaths = []string{"/opt", "/etc/cni/net.d", "/var/lib/cni", "/run"}
 
 // nodeMountScript is the shell script (and its arguments) that, run by
 // `unshare --mount --propagation slave` (mounts of the machine still show
@@ -748,3 +753,121 @@ func nodePodCIDRPatch(p netip.Prefix) []byte {
 
 // NodeMode is what runs the nodes' pods (Config.NodeMode).
 func (c *Cluster) NodeMode() string { return c.cfg.NodeMode }
+
+// podCgroup finds the cgroup directory of pod uid on a real node in the
+// pids hierarchy (kubepods/[burstable|besteffort/]pod<uid>).
+func (r *realNode) podCgroup(uid string) (string, error) {
+	root := filepath.Join(cgroupMount, "pids", r.cgroup, "kubepods")
+	for _, dir := range []string{"", "burstable", "besteffort"} {
+		p := filepath.Join(root, dir, "pod"+uid)
+		if st, err := os.Stat(p); err == nil && st.IsDir() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no cgroup for pod %s under %s", uid, root)
+}
+
+// podProcess returns a process of the pod on a real node: the one of
+// container id (its ID without the runtime's scheme), or, for id "", the
+// sandbox's pause process, which holds the pod's namespaces while the pod
+// lives.
+func (r *realNode) podProcess(uid, id string) (int, error) {
+	cg, err := r.podCgroup(uid)
+	if err != nil {
+		return 0, err
+	}
+	entries, err := os.ReadDir(cg)
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		if !e.IsDir() || (id != "" && e.Name() != id) {
+			continue
+		}
+		b, _ := os.ReadFile(filepath.Join(cg, e.Name(), "cgroup.procs"))
+		for _, f := range strings.Fields(string(b)) {
+			var pid int
+			if _, err := fmt.Sscan(f, &pid); err != nil {
+				continue
+			}
+			if id != "" || filepath.Base(strings.SplitN(cmdline(pid), " ", 2)[0]) == "pause" {
+				return pid, nil
+			}
+		}
+	}
+	if id == "" {
+		return 0, fmt.Errorf("no sandbox process in %s", cg)
+	}
+	return 0, fmt.Errorf("no process of container %s in %s", id, cg)
+}
+
+// realPodNetns is PodNetns on real nodes: the network namespace of the
+// pod's sandbox process.
+func (c *Cluster) realPodNetns(r *realNode, p *corev1.Pod) (string, error) {
+	pid, err := r.podProcess(string(p.UID), "")
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", pid), nil
+}
+
+// realExec is ExecContainer on real nodes. It runs argv in every namespace
+// of the container's process but its user namespace, with the container's
+// environment, as `kubectl exec` does; a binary of BinDir is run from the
+// machine through a file descriptor (the static build of it in
+// BinDir/images/bin, which the images hold, when there is one), so a test
+// runs this repository's tools in any container.
+func (c *Cluster) realExec(ctx context.Context, r *realNode, p *corev1.Pod, container string, argv []string, stdout, stderr io.Writer) error {
+	if container == "" && len(p.Spec.Containers) > 0 {
+		container = p.Spec.Containers[0].Name
+	}
+	id := ""
+	for _, s := range p.Status.ContainerStatuses {
+		if s.Name == container {
+			_, id, _ = strings.Cut(s.ContainerID, "://")
+		}
+	}
+	if id == "" {
+		return fmt.Errorf("container %q of pod %s/%s is not running", container, p.Namespace, p.Name)
+	}
+	pid, err := r.podProcess(string(p.UID), id)
+	if err != nil {
+		return err
+	}
+	env, _ := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	args := []string{fmt.Sprintf("--target=%d", pid), "--mount", "--uts", "--ipc", "--net", "--pid", "--"}
+	var extra []*os.File
+	if len(argv) > 0 && strings.HasPrefix(argv[0], c.cfg.BinDir+"/") {
+		bin := argv[0]
+		if static := filepath.Join(c.imageDir(), "bin", filepath.Base(bin)); fileExists(static) {
+			bin = static
+		}
+		f, err := os.Open(bin)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		extra = append(extra, f)
+		argv = append([]string{"/proc/self/fd/3"}, argv[1:]...)
+	}
+	cmd := exec.CommandContext(ctx, "nsenter", append(args, argv...)...)
+	cmd.Env = strings.Split(strings.TrimRight(string(env), "\x00"), "\x00")
+	cmd.ExtraFiles = extra
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	return cmd.Run()
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && !st.IsDir()
+}
+
+// realNodeOf returns the real node named name.
+func (c *Cluster) realNodeOf(name string) (*realNode, bool) {
+	for _, r := range c.realNodes {
+		if r.node.Name == name {
+			return r, true
+		}
+	}
+	return nil, false
+}

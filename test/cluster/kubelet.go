@@ -123,13 +123,17 @@ var nodePaths = []string{"/opt", "/etc/cni/net.d", "/var/lib/cni", "/run"}
 // in the node, the node's stay in it), bind-mounts the node's directories
 // on nodePaths and then executes containerd. The kubelet joins that mount
 // namespace: its mounts, containerd's and the shims' live and die with it.
-// /sys is left as it is, so cgroup mounts stay visible.
+// The node's mounts are then made shared among themselves (a slave of a
+// private mount stays private, and containerd refuses mountPropagation
+// for a hostPath below a private mount). /sys is left as it is, so cgroup
+// mounts stay visible.
 func nodeMountScript(n Node, conf string) (string, []string) {
 	var args []string
 	for _, p := range nodePaths {
 		args = append(args, filepath.Join(n.Root, p), p)
 	}
-	script := `while [ $# -gt 0 ]; do mkdir -p "$1"; mount --bind "$1" "$2"; shift 2; done
+	script := `mount --make-rshared /
+while [ $# -gt 0 ]; do mkdir -p "$1"; mount --bind "$1" "$2"; shift 2; done
 exec containerd --config=` + shellQuote(conf)
 	return script, args
 }

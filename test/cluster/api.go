@@ -513,8 +513,9 @@ func (c *Cluster) Logs(namespace, pod, container string) (string, error) {
 	for _, n := range c.nodes {
 		dir := filepath.Join(n.Root, "var/log/pods", namespace+"_"+pod+"_*")
 		matches, _ := filepath.Glob(filepath.Join(dir, container+".log"))
-		// The kubelet's layout: <container>/<restart count>.log.
-		real, _ := filepath.Glob(filepath.Join(dir, container, "*.log"))
+		// The kubelet's layout: <container>/<restart count>.log, kept
+		// beyond the pod's removal in keptLogsDir.
+		real, _ := filepath.Glob(filepath.Join(keptLogsDir(n), namespace+"_"+pod+"_*", container, "*.log"))
 		for _, m := range append(matches, real...) {
 			if st, err := os.Stat(m); err == nil && st.ModTime().After(bestTime) {
 				best, bestTime = m, st.ModTime()

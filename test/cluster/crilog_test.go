@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -31,4 +33,31 @@ func FuzzStripCRILog(f *testing.F) {
 			t.Fatalf("more lines out than in")
 		}
 	})
+}
+
+func TestLinkLogsOutlivesPodDir(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	f := filepath.Join(src, "ns_pod_uid", "main", "0.log")
+	if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(f, []byte("a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	linkLogs(src, dst)
+	// Written after the link, then removed with the pod's directory.
+	w, err := os.OpenFile(f, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.WriteString("b\n")
+	w.Close()
+	linkLogs(src, dst) // twice is fine
+	if err := os.RemoveAll(filepath.Join(src, "ns_pod_uid")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join(dst, "ns_pod_uid", "main", "0.log"))
+	if err != nil || string(got) != "a\nb\n" {
+		t.Fatalf("kept log = %q, %v; want %q", got, err, "a\nb\n")
+	}
 }

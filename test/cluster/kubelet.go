@@ -875,3 +875,44 @@ func (c *Cluster) realNodeOf(name string) (*realNode, bool) {
 	}
 	return nil, false
 }
+
+// keptLogsDir is where the harness keeps hard links to the kubelet's pod
+// log files of a node, so that Logs reads a pod's log after the kubelet
+// removed the pod's directory (as the stand-in keeps it).
+func keptLogsDir(n Node) string { return filepath.Join(n.Root, "var/log/pods-kept") }
+
+// keepLogs links every new pod log file of the real nodes into
+// keptLogsDir until ctx ends.
+func (c *Cluster) keepLogs(ctx context.Context) error {
+	t := time.NewTicker(200 * time.Millisecond)
+	defer t.Stop()
+	for {
+		for _, r := range c.realNodes {
+			linkLogs(filepath.Join(r.node.Root, "var/log/pods"), keptLogsDir(r.node))
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// linkLogs hard-links the files of <src>/<pod>/<container>/<n>.log into
+// the same place under dst, where missing.
+func linkLogs(src, dst string) {
+	files, _ := filepath.Glob(filepath.Join(src, "*", "*", "*.log"))
+	for _, f := range files {
+		rel, err := filepath.Rel(src, f)
+		if err != nil {
+			continue
+		}
+		target := filepath.Join(dst, rel)
+		if _, err := os.Lstat(target); err == nil {
+			continue
+		}
+		if os.MkdirAll(filepath.Dir(target), 0o755) == nil {
+			_ = os.Link(f, target)
+		}
+	}
+}

@@ -86,7 +86,7 @@ func (c *Cluster) startNodes(ctx, bgCtx context.Context, cr *creds) error {
 		c.goBackground(bgCtx, "node runner "+n.Name, r.Run)
 	}
 	if c.cfg.NodeMode == NodeModeKubelet {
-		if err := c.startRealNodes(ctx, cr); err != nil {
+		if err := c.startRealNodes(ctx, bgCtx, cr); err != nil {
 			return err
 		}
 	}
@@ -110,7 +110,7 @@ func (c *Cluster) startNodes(ctx, bgCtx context.Context, cr *creds) error {
 
 // startRealNodes starts every node's containerd and imports the images,
 // the nodes in parallel, then every node's kubelet.
-func (c *Cluster) startRealNodes(ctx context.Context, cr *creds) error {
+func (c *Cluster) startRealNodes(ctx, bgCtx context.Context, cr *creds) error {
 	if err := c.saveSysctls(); err != nil {
 		return err
 	}
@@ -150,6 +150,7 @@ func (c *Cluster) startRealNodes(ctx context.Context, cr *creds) error {
 			return fmt.Errorf("starting the kubelet of %s: %w", r.node.Name, err)
 		}
 	}
+	c.goBackground(bgCtx, "pod log keeper", c.keepLogs)
 	return nil
 }
 

@@ -203,6 +203,7 @@ spec:
   containers:
   - name: echo
     image: weft/echo:latest
+    imagePullPolicy: IfNotPresent
     env:
     - name: POD_NAME
       valueFrom: {fieldRef: {fieldPath: metadata.name}}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -718,9 +719,16 @@ spec:
 		t.Fatal(err)
 	}
 	rec := filepath.Join(n.Root, hostDir, "calls")
-	want := fmt.Sprintf("ADD e2e-cni/chained netns=%s if=eth0 prev=true\n", path)
-	if got, _ := os.ReadFile(rec); string(got) != want {
-		t.Fatalf("chained plugin calls in %s:\n%s\nwant:\n%s", rec, got, want)
+	// The netns path is the runtime's own (on real nodes containerd's
+	// /var/run/netns/cni-*): it must name the pod's network namespace.
+	calls, _ := os.ReadFile(rec)
+	m := regexp.MustCompile(`^ADD e2e-cni/chained netns=(\S+) if=eth0 prev=true\n$`).FindSubmatch(calls)
+	if m == nil {
+		t.Fatalf("chained plugin calls in %s:\n%s\nwant one ADD of e2e-cni/chained on eth0 with a previous result", rec, calls)
+	}
+	netnsArg := string(m[1])
+	if same, err := c.SameFile(ctx, n.Name, netnsArg, path); err != nil || !same {
+		t.Fatalf("the chained plugin was given netns %s, which is not the pod's (%s): same=%v, %v", netnsArg, path, same, err)
 	}
 	if _, err := os.Stat(hostDir); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("%s exists on the machine: the plugin did not see the node's files (%v)", hostDir, err)
@@ -735,7 +743,7 @@ spec:
 		t.Fatal(err)
 	}
 	got, _ := os.ReadFile(rec)
-	if !strings.HasSuffix(string(got), fmt.Sprintf("DEL e2e-cni/chained netns=%s if=eth0 prev=true\n", path)) {
+	if !strings.HasSuffix(string(got), fmt.Sprintf("DEL e2e-cni/chained netns=%s if=eth0 prev=true\n", netnsArg)) {
 		t.Fatalf("chained plugin calls after delete:\n%s", got)
 	}
 	os.WriteFile(lists[0], orig, 0o644)

@@ -758,6 +758,40 @@ func nodePodCIDRPatch(p netip.Prefix) []byte {
 // NodeMode is what runs the nodes' pods (Config.NodeMode).
 func (c *Cluster) NodeMode() string { return c.cfg.NodeMode }
 
+// SameFile reports whether path, as the processes of node see it, and
+// hostPath, as this process sees it, are one file (the same device and
+// inode): a netns path a runtime handed to a CNI plugin against a pod's
+// /proc/<pid>/ns/net, say. On real nodes path is looked up in the node's
+// mount namespace, where the runtime's /var/run/netns lives; on stand-in
+// nodes the machine's paths are the node's.
+func (c *Cluster) SameFile(ctx context.Context, node, path, hostPath string) (bool, error) {
+	var want unix.Stat_t
+	if err := unix.Stat(hostPath, &want); err != nil {
+		return false, fmt.Errorf("stat %s: %w", hostPath, err)
+	}
+	r, ok := c.realNodeOf(node)
+	if !ok {
+		var got unix.Stat_t
+		if err := unix.Stat(path, &got); err != nil {
+			return false, fmt.Errorf("stat %s: %w", path, err)
+		}
+		return got.Dev == want.Dev && got.Ino == want.Ino, nil
+	}
+	// stat(1) in the node's mount namespace: an absolute symbolic link
+	// (Debian's /var/run) met under /proc/<pid>/root would be followed in
+	// the machine's namespace instead.
+	mnt := fmt.Sprintf("--mount=/proc/%d/ns/mnt", r.containerd.cmd.Process.Pid)
+	out, err := exec.CommandContext(ctx, "nsenter", mnt, "--", "stat", "-L", "-c", "%d %i", path).CombinedOutput()
+	if err != nil {
+		return false, fmt.Errorf("stat %s on node %s: %v: %s", path, node, err, strings.TrimSpace(string(out)))
+	}
+	var dev, ino uint64
+	if _, err := fmt.Sscanf(string(out), "%d %d", &dev, &ino); err != nil {
+		return false, fmt.Errorf("stat %s on node %s: reading %q: %v", path, node, out, err)
+	}
+	return dev == uint64(want.Dev) && ino == want.Ino, nil
+}
+
 // podCgroup finds the cgroup directory of pod uid on a real node in the
 // pids hierarchy (kubepods/[burstable|besteffort/]pod<uid>).
 func (r *realNode) podCgroup(uid string) (string, error) {

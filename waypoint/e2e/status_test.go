@@ -38,19 +38,26 @@ func routeConditions(ctx context.Context, gw gwclient.Interface, name string) (m
 	if err != nil {
 		return nil, nil, err
 	}
+	return parentConditions(r.Status.Parents, "echo", r.Generation), r, nil
+}
+
+// parentConditions returns the conditions the waypoint controller wrote
+// for a route's parentRef to the Service parent, as
+// "<type>=<status>/<reason>", naming a generation other than the route's.
+func parentConditions(parents []gwv1.RouteParentStatus, parent string, generation int64) map[string]string {
 	out := map[string]string{}
-	for _, p := range r.Status.Parents {
-		if p.ControllerName != apinames.WaypointController || p.ParentRef.Name != "echo" {
+	for _, p := range parents {
+		if p.ControllerName != apinames.WaypointController || string(p.ParentRef.Name) != parent {
 			continue
 		}
 		for _, c := range p.Conditions {
 			out[c.Type] = fmt.Sprintf("%s/%s", c.Status, c.Reason)
-			if c.ObservedGeneration != r.Generation {
-				out[c.Type] += fmt.Sprintf(" (generation %d of %d)", c.ObservedGeneration, r.Generation)
+			if c.ObservedGeneration != generation {
+				out[c.Type] += fmt.Sprintf(" (generation %d of %d)", c.ObservedGeneration, generation)
 			}
 		}
 	}
-	return out, r, nil
+	return out
 }
 
 // TestRouteStatus: the route the waypoint applies shows Accepted and

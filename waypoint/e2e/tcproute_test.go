@@ -10,7 +10,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
-	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/test/cluster"
 )
 
@@ -20,17 +19,7 @@ const otherNS = "wp-tcp-other"
 // tcpWaypoint serves echo-tcp: the namespace's waypoint carries a DENY on
 // paths, which on TCP chains denies every stream (Istio's rule for the
 // fields a stream does not have).
-const tcpWaypoint = `apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: waypoint-tcp
-  namespace: ` + appNS + `
-  labels: {istio.io/waypoint-for: service}
-spec:
-  gatewayClassName: istio-waypoint
-  listeners:
-  - {name: mesh, port: 15008, protocol: HBONE}
-`
+var tcpWaypoint = waypointGatewayNamed("waypoint-tcp")
 
 // tcpService is a TCP-only port (appProtocol tcp: the waypoint relays its
 // bytes, never parses them) to the echo's TCP port, whose server speaks
@@ -97,19 +86,7 @@ func tcpRouteConditions(ctx context.Context, gw gwclient.Interface, ns, name str
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]string{}
-	for _, p := range r.Status.Parents {
-		if p.ControllerName != apinames.WaypointController || p.ParentRef.Name != "echo-tcp" {
-			continue
-		}
-		for _, c := range p.Conditions {
-			out[c.Type] = fmt.Sprintf("%s/%s", c.Status, c.Reason)
-			if c.ObservedGeneration != r.Generation {
-				out[c.Type] += fmt.Sprintf(" (generation %d of %d)", c.ObservedGeneration, r.Generation)
-			}
-		}
-	}
-	return out, nil
+	return parentConditions(r.Status.Parents, "echo-tcp", r.Generation), nil
 }
 
 // tcpAnswers opens n connections from the client pod to addr and counts

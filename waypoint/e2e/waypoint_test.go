@@ -115,10 +115,14 @@ func install(t *testing.T, c *cluster.Cluster) (*mesh, error) {
 	return m, nil
 }
 
-const waypointGateway = `apiVersion: gateway.networking.k8s.io/v1
+var waypointGateway = waypointGatewayNamed("waypoint")
+
+// waypointGatewayNamed is a waypoint Gateway of appNS for Services.
+func waypointGatewayNamed(name string) string {
+	return `apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
 metadata:
-  name: waypoint
+  name: ` + name + `
   namespace: ` + appNS + `
   labels: {istio.io/waypoint-for: service}
 spec:
@@ -126,6 +130,7 @@ spec:
   listeners:
   - {name: mesh, port: 15008, protocol: HBONE}
 `
+}
 
 // parentService is what clients call; the route splits it over the two
 // versions' own Services.

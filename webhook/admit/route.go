@@ -31,6 +31,15 @@ func (a *Admitter) validateRoute(rv *review) {
 		}
 		parents, ns = r.Spec.ParentRefs, r.Namespace
 	}
+	if !a.checkServiceParents(rv, parents, ns) {
+		rv.rep.skip()
+	}
+}
+
+// checkServiceParents checks every Service parent of a route in namespace
+// ns (the request's, when it names one) and reports whether there was any:
+// a route without is not the mesh's and is left alone.
+func (a *Admitter) checkServiceParents(rv *review, parents []gwv1.ParentReference, ns string) bool {
 	if rv.req.Namespace != "" {
 		ns = rv.req.Namespace
 	}
@@ -42,9 +51,7 @@ func (a *Admitter) validateRoute(rv *review) {
 		any = true
 		a.checkServiceParent(rv, fmt.Sprintf("spec.parentRefs[%d]", i), p, ns)
 	}
-	if !any {
-		rv.rep.skip()
-	}
+	return any
 }
 
 func (a *Admitter) checkServiceParent(rv *review, field string, p gwv1.ParentReference, home string) {
@@ -148,15 +155,7 @@ func (a *Admitter) validateTCPRoute(rv *review) {
 	if rv.req.Namespace != "" {
 		ns = rv.req.Namespace
 	}
-	any := false
-	for i, p := range r.Spec.ParentRefs {
-		if p.Kind == nil || *p.Kind != "Service" {
-			continue
-		}
-		any = true
-		a.checkServiceParent(rv, fmt.Sprintf("spec.parentRefs[%d]", i), p, ns)
-	}
-	if !any {
+	if !a.checkServiceParents(rv, r.Spec.ParentRefs, ns) {
 		rv.rep.skip()
 		return
 	}

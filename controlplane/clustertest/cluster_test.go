@@ -211,6 +211,7 @@ spec:
   containers:
   - name: echo
     image: weft/echo:latest
+    imagePullPolicy: IfNotPresent
     args: ["-http", "8080"]
     readinessProbe:
       httpGet: {path: /ready, port: 8080}

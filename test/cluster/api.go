@@ -299,12 +299,24 @@ func (c *Cluster) runTool(ctx context.Context, name string, env []string, args .
 	if _, err := os.Stat(bin); err != nil {
 		return "", fmt.Errorf("%s not found at %s; build it with `make tools`", name, bin)
 	}
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append([]string{"KUBECONFIG=" + c.kubeconfig, "PATH=" + os.Getenv("PATH")}, env...)
+	return c.runCommand(exec.CommandContext(ctx, bin, args...), "PATH="+os.Getenv("PATH"), env)
+}
+
+// Shell runs a command line with sh -c as a user at a terminal of the
+// cluster would: from the repository's root, with the cluster's kubeconfig
+// and this repository's tools (kubectl, helm) first on PATH. It is for the
+// commands README and the chart's NOTES show, run as written.
+func (c *Cluster) Shell(ctx context.Context, script string) (string, error) {
+	path := c.cfg.BinDir + string(os.PathListSeparator) + os.Getenv("PATH")
+	return c.runCommand(exec.CommandContext(ctx, "sh", "-c", script), "PATH="+path, []string{"HOME=" + c.path("kubectl")})
+}
+
+func (c *Cluster) runCommand(cmd *exec.Cmd, path string, env []string) (string, error) {
+	cmd.Env = append([]string{"KUBECONFIG=" + c.kubeconfig, path}, env...)
 	cmd.Dir = c.cfg.RepoDir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+		return string(out), fmt.Errorf("%s: %w\n%s", strings.Join(cmd.Args, " "), err, out)
 	}
 	return string(out), nil
 }

@@ -292,6 +292,16 @@ func (c *Cluster) Kubectl(ctx context.Context, args ...string) (string, error) {
 	return c.runTool(ctx, "kubectl", []string{"HOME=" + c.path("kubectl")}, args...)
 }
 
+// KubectlCommand is Kubectl as a command not yet started, for one that
+// keeps running (port-forward, logs -f): the caller starts, reads and
+// stops it.
+func (c *Cluster) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, c.BinPath("kubectl"), args...)
+	cmd.Env = []string{"KUBECONFIG=" + c.kubeconfig, "PATH=" + os.Getenv("PATH"), "HOME=" + c.path("kubectl")}
+	cmd.Dir = c.cfg.RepoDir
+	return cmd
+}
+
 // runTool runs bin/<name> from the repository's root with the cluster's
 // kubeconfig, PATH and env.
 func (c *Cluster) runTool(ctx context.Context, name string, env []string, args ...string) (string, error) {

@@ -222,7 +222,7 @@ spec:
 // showAudit prints the webhook's last n audit records of the app namespace
 // in one line each and returns how many it printed.
 func (d *Demo) showAudit(c *cluster.Cluster, n int) int {
-	d.step("the webhook's audit log (kubectl -n %s logs -l app=weft-webhook | grep audit.k8s.io/v1), last %d records:", d.cfg.ChartNamespace, n)
+	d.step("the webhook's audit log (kubectl -n %s logs -l app=weft-webhook --tail=-1 --prefix=false | grep '\"apiVersion\":\"audit.k8s.io/v1\"'), last %d records:", d.cfg.ChartNamespace, n)
 	pods, err := c.Client().CoreV1().Pods(d.cfg.ChartNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "app=weft-webhook"})
 	if err != nil {
 		return 0

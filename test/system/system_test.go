@@ -9,7 +9,10 @@ package system
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -95,6 +98,108 @@ func (l *lineLog) Write(p []byte) (int, error) {
 // outcome is not what the demo says.
 func TestDemoStory(t *testing.T) {
 	story(t)
+}
+
+// TestNotesCommands runs, on real nodes, what the chart's NOTES tell a user
+// to run against the installed release: the audit log command as helm
+// prints it, and a port-forward to a Weft pod, both through the kubelet's
+// API.
+func TestNotesCommands(t *testing.T) {
+	c := story(t)
+	if c.NodeMode() != cluster.NodeModeKubelet {
+		t.Skip("kubectl logs and port-forward need real nodes (WEFT_NODES=kubelet)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	t.Run("audit log", func(t *testing.T) {
+		notes, err := c.Helm(ctx, "get", "notes", "weft", "--namespace", meshNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := notesCommand(notes, "Read the admission audit log")
+		if !strings.Contains(cmd, "kubectl") {
+			t.Fatalf("NOTES show no kubectl command for the audit log:\n%s", notes)
+		}
+		out, err := c.Shell(ctx, cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ours int
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			var ev struct {
+				APIVersion string `json:"apiVersion"`
+				Kind       string `json:"kind"`
+				ObjectRef  struct{ Namespace, Name string }
+			}
+			if err := json.Unmarshal([]byte(l), &ev); err != nil || ev.APIVersion != "audit.k8s.io/v1" || ev.Kind != "Event" {
+				t.Fatalf("%s\nprinted a line that is not an audit Event (%v): %q", cmd, err, l)
+			}
+			if ev.ObjectRef.Namespace == appNS || ev.ObjectRef.Name == appNS {
+				ours++
+			}
+		}
+		if ours == 0 {
+			t.Errorf("%s\nprinted no record of namespace %s:\n%s", cmd, appNS, out)
+		}
+	})
+
+	t.Run("port-forward", func(t *testing.T) {
+		pf := c.KubectlCommand(ctx, "-n", meshNS, "port-forward", "deploy/weft-webhook", ":15014")
+		stdout, err := pf.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var stderr strings.Builder
+		pf.Stderr = &stderr
+		if err := pf.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { pf.Process.Kill(); pf.Wait() }()
+		// "Forwarding from 127.0.0.1:<port> -> 15014"
+		var local string
+		sc := bufio.NewScanner(stdout)
+		for local == "" && sc.Scan() {
+			if f := strings.Fields(sc.Text()); len(f) >= 3 && f[0] == "Forwarding" && strings.HasPrefix(f[2], "127.0.0.1:") {
+				local = f[2]
+			}
+		}
+		if local == "" {
+			t.Fatalf("kubectl port-forward printed no local address: %v %s", sc.Err(), stderr.String())
+		}
+		go io.Copy(io.Discard, stdout)
+		resp, err := http.Get("http://" + local + "/metrics")
+		if err != nil {
+			t.Fatalf("GET /metrics through the port-forward: %v (kubectl: %s)", err, stderr.String())
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "weft_webhook_") {
+			t.Errorf("GET /metrics through the port-forward: %s, %d bytes without weft_webhook_ metrics", resp.Status, len(body))
+		}
+	})
+}
+
+// notesCommand returns the command NOTES show under the paragraph that
+// starts with heading: its indented lines, continuation lines included,
+// with the indentation removed.
+func notesCommand(notes, heading string) string {
+	_, rest, ok := strings.Cut(notes, heading)
+	if !ok {
+		return ""
+	}
+	var lines []string
+	for _, l := range strings.Split(rest, "\n")[1:] {
+		switch {
+		case strings.TrimSpace(l) == "" && len(lines) == 0:
+			continue
+		case strings.HasPrefix(l, "  "):
+			lines = append(lines, strings.TrimSpace(l))
+		default:
+			return strings.Join(lines, "\n")
+		}
+	}
+	return strings.Join(lines, "\n")
 }
 
 // TestHelmUpgrade upgrades the release with a changed value: every part

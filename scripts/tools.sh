@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools.sh: builds the pinned third-party tools the local cluster runs into bin/.
 #
-#   scripts/tools.sh [group...]     groups: kube kubelet etcd helm cni (default: all)
+#   scripts/tools.sh [group...]     groups: kube kubelet etcd helm cni conformance (default: all)
 #
 # Each group is a Go module under tools/ that pins its versions:
 #   kube  tools/kube  kube-apiserver, kube-controller-manager, kube-scheduler,
@@ -10,6 +10,9 @@
 #   etcd  tools/etcd  etcd (go.etcd.io/etcd/server/v3)            -> bin/
 #   helm  tools/helm  helm (helm.sh/helm/v3)                       -> bin/
 #   cni   tools/cni   bridge, host-local, loopback plugins         -> bin/cni/
+#   conformance tools/conformance  the Gateway API conformance suite's
+#                     echo-advanced app (Istio's echo server and
+#                     client, static) and its test certificate  -> bin/conformance/
 #
 # A group is rebuilt only when its stamp (bin/.tools/<group>.stamp, a hash of
 # the module's go.mod, go.sum and tools.go, the ldflags, the binary list and
@@ -179,11 +182,29 @@ cni() {
 		loopback=$p/plugins/main/loopback
 }
 
+# conformance builds the image binaries of the conformance suite's Mesh
+# profile: its echo-advanced image is Istio's echo app (server, and the
+# client the suite execs in the pods) with the test certificate the image
+# carries as /cert.crt and /cert.key. Static: the images have no libc.
+conformance() {
+	local v m=istio.io/istio
+	v="$(modversion conformance $m)"
+	[[ -n "$v" ]] || die "tools/conformance/go.mod does not require $m"
+	mkdir -p "$BIN/conformance"
+	CGO_ENABLED=0 label="$v" build_group conformance "$BIN/conformance" "-s -w" \
+		server=$m/pkg/test/echo/cmd/server \
+		client=$m/pkg/test/echo/cmd/client
+	local src
+	src="$(cd tools/conformance && "$GO" list -m -f '{{.Dir}}' $m)" || die "cannot find the source of $m"
+	install -m 0644 "$src/tests/testdata/certs/dns/cert-chain.pem" "$BIN/conformance/cert.crt"
+	install -m 0644 "$src/tests/testdata/certs/dns/key.pem" "$BIN/conformance/cert.key"
+}
+
 groups=("$@")
-[[ ${#groups[@]} -gt 0 ]] || groups=(kube kubelet etcd helm cni)
+[[ ${#groups[@]} -gt 0 ]] || groups=(kube kubelet etcd helm cni conformance)
 for g in "${groups[@]}"; do
 	case "$g" in
-	kube | kubelet | etcd | helm | cni) "$g" ;;
-	*) die "unknown tool group $g (want kube, kubelet, etcd, helm or cni)" ;;
+	kube | kubelet | etcd | helm | cni | conformance) "$g" ;;
+	*) die "unknown tool group $g (want kube, kubelet, etcd, helm, cni or conformance)" ;;
 	esac
 done

@@ -66,6 +66,11 @@ type Config struct {
 	// and containerd and runc from `make deps`). Default: $WEFT_NODES,
 	// else "standin".
 	NodeMode string
+	// ExtraImages are image archives (`docker save` layout, such as
+	// `weft-images -extra` writes) that real nodes import besides the
+	// cluster's own: images of other projects a test runs under their own
+	// names. The stand-in runs no image and ignores them.
+	ExtraImages []string
 }
 
 // SetDefaults fills in the documented defaults.

@@ -256,13 +256,15 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 }
 
 // importImages waits for containerd and imports every archive of
-// BinDir/images into its k8s.io namespace, tagged also :latest (pods
-// naming either tag find it; IfNotPresent then never pulls).
+// BinDir/images and Config.ExtraImages into its k8s.io namespace, tagged
+// also :latest (pods naming either tag find it; IfNotPresent then never
+// pulls).
 func (c *Cluster) importImages(ctx context.Context, r *realNode) error {
 	archives, err := filepath.Glob(filepath.Join(c.imageDir(), "*.tar"))
 	if err != nil || len(archives) == 0 {
 		return fmt.Errorf("no image archives in %s (the cluster writes them at start): %v", c.imageDir(), err)
 	}
+	archives = append(archives, c.cfg.ExtraImages...)
 	if err := c.poll(ctx, "containerd on "+r.node.Name, func(ctx context.Context) (bool, string, error) {
 		if ok, perr := r.containerd.exited(); ok {
 			return false, "", fmt.Errorf("%w", errors.Join(perr, r.containerd.failure()))

@@ -5,6 +5,7 @@
 // /usr/local/bin.
 //
 //	weft-images [-bin bin/images/bin] [-out bin/images] [-chart charts/weft] [-hub HUB] [-tag TAG] [-arch ARCH]
+//	weft-images -extra FILE [-bin DIR] [-out DIR] [-arch ARCH]
 //
 // The archive <out>/<name>-<tag>.tar is in the `docker save` layout, tagged
 // <hub>/<name>:<tag> (hub and tag default to the chart's global.hub and
@@ -15,6 +16,12 @@
 //	image: weft/ztunnel:0.1.0 sha256:... 12345678
 //
 // with the manifest digest and the archive's size in bytes.
+//
+// With -extra, it writes instead the images a YAML file lists: images of
+// other projects built from their sources here and named as their users
+// name them (the Gateway API conformance suite's echo app), each an empty
+// base plus one layer of the listed files (see Extra). Their archives are
+// <out>/<last path element of the repository>-<tag>.tar.
 package main
 
 import (
@@ -91,6 +98,67 @@ type Config struct {
 	// Arch is the images' architecture (GOARCH spelling). Default: this
 	// program's.
 	Arch string
+	// Extra, if set, is a YAML file listing images to write instead of
+	// the components (a list of Extra; file sources relative to BinDir).
+	// Hub, Tag and ChartDir are then unused.
+	Extra string
+
+	extras []Extra
+}
+
+// Extra is an image other than Weft's components, written under the
+// reference its users name.
+type Extra struct {
+	// Ref is the image's reference, with a tag.
+	Ref string `json:"ref"`
+	// Entrypoint is the image's entrypoint.
+	Entrypoint []string `json:"entrypoint"`
+	// User is the image's user (numeric, "uid" or "uid:gid").
+	User string `json:"user"`
+	// Files are the layer's regular files.
+	Files []ExtraFile `json:"files"`
+}
+
+// ExtraFile is one file of an Extra image.
+type ExtraFile struct {
+	// Path is the file's absolute path in the image.
+	Path string `json:"path"`
+	// From is the source file, relative to Config.BinDir.
+	From string `json:"from"`
+	// Mode is the file's permission bits. Default 0755.
+	Mode int64 `json:"mode"`
+}
+
+// readExtras reads and checks an Extra list.
+func readExtras(file string) ([]Extra, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("reading the extra images: %w", err)
+	}
+	var extras []Extra
+	if err := yaml.UnmarshalStrict(b, &extras); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", file, err)
+	}
+	if len(extras) == 0 {
+		return nil, fmt.Errorf("%s lists no image", file)
+	}
+	for _, e := range extras {
+		if _, err := name.NewTag(e.Ref, name.StrictValidation); err != nil {
+			return nil, fmt.Errorf("%s: image reference %q: %w", file, e.Ref, err)
+		}
+		if len(e.Entrypoint) == 0 || len(e.Files) == 0 {
+			return nil, fmt.Errorf("%s: image %s needs an entrypoint and files", file, e.Ref)
+		}
+		for _, f := range e.Files {
+			if !path.IsAbs(f.Path) || path.Clean(f.Path) != f.Path || f.Path == "/" || f.From == "" {
+				return nil, fmt.Errorf("%s: image %s: file %q from %q: want a clean absolute path and a source", file, e.Ref, f.Path, f.From)
+			}
+			if f.Mode&^0o7777 != 0 {
+				return nil, fmt.Errorf("%s: image %s: file %s: mode %o is not permission bits", file, e.Ref, f.Path, f.Mode)
+			}
+		}
+	}
+	return extras, nil
 }
 
 // Validate applies the defaults, reading the chart if Hub or Tag is empty.
@@ -106,6 +174,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Arch == "" {
 		c.Arch = runtime.GOARCH
+	}
+	if c.Extra != "" {
+		extras, err := readExtras(c.Extra)
+		if err != nil {
+			return err
+		}
+		c.extras = extras
+		return nil
 	}
 	if c.Hub == "" || c.Tag == "" {
 		hub, tag, err := chartDefaults(c.ChartDir)
@@ -188,6 +264,16 @@ func Build(cfg Config) ([]Result, error) {
 		return nil, fmt.Errorf("making the output dir: %w", err)
 	}
 	var results []Result
+	if cfg.extras != nil {
+		for _, e := range cfg.extras {
+			r, err := buildExtra(cfg, e)
+			if err != nil {
+				return nil, fmt.Errorf("image %s: %w", e.Ref, err)
+			}
+			results = append(results, r)
+		}
+		return results, nil
+	}
 	for _, comp := range components {
 		r, err := buildOne(cfg, comp)
 		if err != nil {
@@ -196,6 +282,52 @@ func Build(cfg Config) ([]Result, error) {
 		results = append(results, r)
 	}
 	return results, nil
+}
+
+// buildExtra writes an Extra image's archive.
+func buildExtra(cfg Config, e Extra) (Result, error) {
+	ref, err := name.NewTag(e.Ref, name.StrictValidation)
+	if err != nil {
+		return Result{}, err
+	}
+	var files []layerEntry
+	for _, f := range e.Files {
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o755
+		}
+		files = append(files, layerEntry{path: f.Path[1:], from: filepath.Join(cfg.BinDir, f.From), mode: mode})
+	}
+	layerTar, err := layerOf(files, cfg.Arch)
+	if err != nil {
+		return Result{}, err
+	}
+	repo := ref.RepositoryStr()
+	img, err := imageOf(layerTar, cfg.Arch, "weft-images: "+e.Ref, "built from sources", e.Entrypoint, e.User, map[string]string{
+		"org.opencontainers.image.title":   path.Base(repo),
+		"org.opencontainers.image.version": ref.TagStr(),
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	out := filepath.Join(cfg.OutDir, path.Base(repo)+"-"+ref.TagStr()+".tar")
+	return writeArchive(out, ref, img)
+}
+
+// writeArchive writes img tagged ref to out.
+func writeArchive(out string, ref name.Tag, img v1.Image) (Result, error) {
+	digest, err := img.Digest()
+	if err != nil {
+		return Result{}, fmt.Errorf("computing the digest: %w", err)
+	}
+	if err := tarball.WriteToFile(out, ref, img); err != nil {
+		return Result{}, fmt.Errorf("writing %s: %w", out, err)
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Ref: ref.String(), Path: out, Digest: digest, Size: fi.Size()}, nil
 }
 
 func buildOne(cfg Config, comp component) (Result, error) {
@@ -207,19 +339,9 @@ func buildOne(cfg Config, comp component) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	digest, err := img.Digest()
-	if err != nil {
-		return Result{}, fmt.Errorf("computing the digest: %w", err)
-	}
-	out := filepath.Join(cfg.OutDir, comp.name+"-"+cfg.Tag+".tar")
-	if err := tarball.WriteToFile(out, ref, img); err != nil {
-		return Result{}, fmt.Errorf("writing %s: %w", out, err)
-	}
-	fi, err := os.Stat(out)
-	if err != nil {
-		return Result{}, err
-	}
-	return Result{Ref: cfg.reference(comp.name), Path: out, Digest: digest, Size: fi.Size()}, nil
+	r, err := writeArchive(filepath.Join(cfg.OutDir, comp.name+"-"+cfg.Tag+".tar"), ref, img)
+	r.Ref = cfg.reference(comp.name)
+	return r, err
 }
 
 // image is the component's image: the empty base, one layer and the config.
@@ -228,6 +350,18 @@ func image(cfg Config, comp component) (v1.Image, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Every component runs as an unprivileged user unless the chart says
+	// otherwise (ztunnel and the CNI agent need root for their capabilities
+	// and say so in their pod's securityContext).
+	return imageOf(layerTar, cfg.Arch, "weft-images: "+strings.Join(comp.binaries, " "), "static binaries in "+binDir,
+		[]string{path.Join(binDir, comp.binaries[0])}, imageUser, map[string]string{
+			"org.opencontainers.image.title":   comp.name,
+			"org.opencontainers.image.version": cfg.Tag,
+		})
+}
+
+// imageOf is the empty base with one layer and the given configuration.
+func imageOf(layerTar []byte, arch, createdBy, comment string, entrypoint []string, user string, labels map[string]string) (v1.Image, error) {
 	l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(layerTar)), nil
 	}, tarball.WithCompressedCaching)
@@ -238,8 +372,8 @@ func image(cfg Config, comp component) (v1.Image, error) {
 		Layer: l,
 		History: v1.History{
 			Created:   v1.Time{Time: epoch},
-			CreatedBy: "weft-images: " + strings.Join(comp.binaries, " "),
-			Comment:   "static binaries in " + binDir,
+			CreatedBy: createdBy,
+			Comment:   comment,
 		},
 	})
 	if err != nil {
@@ -251,18 +385,12 @@ func image(cfg Config, comp component) (v1.Image, error) {
 	}
 	cf = cf.DeepCopy()
 	cf.OS = "linux"
-	cf.Architecture = cfg.Arch
+	cf.Architecture = arch
 	cf.Created = v1.Time{Time: epoch}
-	cf.Config.Entrypoint = []string{path.Join(binDir, comp.binaries[0])}
+	cf.Config.Entrypoint = entrypoint
 	cf.Config.Env = []string{pathEnv}
-	// Every component runs as an unprivileged user unless the chart says
-	// otherwise (ztunnel and the CNI agent need root for their capabilities
-	// and say so in their pod's securityContext).
-	cf.Config.User = imageUser
-	cf.Config.Labels = map[string]string{
-		"org.opencontainers.image.title":   comp.name,
-		"org.opencontainers.image.version": cfg.Tag,
-	}
+	cf.Config.User = user
+	cf.Config.Labels = labels
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		return nil, fmt.Errorf("setting the config: %w", err)
@@ -278,26 +406,70 @@ const imageUser = "65532:65532"
 // dir: directories and files owned by root, mode 0755, stamped with epoch,
 // in lexical order.
 func layer(dir string, binaries []string, arch string) ([]byte, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, d := range []string{"usr/", "usr/local/", "usr/local/bin/"} {
-		if err := tw.WriteHeader(header(d, tar.TypeDir, 0)); err != nil {
-			return nil, err
-		}
-	}
-	for _, b := range slices.Sorted(slices.Values(binaries)) {
+	var files []layerEntry
+	for _, b := range binaries {
 		file := filepath.Join(dir, b)
-		data, err := os.ReadFile(file)
-		if errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("binary %s is missing from %s; build it first (make images does)", b, dir)
 		}
-		if err != nil {
-			return nil, fmt.Errorf("reading binary %s: %w", b, err)
+		files = append(files, layerEntry{path: path.Join(binDir[1:], b), from: file, mode: 0o755})
+	}
+	return layerOf(files, arch)
+}
+
+// layerEntry is a regular file of a layer: its relative path in the image,
+// its source and its permission bits.
+type layerEntry struct {
+	path string
+	from string
+	mode int64
+}
+
+// layerOf is an uncompressed tar of the files and every directory above
+// them (mode 0755), owned by root, stamped with epoch, in lexical order
+// (a directory comes before what it holds).
+func layerOf(files []layerEntry, arch string) ([]byte, error) {
+	type entry struct {
+		name string
+		file *layerEntry
+	}
+	seen := map[string]bool{}
+	var entries []entry
+	for i := range files {
+		f := &files[i]
+		if seen[f.path] {
+			return nil, fmt.Errorf("file /%s is listed twice", f.path)
 		}
-		if err := checkStatic(file, arch); err != nil {
+		seen[f.path] = true
+		entries = append(entries, entry{name: f.path, file: f})
+		for d := path.Dir(f.path); d != "."; d = path.Dir(d) {
+			if !seen[d+"/"] {
+				seen[d+"/"] = true
+				entries = append(entries, entry{name: d + "/"})
+			}
+		}
+	}
+	slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.name, b.name) })
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, e := range entries {
+		if e.file == nil {
+			if err := tw.WriteHeader(header(e.name, tar.TypeDir, 0, 0o755)); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		data, err := os.ReadFile(e.file.from)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("file %s is missing; build it first", e.file.from)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", e.file.from, err)
+		}
+		if err := checkStatic(e.file.from, arch); err != nil {
 			return nil, err
 		}
-		if err := tw.WriteHeader(header(path.Join(binDir[1:], b), tar.TypeReg, int64(len(data)))); err != nil {
+		if err := tw.WriteHeader(header(e.name, tar.TypeReg, int64(len(data)), e.file.mode)); err != nil {
 			return nil, err
 		}
 		if _, err := tw.Write(data); err != nil {
@@ -310,12 +482,12 @@ func layer(dir string, binaries []string, arch string) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-func header(name string, typ byte, size int64) *tar.Header {
+func header(name string, typ byte, size, mode int64) *tar.Header {
 	return &tar.Header{
 		Typeflag: typ,
 		Name:     name,
 		Size:     size,
-		Mode:     0o755,
+		Mode:     mode,
 		Uid:      0,
 		Gid:      0,
 		Uname:    "root",
@@ -343,8 +515,9 @@ var elfMachines = map[string]elf.Machine{
 func checkStatic(file, arch string) error {
 	f, err := elf.Open(file)
 	if err != nil {
+		// Not ELF: a bad magic, or shorter than an ELF header.
 		var fe *elf.FormatError
-		if errors.As(err, &fe) {
+		if errors.As(err, &fe) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			return nil
 		}
 		return fmt.Errorf("reading binary %s: %w", file, err)
@@ -370,6 +543,7 @@ func main() {
 	fs.StringVar(&cfg.Hub, "hub", "", "repository prefix of the images (default: the chart's global.hub)")
 	fs.StringVar(&cfg.Tag, "tag", "", "tag of the images (default: the chart's global.tag)")
 	fs.StringVar(&cfg.Arch, "arch", "", "architecture of the images, as GOARCH (default: this program's)")
+	fs.StringVar(&cfg.Extra, "extra", "", "YAML file of other images to write instead of the components (sources relative to -bin)")
 	fs.Parse(os.Args[1:])
 	if fs.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "weft-images: unexpected arguments %q\n", fs.Args())

@@ -364,3 +364,113 @@ func stderr(err error) string {
 	}
 	return ""
 }
+
+func TestExtra(t *testing.T) {
+	bin := fakeBinaries(t, []string{"server", "client"})
+	if err := os.WriteFile(filepath.Join(bin, "cert.pem"), []byte("CERT"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	spec := filepath.Join(t.TempDir(), "extra.yaml")
+	const ref = "registry.k8s.io/gateway-api/echo-advanced:v1.5.1"
+	if err := os.WriteFile(spec, []byte(`- ref: `+ref+`
+  entrypoint: [/usr/local/bin/server]
+  user: "1338"
+  files:
+  - {path: /usr/local/bin/server, from: server}
+  - {path: /usr/local/bin/client, from: client}
+  - {path: /cert.crt, from: cert.pem, mode: 0o644}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{BinDir: bin, OutDir: t.TempDir(), ChartDir: t.TempDir(), Arch: "amd64", Extra: spec}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	results, err := Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 1 {
+		t.Fatalf("got %d images, want only the extra one", len(results))
+	}
+	r := results[0]
+	if want := filepath.Join(cfg.OutDir, "echo-advanced-v1.5.1.tar"); r.Ref != ref || r.Path != want {
+		t.Fatalf("result %s at %s, want %s at %s", r.Ref, r.Path, ref, want)
+	}
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(r.Path) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(m) != 1 || !slices.Equal(m[0].RepoTags, []string{ref}) {
+		t.Errorf("archive manifest %+v, want one image tagged %s", m, ref)
+	}
+	tag, err := name.NewTag(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := tarball.ImageFromPath(r.Path, &tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cf.Config.Entrypoint, []string{"/usr/local/bin/server"}) || cf.Config.User != "1338" {
+		t.Errorf("entrypoint %q user %q, want [/usr/local/bin/server] and 1338", cf.Config.Entrypoint, cf.Config.User)
+	}
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers %d, %v; want 1", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	got, order := readLayer(t, rc)
+	want := map[string]layerFile{
+		"cert.crt":             {Type: tar.TypeReg, Mode: 0o644, Content: "CERT"},
+		"usr/":                 {Type: tar.TypeDir, Mode: 0o755},
+		"usr/local/":           {Type: tar.TypeDir, Mode: 0o755},
+		"usr/local/bin/":       {Type: tar.TypeDir, Mode: 0o755},
+		"usr/local/bin/client": {Type: tar.TypeReg, Mode: 0o755, Content: "#!/bin/sh\necho client\n"},
+		"usr/local/bin/server": {Type: tar.TypeReg, Mode: 0o755, Content: "#!/bin/sh\necho server\n"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("layer files (-want +got):\n%s", diff)
+	}
+	if !slices.IsSorted(order) {
+		t.Errorf("layer entries %q are not sorted", order)
+	}
+}
+
+func TestExtraInvalid(t *testing.T) {
+	for name, spec := range map[string]string{
+		"empty":         `[]`,
+		"no tag":        `[{ref: "registry.k8s.io/echo", entrypoint: [/x], files: [{path: /x, from: x}]}]`,
+		"relative path": `[{ref: "r.io/echo:v1", entrypoint: [/x], files: [{path: x, from: x}]}]`,
+		"dot dot":       `[{ref: "r.io/echo:v1", entrypoint: [/x], files: [{path: /a/../x, from: x}]}]`,
+		"root":          `[{ref: "r.io/echo:v1", entrypoint: [/x], files: [{path: /, from: x}]}]`,
+		"no source":     `[{ref: "r.io/echo:v1", entrypoint: [/x], files: [{path: /x}]}]`,
+		"no entrypoint": `[{ref: "r.io/echo:v1", files: [{path: /x, from: x}]}]`,
+		"file type bit": `[{ref: "r.io/echo:v1", entrypoint: [/x], files: [{path: /x, from: x, mode: 0o100755}]}]`,
+		"unknown field": `[{ref: "r.io/echo:v1", entrypoint: [/x], files: [{path: /x, from: x}], cmd: [y]}]`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			file := filepath.Join(t.TempDir(), "extra.yaml")
+			if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			cfg := Config{BinDir: t.TempDir(), OutDir: t.TempDir(), Extra: file}
+			if err := cfg.Validate(); err == nil {
+				t.Errorf("Validate(%s) passed, want an error", spec)
+			}
+		})
+	}
+	// A file listed twice is refused when the layer is made.
+	bin := fakeBinaries(t, []string{"x"})
+	if _, err := layerOf([]layerEntry{{path: "x", from: filepath.Join(bin, "x"), mode: 0o755}, {path: "x", from: filepath.Join(bin, "x"), mode: 0o755}}, "amd64"); err == nil {
+		t.Error("a layer with a file twice: no error")
+	}
+}

@@ -1,0 +1,12 @@
+//go:build tools
+
+// Package tools pins the echo application the Gateway API conformance
+// suite's Mesh profile runs (its image registry.k8s.io/gateway-api/echo-advanced
+// is Istio's test echo app: a server, and a client the suite execs in the
+// pods), built from Istio's sources for the conformance run's images.
+package tools
+
+import (
+	_ "istio.io/istio/pkg/test/echo/cmd/client"
+	_ "istio.io/istio/pkg/test/echo/cmd/server"
+)

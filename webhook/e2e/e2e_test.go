@@ -220,6 +220,19 @@ func TestWebhook(t *testing.T) {
 		}
 	})
 
+	// The release namespace is the default root namespace: its policies
+	// are mesh-wide, and they are reviewed though its pods are not.
+	t.Run("mesh-wide policy in the release namespace reviewed", func(t *testing.T) {
+		err := c.Apply(ctx, `apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: mesh-wide, namespace: `+release+`}
+spec:
+  action: DENY
+  rules: [{from: [{source: {principals: ["cluster.*.local/ns/x"]}}]}]
+`)
+		wantDenied(t, err, "authorizationpolicies.validation.weft.dev", "has a * that is not the whole value, a prefix or a suffix", apierrors.IsInvalid)
+	})
+
 	t.Run("dry run audited as dry run", func(t *testing.T) {
 		_, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 			Name: "wh-dry", Labels: map[string]string{"istio.io/dataplane-mode": "bogus"},

@@ -480,10 +480,16 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 	a := &routev3.RouteAction{}
 	var wcs []*routev3.WeightedCluster_ClusterWeight
 	invalid := false
-	for _, be := range ru.backends {
+	backends := ru.backends
+	if len(backends) > maxBackends {
+		b.unsupported(src, "a rule has %d backendRefs, more than Gateway API's %d; only the first %d are used", len(backends), maxBackends, maxBackends)
+		backends = backends[:maxBackends]
+	}
+	for _, be := range backends {
 		if be.weight <= 0 {
 			continue
 		}
+		be.weight = min(be.weight, maxWeight)
 		name, ok := b.backendCluster(src, be.ref)
 		if !ok {
 			invalid = true

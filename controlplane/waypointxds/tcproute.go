@@ -22,9 +22,9 @@ const ReasonConflicted gwv1.RouteConditionReason = "Conflicted"
 
 // Gateway API's bounds of a rule's backendRefs and of a weight, which the
 // CRD enforces. An API server without that schema does not, and the
-// waypoint refuses a tcp_proxy whose weights add up past 2^32 (a refusal
-// would freeze the configuration of every Service on the waypoint), so the
-// translation keeps to them.
+// waypoint refuses a split whose weights add up past 2^32 (a refusal would
+// freeze the configuration of every Service on the waypoint), so the
+// translation keeps HTTP, gRPC and TCP routes to them.
 const (
 	maxBackends = 16
 	maxWeight   = 1000000

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/netip"
 	"os"
@@ -590,6 +591,56 @@ func TestPathNormalization(t *testing.T) {
 	for _, bad := range []string{"MERGE", "base64", "NONE,BASE"} {
 		if _, err := ParsePathNormalization(bad); err == nil {
 			t.Errorf("%q was accepted", bad)
+		}
+	}
+}
+
+// TestHTTPRouteHugeWeights: an HTTPRoute's weights are held to Gateway
+// API's bounds as a TCPRoute's are. Without that, weights past the schema's
+// (an API server without it) add up past 2^32, and the split either wraps
+// (one backend takes nearly everything) or is refused by the waypoint,
+// freezing every Service on it.
+func TestHTTPRouteHugeWeights(t *testing.T) {
+	for _, copies := range []int{2, 2500} {
+		f := load(t, "testdata/basic.yaml")
+		o, _, _ := f.st.HTTPRoutes.GetByKey("wp-demo/echo")
+		r := o.(*gwv1.HTTPRoute).DeepCopy()
+		last := &r.Spec.Rules[len(r.Spec.Rules)-1]
+		huge := int32(math.MaxInt32)
+		two := last.BackendRefs
+		last.BackendRefs = nil
+		for range copies {
+			for _, br := range two {
+				br.Weight = &huge
+				last.BackendRefs = append(last.BackendRefs, br)
+			}
+		}
+		if err := f.st.HTTPRoutes.Update(r); err != nil {
+			t.Fatal(err)
+		}
+		res, _ := Build(testMesh, ambient.NewWaypoint(f.gateways[0], ""), f.st)
+		snap := compiled(t, res)
+		var split int
+		for _, tbl := range snap.Routes {
+			for _, rt := range tbl.Routes {
+				if len(rt.Clusters) < 2 {
+					continue
+				}
+				split++
+				var sum uint64
+				for _, c := range rt.Clusters {
+					sum += uint64(c.Weight)
+					if c.Weight != rt.Clusters[0].Weight {
+						t.Errorf("%d backendRefs: weights %+v, want them equal", 2*copies, rt.Clusters)
+					}
+				}
+				if sum != uint64(rt.TotalWeight) {
+					t.Errorf("%d backendRefs: weights add up to %d, the route's total is %d", 2*copies, sum, rt.TotalWeight)
+				}
+			}
+		}
+		if split == 0 {
+			t.Fatalf("%d backendRefs: no weighted route compiled", 2*copies)
 		}
 	}
 }

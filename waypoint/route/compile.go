@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"regexp"
 	"strings"
@@ -310,9 +311,14 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 	default:
 		return fmt.Errorf("%s has no cluster or weighted_clusters", where)
 	}
+	var total uint64
 	for _, c := range out.Clusters {
-		out.TotalWeight += c.Weight
+		total += uint64(c.Weight)
 	}
+	if total > math.MaxUint32 {
+		return fmt.Errorf("%s.weighted_clusters: the weights add up to %d, more than %d", where, total, uint64(math.MaxUint32))
+	}
+	out.TotalWeight = uint32(total)
 	out.Timeout = a.GetTimeout().AsDuration()
 	if rp := a.GetRetryPolicy(); rp != nil {
 		w := where + ".retry_policy"

@@ -1,7 +1,9 @@
 package route
 
 import (
+	"math"
 	"net/http"
+	"strings"
 	"testing"
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -106,4 +108,30 @@ func FuzzMatch(f *testing.F) {
 		}
 		tb.Match(&Request{Method: method, Path: path, Header: http.Header{http.CanonicalHeaderKey(hk): {hv}}})
 	})
+}
+
+// TestWeightsBounded: weighted clusters whose weights add up past 2^32 are
+// refused with the total named, never wrapped into a skewed split; up to
+// 2^32 they compile with the exact total.
+func TestWeightsBounded(t *testing.T) {
+	split := func(weights ...uint32) *routev3.RouteConfiguration {
+		r := rt("split", &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}})
+		wc := &routev3.WeightedCluster{}
+		for i, w := range weights {
+			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: string(rune('a' + i)), Weight: wrapperspb.UInt32(w)})
+		}
+		r.GetRoute().ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
+		return &routev3.RouteConfiguration{Name: "echo:80", VirtualHosts: []*routev3.VirtualHost{{Routes: []*routev3.Route{r}}}}
+	}
+	_, err := Compile(split(math.MaxUint32, 1))
+	if want := "the weights add up to 4294967296, more than 4294967295"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("weights 2^32-1 and 1: got %v, want an error containing %q", err, want)
+	}
+	tb, err := Compile(split(math.MaxUint32-1, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tb.Routes[0].TotalWeight; got != math.MaxUint32 {
+		t.Errorf("total weight %d, want %d", got, uint64(math.MaxUint32))
+	}
 }

@@ -132,3 +132,19 @@ func NamespaceManifest(name string, labels map[string]string) string {
 	}
 	return b.String()
 }
+
+// WaypointGateway returns a waypoint Gateway (class istio-waypoint, the
+// HBONE listener on 15008) for Services, named name in namespace.
+func WaypointGateway(namespace, name string) string {
+	return `apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: ` + name + `
+  namespace: ` + namespace + `
+  labels: {istio.io/waypoint-for: service}
+spec:
+  gatewayClassName: istio-waypoint
+  listeners:
+  - {name: mesh, port: 15008, protocol: HBONE}
+`
+}

@@ -323,17 +323,7 @@ func reportName(mode string) string {
 // the namespace to it, as Istio's ambient run of the suite does, then waits
 // for the waypoint to be Programmed.
 func bindWaypoint(ctx context.Context, c *cluster.Cluster, kc client.Client) error {
-	const gw = `apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: waypoint
-  namespace: ` + waypointNS + `
-  labels: {istio.io/waypoint-for: service}
-spec:
-  gatewayClassName: istio-waypoint
-  listeners:
-  - {name: mesh, port: 15008, protocol: HBONE}
-`
+	gw := cluster.WaypointGateway(waypointNS, "waypoint")
 	if err := c.Apply(ctx, gw); err != nil {
 		return err
 	}

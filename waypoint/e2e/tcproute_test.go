@@ -19,7 +19,7 @@ const otherNS = "wp-tcp-other"
 // tcpWaypoint serves echo-tcp: the namespace's waypoint carries a DENY on
 // paths, which on TCP chains denies every stream (Istio's rule for the
 // fields a stream does not have).
-var tcpWaypoint = waypointGatewayNamed("waypoint-tcp")
+var tcpWaypoint = cluster.WaypointGateway(appNS, "waypoint-tcp")
 
 // tcpService is a TCP-only port (appProtocol tcp: the waypoint relays its
 // bytes, never parses them) to the echo's TCP port, whose server speaks

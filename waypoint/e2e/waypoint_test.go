@@ -115,22 +115,7 @@ func install(t *testing.T, c *cluster.Cluster) (*mesh, error) {
 	return m, nil
 }
 
-var waypointGateway = waypointGatewayNamed("waypoint")
-
-// waypointGatewayNamed is a waypoint Gateway of appNS for Services.
-func waypointGatewayNamed(name string) string {
-	return `apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata:
-  name: ` + name + `
-  namespace: ` + appNS + `
-  labels: {istio.io/waypoint-for: service}
-spec:
-  gatewayClassName: istio-waypoint
-  listeners:
-  - {name: mesh, port: 15008, protocol: HBONE}
-`
-}
+var waypointGateway = cluster.WaypointGateway(appNS, "waypoint")
 
 // parentService is what clients call; the route splits it over the two
 // versions' own Services.

@@ -436,7 +436,10 @@ func TestSniff(t *testing.T) {
 		{in: "\r\n", want: sniffedNone, end: true},
 		{in: "\r", want: sniffedNone, end: true},
 		{in: "", want: sniffedNone, end: true},
-		{in: "PRI * HTTP/2", want: sniffedNone, end: true},
+		// Part of the preface, then the end: a request line to HTTP/1.
+		{in: "PRI * HTTP/2", want: sniffedH1, end: true},
+		{in: "PRI * HTTP/2.0\r\n\r\n", want: sniffedH1, end: true},
+		{in: "PRI", want: sniffedNone, end: true},
 		{in: "\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", want: sniffedTCP},
 		{in: "\rGET / HTTP/1.1\r\n", want: sniffedTCP},
 		{in: "GET\t/ HTTP/1.1\r\n", want: sniffedTCP},
@@ -491,7 +494,7 @@ func (r *oneByte) Read(p []byte) (int, error) {
 func FuzzSniff(f *testing.F) {
 	for _, s := range []string{http2Preface, "GET / HTTP/1.1\r\n", "PRI * HTTP/1.1", "\x16\x03\x01", "",
 		"get / HTTP/1.1\r\nHost: a\r\n\r\n", "\r\nM-SEARCH * HTTP/1.1\r\n\r\n", "GET\t/ HTTP/1.1\r\n\r\n",
-		"CONNECT a:1 HTTP/1.1\r\n\r\n", "GET http://a/b HTTP/1.0\n\n"} {
+		"CONNECT a:1 HTTP/1.1\r\n\r\n", "GET http://a/b HTTP/1.0\n\n", "PRI * HTTP/2.0\r\n\r\n"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -302,8 +302,10 @@ func (k sniffed) String() string {
 // a bare LF), which a server ignores before a request line (RFC 9112
 // section 2.2). It is what net/http's http.ReadRequest accepts as the
 // start of a request, and more (the empty lines). A method that fills the
-// whole buffer counts as HTTP/1.x. Bytes that stop before a decision
-// (end of stream, read deadline) are sniffedNone.
+// whole buffer counts as HTTP/1.x. Bytes that stop (end of stream, read
+// deadline) part way into the preface are judged as a request line, since
+// that is what they are to an HTTP/1 server; any others that stop before a
+// decision are sniffedNone.
 func sniff(br *bufio.Reader) sniffed {
 	want := 1
 	for {
@@ -320,6 +322,9 @@ func sniff(br *bufio.Reader) sniffed {
 			return sniffedTCP
 		}
 		if err != nil {
+			if k := requestLine(b); k == sniffedH1 {
+				return k
+			}
 			return sniffedNone
 		}
 		want = max(br.Buffered(), len(b)+1)
@@ -336,6 +341,13 @@ func classify(b []byte) sniffed {
 	case len(b) < len(preface) && bytes.HasPrefix(preface, b):
 		return sniffedNone // the preface so far (which is also a request line's start)
 	}
+	return requestLine(b)
+}
+
+// requestLine classifies b by its request line alone: sniffedH1 for a
+// method and a space, sniffedNone when more bytes are needed, else
+// sniffedTCP.
+func requestLine(b []byte) sniffed {
 	i, tok := requestLinePrefix(b)
 	switch {
 	case i == len(b):

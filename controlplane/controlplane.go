@@ -438,6 +438,11 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	} else {
 		cp.log.Info("the TCPRoute CRD (gateway.networking.k8s.io/v1) is not installed; waypoints apply no TCPRoutes")
 	}
+	if gwres["referencegrants"] {
+		s.waypoints.ReferenceGrants = s.gateway.Gateway().V1().ReferenceGrants().Informer()
+	} else {
+		cp.log.Info("the ReferenceGrant CRD (gateway.networking.k8s.io/v1) is not installed; routes use only backends of their own namespace")
+	}
 	return s, nil
 }
 

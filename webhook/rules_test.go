@@ -383,6 +383,11 @@ spec:
     - {name: api, namespace: bound, port: 9000}
     - {name: plain}
     - {group: core, kind: Service, name: plain, port: 8080}`},
+	{name: "route-tcp-backend-other-namespace", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
+metadata: {name: db}
+spec:
+  parentRefs: [{group: "", kind: Service, name: web}]
+  rules: [{backendRefs: [{name: api, namespace: bound, port: 9000}]}]`},
 	{name: "route-tcp-weights-zero", kind: "gateway.networking.k8s.io/v1/TCPRoute", ns: "shop", object: `
 metadata: {name: db}
 spec:

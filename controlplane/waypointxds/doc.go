@@ -32,7 +32,11 @@
 //
 // Only producer routes apply: an HTTPRoute or GRPCRoute in the Service's own
 // namespace with a parentRef to the Service (and, when the parentRef names a
-// port, only that port). Backends are Services of the route's namespace.
+// port, only that port). Backends are Services of the route's namespace, or
+// of another namespace while a ReferenceGrant there names the route's kind
+// and namespace and that Service (or every Service); Istio reads no grants
+// for mesh routes, Weft keeps Gateway API's rule so that a namespace
+// decides who sends to it through a waypoint.
 // Each rule's matches become Envoy routes sorted by Gateway API precedence:
 // an exact path before a regular expression before a prefix, longer paths
 // first, then a method match, more header matches, more query matches, then
@@ -47,10 +51,10 @@
 // port it names: a tcp, tls, mongo, mysql or redis port, or the /tcp chain
 // of a port whose protocol is detected. An HTTP-only port has no TCP chain,
 // so a TCPRoute naming only such ports is not applied (NoMatchingParent,
-// saying to use an HTTPRoute). Its one rule's backends (Services of the
-// route's namespace with a port) become the tcp_proxy's weighted_clusters,
-// or its cluster when one is left; a weight of 0 takes none of the
-// connections. A backend that cannot be used keeps its weight and goes to
+// saying to use an HTTPRoute). Its one rule's backends (Services with a
+// port, of the route's namespace or granted as above) become the
+// tcp_proxy's weighted_clusters, or its cluster when one is left; a weight
+// of 0 takes none of the connections. A backend that cannot be used keeps its weight and goes to
 // BlackHoleCluster, which has no endpoints: as Gateway API asks, that share
 // of the connections is refused, never sent elsewhere, and when no backend
 // has a weight every connection is. A stream carries nothing that tells

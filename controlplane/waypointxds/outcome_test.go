@@ -39,7 +39,13 @@ func TestRouteOutcomes(t *testing.T) {
 		{"HTTPRoute shop/no-parent", want{"False", "NoMatchingParent", "parent Service shop/ghost not found"}, want{"True", "ResolvedRefs", ""}},
 		{"HTTPRoute shop/no-backend", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backend Service shop/nowhere not found"}},
 		{"HTTPRoute shop/no-port", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backend Service shop/v1 has no port 81"}},
-		{"HTTPRoute shop/cross-namespace", want{"True", "Accepted", ""}, want{"False", "RefNotPermitted", "backends in other namespaces are not supported"}},
+		// ReferenceGrants: one for the route's kind, namespace and backend
+		// opens it; one for another kind (GRPCRoute), another namespace's
+		// routes (guest) or in the wrong namespace opens nothing.
+		{"HTTPRoute shop/cross-namespace", want{"True", "Accepted", ""}, want{"False", "RefNotPermitted", "no ReferenceGrant in other lets HTTPRoutes of namespace shop refer to Service secret"}},
+		{"HTTPRoute shop/granted", want{"True", "Accepted", ""}, want{"True", "ResolvedRefs", ""}},
+		{"GRPCRoute shop/grpc-granted", want{"True", "Accepted", ""}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/grant-misplaced", want{"True", "Accepted", ""}, want{"False", "RefNotPermitted", "no ReferenceGrant in guest"}},
 		{"HTTPRoute shop/bad-kind", want{"True", "Accepted", ""}, want{"False", "InvalidKind", "backend b is not a Service"}},
 		{"HTTPRoute shop/filter", want{"False", "UnsupportedValue", "filter ExtensionRef is not supported; its rule answers 500"}, want{"True", "ResolvedRefs", ""}},
 		{"HTTPRoute shop/backend-filter", want{"False", "UnsupportedValue", "filter ResponseHeaderModifier is not supported on a backend"}, want{"True", "ResolvedRefs", ""}},

@@ -1,6 +1,7 @@
 package waypointxds
 
 import (
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -413,9 +414,12 @@ func (b *builder) backendCluster(src *source, ref gwv1.BackendObjectReference) (
 	}
 	ns := src.ns
 	if ref.Namespace != nil && string(*ref.Namespace) != src.ns {
-		b.refProblem(src, gwv1.RouteReasonRefNotPermitted,
-			"backend %s/%s is in another namespace: backends in other namespaces are not supported (ReferenceGrant is not read)", *ref.Namespace, ref.Name)
-		return "", false
+		ns = string(*ref.Namespace)
+		if !b.granted(src, ns, string(ref.Name)) {
+			b.refProblem(src, gwv1.RouteReasonRefNotPermitted,
+				"backend %s/%s is in another namespace, and no ReferenceGrant in %s lets %ss of namespace %s refer to Service %s", ns, ref.Name, ns, src.kind, src.ns, ref.Name)
+			return "", false
+		}
 	}
 	svc := get[corev1.Service](b.st.Services, ns+"/"+string(ref.Name))
 	if svc == nil {
@@ -620,4 +624,28 @@ func redirectAction(f *gwv1.HTTPRequestRedirectFilter, m match) *routev3.Redirec
 		}
 	}
 	return rd
+}
+
+// granted reports whether a ReferenceGrant in namespace ns lets the route
+// src refer to Service name there: one whose from names the route's kind
+// (group gateway.networking.k8s.io) and namespace, and whose to names
+// Services (group "") with that name or no name. A grant lives in the
+// namespace it opens; one anywhere else grants nothing.
+func (b *builder) granted(src *source, ns, name string) bool {
+	for _, o := range byNamespace(b.st.ReferenceGrants, ns) {
+		g, ok := o.(*gwv1.ReferenceGrant)
+		if !ok || g.Namespace != ns {
+			continue
+		}
+		from := slices.ContainsFunc(g.Spec.From, func(f gwv1.ReferenceGrantFrom) bool {
+			return f.Group == gwv1.GroupName && string(f.Kind) == src.kind && string(f.Namespace) == src.ns
+		})
+		to := slices.ContainsFunc(g.Spec.To, func(t gwv1.ReferenceGrantTo) bool {
+			return serviceKind(&t.Group, &t.Kind) && (t.Name == nil || *t.Name == "" || string(*t.Name) == name)
+		})
+		if from && to {
+			return true
+		}
+	}
+	return false
 }

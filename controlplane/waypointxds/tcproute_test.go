@@ -23,7 +23,7 @@ func TestTCPRouteOutcomes(t *testing.T) {
 		{"TCPRoute shop/late", want{"False", "Conflicted", "TCPRoute shop/split applies to port 5432 of Service shop/db"}, ok},
 		{"TCPRoute shop/detect", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backend Service shop/ghost not found"}},
 		{"TCPRoute shop/zero", want{"True", "Accepted", ""}, ok},
-		{"TCPRoute shop/bad-refs", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "backends in other namespaces are not supported"}},
+		{"TCPRoute shop/bad-refs", want{"True", "Accepted", ""}, want{"False", "BackendNotFound", "no ReferenceGrant in other lets TCPRoutes of namespace shop refer to Service db-v1"}},
 		{"TCPRoute shop/http-port", want{"False", "NoMatchingParent", "route them with an HTTPRoute"}, ok},
 		{"TCPRoute other/consumer", want{"False", "UnsupportedValue", "consumer routes"}, want{"False", "BackendNotFound", "other/evil"}},
 	} {

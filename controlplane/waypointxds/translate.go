@@ -83,6 +83,9 @@ type Stores struct {
 	HTTPRoutes, GRPCRoutes, Policies           cache.Indexer
 	// TCPRoutes may be nil.
 	TCPRoutes cache.Indexer
+	// ReferenceGrants (gateway.networking.k8s.io/v1) let a route use a
+	// backend in another namespace; nil allows none.
+	ReferenceGrants cache.Indexer
 }
 
 // Resources are one waypoint's resources: by type URL, then by name.

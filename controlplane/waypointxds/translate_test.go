@@ -57,7 +57,7 @@ func load(t *testing.T, path string) *fixture {
 	slicesIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
 	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
-		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer()}}
+		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer()}}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var raw map[string]any
@@ -95,6 +95,8 @@ func load(t *testing.T, path string) *fixture {
 			add(f.st.GRPCRoutes, &gwv1.GRPCRoute{})
 		case "TCPRoute":
 			add(f.st.TCPRoutes, &gwv1.TCPRoute{})
+		case "ReferenceGrant":
+			add(f.st.ReferenceGrants, &gwv1.ReferenceGrant{})
 		case "AuthorizationPolicy":
 			add(f.st.Policies, &securityv1.AuthorizationPolicy{})
 		case "Gateway":

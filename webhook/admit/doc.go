@@ -69,8 +69,8 @@
 //
 //	route-tcp-rules          exactly one rule (a stream has nothing that tells rules apart)
 //	route-backend-kind       backends are Services (group "" or core)
-//	route-backend-namespace  backends are in the route's namespace (ReferenceGrant is not read)
 //	route-backend-port       a backend names a port
+//	route-backend-namespace  warning: a backend in another namespace needs a ReferenceGrant there
 //	route-tcp-no-weight      warning: no backend has a weight above 0 (every connection refused)
 //
 // TLSRoutes and UDPRoutes with a Service parent:

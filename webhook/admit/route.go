@@ -143,9 +143,8 @@ type routeParents struct {
 
 // validateTCPRoute checks a TCPRoute with Service parents, which the
 // waypoint applies to the Service's TCP ports: its parents as an
-// HTTPRoute's, and its one rule's backends, which must be Services of the
-// route's namespace with a port (ReferenceGrant is not read, so a backend
-// in another namespace would never be used).
+// HTTPRoute's, and its one rule's backends, which must be Services with a
+// port.
 func (a *Admitter) validateTCPRoute(rv *review) {
 	var r gwv1.TCPRoute
 	if !rv.decodeObject(&r, nil) {
@@ -173,8 +172,9 @@ func (a *Admitter) validateTCPRoute(rv *review) {
 	}
 }
 
-// checkTCPBackend checks one backendRef of a TCPRoute: a Service of the
-// route's namespace, with a port.
+// checkTCPBackend checks one backendRef of a TCPRoute: a Service with a
+// port. One in another namespace is used only while a ReferenceGrant there
+// allows it, which the route's status tells (the grant may come later).
 func checkTCPBackend(rv *review, field string, ref gwv1.BackendObjectReference, home string) {
 	rep := &rv.rep
 	g, k := "", "Service"
@@ -187,11 +187,11 @@ func checkTCPBackend(rv *review, field string, ref gwv1.BackendObjectReference, 
 	switch {
 	case (g != "" && g != "core") || k != "Service":
 		rep.deny("route-backend-kind", field+".kind", "a waypoint sends TCP only to Services: %s (group %s) is not supported; use kind Service, group \"\"", q(k), q(g))
-	case ref.Namespace != nil && string(*ref.Namespace) != home:
-		rep.deny("route-backend-namespace", field+".namespace",
-			"backend %s/%s is in another namespace; the mesh does not read ReferenceGrants, so only Services of the route's namespace (%s) are backends", *ref.Namespace, ref.Name, home)
 	case ref.Port == nil:
 		rep.deny("route-backend-port", field+".port", "a Service backend needs a port; set port to one of Service %s's ports", q(string(ref.Name)))
+	case ref.Namespace != nil && string(*ref.Namespace) != home:
+		rep.warn("route-backend-namespace", field+".namespace",
+			"backend %s/%s is used only while a ReferenceGrant in %s allows it", *ref.Namespace, ref.Name, *ref.Namespace)
 	}
 }
 

@@ -373,15 +373,9 @@ func (z *Ztunnel) ready() error {
 }
 
 func (z *Ztunnel) dump() any {
-	d := z.store.Dump()
-	return map[string]any{
-		"workloads":    d.Workloads,
-		"services":     d.Services,
-		"policies":     d.Policies,
-		"pods":         z.pods.Pods(),
-		"certificates": z.ids.Identities(),
-		"xds":          z.xds.Stats(),
-	}
+	d := newConfigDump(z.store.Dump(), z.ids.Identities(), z.pods.Pods())
+	d.XDS = z.xds.Stats()
+	return d
 }
 
 func (z *Ztunnel) node() *corev3.Node {

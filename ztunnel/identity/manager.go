@@ -118,18 +118,19 @@ func (m *Manager) Acquire(id spiffe.Identity) (*Credentials, error) {
 	return &Credentials{m: m, id: id, e: e}, nil
 }
 
-// Identities returns the identities held, with their current certificate's
-// expiry (zero while none is held), for the admin page and readiness.
-func (m *Manager) Identities() map[string]time.Time {
+// Identities returns the identities held, each with its current
+// certificate chain (leaf first; nil while the first one is still being
+// fetched), for the admin page.
+func (m *Manager) Identities() map[string][]*x509.Certificate {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make(map[string]time.Time, len(m.ids))
+	out := make(map[string][]*x509.Certificate, len(m.ids))
 	for id, e := range m.ids {
-		var exp time.Time
+		var chain []*x509.Certificate
 		if s, err := e.src.SVID(); err == nil {
-			exp = s.Chain[0].NotAfter
+			chain = s.Chain
 		}
-		out[id.String()] = exp
+		out[id.String()] = chain
 	}
 	return out
 }

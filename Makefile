@@ -67,7 +67,7 @@ proto: deps ## Regenerate the checked-in Go code from internal/pb/**/*.proto.
 	GO=$(GO) scripts/proto.sh
 
 .PHONY: tools
-tools: ## Build the pinned cluster tools (Kubernetes, etcd, helm, CNI plugins) into bin/; cached by version.
+tools: ## Build the pinned cluster tools (Kubernetes, etcd, helm, CNI plugins, the conformance apps, istioctl) into bin/; cached by version.
 	@GO=$(GO) BIN=$(BIN) scripts/tools.sh
 
 # Flags of `weft-cluster demo`, e.g. DEMO_FLAGS=-exit to tear down after the story.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools.sh: builds the pinned third-party tools the local cluster runs into bin/.
 #
-#   scripts/tools.sh [group...]     groups: kube kubelet etcd helm cni conformance (default: all)
+#   scripts/tools.sh [group...]     groups: kube kubelet etcd helm cni conformance istioctl (default: all)
 #
 # Each group is a Go module under tools/ that pins its versions:
 #   kube  tools/kube  kube-apiserver, kube-controller-manager, kube-scheduler,
@@ -13,6 +13,7 @@
 #   conformance tools/conformance  the Gateway API conformance suite's
 #                     echo-advanced app (Istio's echo server and
 #                     client, static) and its test certificate  -> bin/conformance/
+#   istioctl tools/conformance  istioctl at the same Istio snapshot  -> bin/
 #
 # A group is rebuilt only when its stamp (bin/.tools/<group>.stamp, a hash of
 # the module's go.mod, go.sum and tools.go, the ldflags, the binary list and
@@ -200,11 +201,22 @@ conformance() {
 	install -m 0644 "$src/tests/testdata/certs/dns/key.pem" "$BIN/conformance/cert.key"
 }
 
+# istioctl builds Istio's CLI from the snapshot the conformance group pins,
+# for the tests that read Weft's data plane with it (istioctl
+# ztunnel-config, istioctl waypoint) as an Istio user would.
+istioctl() {
+	local v m=istio.io/istio
+	v="$(modversion conformance $m)"
+	[[ -n "$v" ]] || die "tools/conformance/go.mod does not require $m"
+	CGO_ENABLED=0 dir=tools/conformance label="$v" build_group istioctl "$BIN" "-s -w" \
+		istioctl=$m/istioctl/cmd/istioctl
+}
+
 groups=("$@")
-[[ ${#groups[@]} -gt 0 ]] || groups=(kube kubelet etcd helm cni conformance)
+[[ ${#groups[@]} -gt 0 ]] || groups=(kube kubelet etcd helm cni conformance istioctl)
 for g in "${groups[@]}"; do
 	case "$g" in
-	kube | kubelet | etcd | helm | cni | conformance) "$g" ;;
-	*) die "unknown tool group $g (want kube, kubelet, etcd, helm, cni or conformance)" ;;
+	kube | kubelet | etcd | helm | cni | conformance | istioctl) "$g" ;;
+	*) die "unknown tool group $g (want kube, kubelet, etcd, helm, cni, conformance or istioctl)" ;;
 	esac
 done

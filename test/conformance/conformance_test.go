@@ -1,8 +1,10 @@
-// Package conformance runs the Gateway API conformance suite's Mesh profile
-// (GAMMA: HTTPRoute and GRPCRoute with a Service parent; profiles MESH-HTTP
-// and MESH-GRPC) against Weft in the local cluster on real nodes, the way
-// Istio runs it for ambient: the suite's namespaces enrolled in ambient, the
-// mesh namespace bound to a waypoint.
+// Package conformance judges Weft with tools written elsewhere, in the
+// local cluster on real nodes: the Gateway API conformance suite's Mesh
+// profile (GAMMA: HTTPRoute and GRPCRoute with a Service parent; profiles
+// MESH-HTTP and MESH-GRPC), run the way Istio runs it for ambient (the
+// suite's namespaces enrolled in ambient, the mesh namespace bound to a
+// waypoint), and istioctl (TestIstioctl), built from the Istio snapshot
+// tools/conformance pins.
 //
 // The suite execs its echo client in the pods (`kubectl exec` through the
 // kubelet), so the cluster runs real kubelets whatever WEFT_NODES says. Its

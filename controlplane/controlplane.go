@@ -34,7 +34,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -409,10 +408,18 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	if err := ca.AddPodIndexers(s.ambient.Pods); err != nil {
 		return nil, err
 	}
+	switch res, err := servedResources(cp.clients.Kube, "networking.istio.io/v1"); {
+	case err != nil:
+		return nil, err
+	case res["serviceentries"]:
+		s.ambient.ServiceEntries = s.istio.Networking().V1().ServiceEntries().Informer()
+	default:
+		cp.log.Info("the ServiceEntry CRD (networking.istio.io/v1) is not installed; ServiceEntries are not read (kubectl apply --server-side -f charts/weft/crds/)")
+	}
 	if !*cp.cfg.Waypoints || cp.clients.Gateway == nil {
 		return s, nil
 	}
-	gwres, err := gatewayAPIResources(cp.clients.Kube)
+	gwres, err := servedResources(cp.clients.Kube, gwv1.GroupVersion.String())
 	switch {
 	case err != nil:
 		return nil, err
@@ -682,13 +689,13 @@ func portOf(addr string) string {
 // CRDs on install but never on upgrade.
 func requireIstioSecurityAPI(kube kubernetes.Interface) error {
 	const gv = "security.istio.io/v1"
-	res, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
-	if err != nil && !strings.Contains(err.Error(), "not found") && !strings.Contains(err.Error(), "could not find") {
-		return fmt.Errorf("discovering %s: %w", gv, err)
+	res, err := servedResources(kube, gv)
+	if err != nil {
+		return err
 	}
 	var missing []string
 	for _, name := range []string{"authorizationpolicies", "peerauthentications"} {
-		if res == nil || !slices.ContainsFunc(res.APIResources, func(r metav1.APIResource) bool { return r.Name == name }) {
+		if !res[name] {
 			missing = append(missing, name+"."+strings.Split(gv, "/")[0])
 		}
 	}
@@ -707,15 +714,15 @@ func indexerOf(inf cache.SharedIndexInformer) cache.Indexer {
 	return inf.GetIndexer()
 }
 
-// gatewayAPIResources lists the resources gateway.networking.k8s.io/v1
-// serves, by name; none when the group is not installed.
-func gatewayAPIResources(kube kubernetes.Interface) (map[string]bool, error) {
-	res, err := kube.Discovery().ServerResourcesForGroupVersion(gwv1.GroupVersion.String())
+// servedResources lists the resources the API server serves in the group
+// version gv, by name; none when the group version is not installed.
+func servedResources(kube kubernetes.Interface, gv string) (map[string]bool, error) {
+	res, err := kube.Discovery().ServerResourcesForGroupVersion(gv)
 	if err != nil {
 		if strings.Contains(err.Error(), "not found") || strings.Contains(err.Error(), "could not find") {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("discovering the Gateway API: %w", err)
+		return nil, fmt.Errorf("discovering %s: %w", gv, err)
 	}
 	out := map[string]bool{}
 	for _, r := range res.APIResources {

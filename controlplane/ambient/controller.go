@@ -63,6 +63,8 @@ type Informers struct {
 	// GatewayClasses give their Gateways a default istio.io/waypoint-for;
 	// optional, with Gateways.
 	GatewayClasses cache.SharedIndexInformer
+	// ServiceEntries watches networking.istio.io ServiceEntries; optional.
+	ServiceEntries cache.SharedIndexInformer
 }
 
 func (inf Informers) stores() Stores {
@@ -82,6 +84,9 @@ func (inf Informers) stores() Stores {
 	}
 	if inf.GatewayClasses != nil {
 		s.GatewayClasses = inf.GatewayClasses.GetIndexer()
+	}
+	if inf.ServiceEntries != nil {
+		s.ServiceEntries = inf.ServiceEntries.GetIndexer()
 	}
 	return s
 }
@@ -261,6 +266,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		{kindPod, c.inf.Pods}, {kindService, c.inf.Services}, {kindEndpointSlice, c.inf.EndpointSlices},
 		{kindNamespace, c.inf.Namespaces}, {kindPolicy, c.inf.Policies}, {kindPeerAuth, c.inf.PeerAuths},
 		{kindGateway, c.inf.Gateways}, {kindGatewayClass, c.inf.GatewayClasses}, {kindNode, c.inf.Nodes},
+		{kindServiceEntry, c.inf.ServiceEntries},
 	}
 	var synced []cache.InformerSynced
 	for _, w := range watch {

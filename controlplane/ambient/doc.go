@@ -28,6 +28,22 @@
 // "<namespace>/<hostname>", with its cluster IPs as addresses and its ports
 // (a named target port is sent as 0: the workloads carry the resolved port).
 //
+// # ServiceEntries
+//
+// A networking.istio.io ServiceEntry that Weft applies (MESH_EXTERNAL,
+// resolution STATIC or DNS, no workloadSelector, no wildcard host; the
+// webhook refuses the others) is a Service per host, named
+// "<namespace>/<host>", with the entry's addresses or, without any, one
+// allocated from 240.240.0.0/16 (AutoVIP: a hash of namespace, name and
+// host, moved on past an address another host holds, and kept while the
+// entry names the host), and a Workload per endpoint,
+// "<cluster>/networking.istio.io/ServiceEntry/<namespace>/<name>/<address>",
+// HOST_NETWORK and without a tunnel protocol, so that ztunnel reaches it in
+// plain TCP, carrying every host's ports (an endpoint's own port mapping
+// first). A DNS entry's endpoint that is a hostname, and with no endpoints
+// each host itself, is a Workload with that hostname and no address:
+// ztunnel resolves it when it connects.
+//
 // # Waypoints
 //
 // A Gateway of class istio-waypoint is a waypoint. The label

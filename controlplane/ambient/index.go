@@ -3,11 +3,14 @@ package ambient
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"istio.io/api/label"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -31,6 +34,7 @@ const (
 	kindPolicy        = "AuthorizationPolicy"
 	kindPeerAuth      = "PeerAuthentication"
 	kindNode          = "Node"
+	kindServiceEntry  = "ServiceEntry"
 	// kindSliceWorkloads marks an EndpointSlice whose endpoints that are not
 	// pods must be rebuilt (its own change, or its Service's).
 	kindSliceWorkloads = "EndpointSliceWorkloads"
@@ -53,6 +57,9 @@ type Stores struct {
 	// GatewayClasses holds the GatewayClasses, whose istio.io/waypoint-for
 	// their Gateways inherit; nil: none is read.
 	GatewayClasses cache.Indexer
+	// ServiceEntries holds the networking.istio.io ServiceEntries; nil:
+	// none is read.
+	ServiceEntries cache.Indexer
 }
 
 // Update is the outcome of one batch: the resources to publish and remove,
@@ -164,6 +171,12 @@ type index struct {
 	// not in authz.
 	peerAuths     map[string]map[string]*securityv1.PeerAuthentication
 	peerAuthCount int
+	// entries is the resource names each ServiceEntry published, by key;
+	// entryVIPs the addresses allocated to its hosts, vipOwner the reverse
+	// ("<key>/<host>").
+	entries   map[string][]string
+	entryVIPs map[string]map[string]netip.Addr
+	vipOwner  map[netip.Addr]string
 }
 
 func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
@@ -184,6 +197,9 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		denied:         map[objRef]string{},
 		services:       map[string]*BindingStatus{},
 		localities:     map[string]*workloadpb.Locality{},
+		entries:        map[string][]string{},
+		entryVIPs:      map[string]map[string]netip.Addr{},
+		vipOwner:       map[netip.Addr]string{},
 	}
 }
 
@@ -206,6 +222,7 @@ func (ix *index) all() batch {
 	add(kindEndpointSlice, ix.stores.EndpointSlices)
 	add(kindService, ix.stores.Services)
 	add(kindPod, ix.stores.Pods)
+	add(kindServiceEntry, ix.stores.ServiceEntries)
 	return b
 }
 
@@ -242,6 +259,9 @@ func (ix *index) process(b batch) *Update {
 	}
 	for key := range b[kindPod] {
 		ix.podChanged(key, u)
+	}
+	for _, key := range sortedKeys(b[kindServiceEntry]) {
+		ix.serviceEntryChanged(key, u)
 	}
 	if len(b[kindPolicy])+len(b[kindGateway])+len(b[kindService])+len(b[kindNamespace]) > 0 {
 		ix.waypointPolicies(b[kindPolicy], u)
@@ -794,4 +814,66 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// serviceEntryChanged publishes a ServiceEntry's Services and Workloads and
+// removes what it no longer has. A host without addresses keeps the
+// address it was given for as long as the entry names it.
+func (ix *index) serviceEntryChanged(key string, u *Update) {
+	se := getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key)
+	var svcs []*workloadpb.Service
+	var ws []*workloadpb.Workload
+	vips := map[string]netip.Addr{}
+	if se != nil && ServiceEntrySupported(se) {
+		old := ix.entryVIPs[key]
+		for _, h := range se.Spec.GetHosts() {
+			h = strings.ToLower(strings.TrimSuffix(h, "."))
+			if len(se.Spec.GetAddresses()) > 0 {
+				break
+			}
+			if ip, ok := old[h]; ok {
+				vips[h] = ip
+				continue
+			}
+			ip := AutoVIP(se.Namespace, se.Name, h, func(a netip.Addr) bool { _, taken := ix.vipOwner[a]; return taken })
+			if ip.IsValid() {
+				vips[h] = ip
+				ix.vipOwner[ip] = key + "/" + h
+			}
+		}
+		svcs, ws = ix.cfg.ServiceEntryResources(se, vips)
+	}
+	for h, ip := range ix.entryVIPs[key] {
+		if _, kept := vips[h]; !kept {
+			delete(ix.vipOwner, ip)
+		}
+	}
+	if len(vips) == 0 {
+		delete(ix.entryVIPs, key)
+	} else {
+		ix.entryVIPs[key] = vips
+	}
+	now := map[string]bool{}
+	var names []string
+	for _, s := range svcs {
+		name := ServiceKey(s.Namespace, s.Hostname)
+		names, now[name] = append(names, name), true
+		publishAddress(ix, name, s, u, func(s *workloadpb.Service) *workloadpb.Address {
+			return &workloadpb.Address{Type: &workloadpb.Address_Service{Service: s}}
+		})
+	}
+	for _, w := range ws {
+		names, now[w.Uid] = append(names, w.Uid), true
+		publishAddress(ix, w.Uid, w, u, wrapWorkload)
+	}
+	for _, old := range ix.entries[key] {
+		if !now[old] {
+			publishAddress(ix, old, (*workloadpb.Workload)(nil), u, wrapWorkload)
+		}
+	}
+	if len(names) == 0 {
+		delete(ix.entries, key)
+	} else {
+		ix.entries[key] = names
+	}
 }

@@ -43,6 +43,7 @@ func newWorld(t *testing.T) *world {
 		Nodes: newStore(nil), GatewayClasses: newStore(nil),
 		EndpointSlices: newStore(cache.Indexers{IndexServiceName: SliceServiceIndex}),
 		Gateways:       newStore(nil), Policies: newStore(nil), PeerAuths: newStore(nil),
+		ServiceEntries: newStore(nil),
 	}
 	return &world{t: t, stores: s, ix: newIndex(testCfg, s, slog.New(slog.DiscardHandler))}
 }
@@ -67,6 +68,8 @@ func (w *world) store(kind string) cache.Indexer {
 		return w.stores.Nodes
 	case kindGatewayClass:
 		return w.stores.GatewayClasses
+	case kindServiceEntry:
+		return w.stores.ServiceEntries
 	}
 	panic(kind)
 }

@@ -101,6 +101,7 @@ func TestCRDs(t *testing.T) {
 		"grpcroutes.gateway.networking.k8s.io":     "v1",
 		"authorizationpolicies.security.istio.io":  "v1",
 		"peerauthentications.security.istio.io":    "v1",
+		"serviceentries.networking.istio.io":       "v1",
 	} {
 		c, ok := crds[name]
 		if !ok {

@@ -41,12 +41,20 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		return
 	}
 	lbl.dst, lbl.svc = route.Workload, route.Service
+	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
+	defer cancel()
+	if route.Host != "" {
+		ip, err := p.resolve(ctx, route.Host, src)
+		if err != nil {
+			p.fail(c, lbl, dst, start, rejection{flag: flagConnect, err: err})
+			return
+		}
+		route.Addr = netip.AddrPortFrom(ip, route.Addr.Port())
+	}
 	if err := p.checkOutbound(src, dst, &route); err != nil {
 		p.fail(c, lbl, dst, start, rejection{err: err})
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
-	defer cancel()
 	switch route.Kind {
 	case state.Passthrough, state.Plain:
 		up, err := p.cfg.Sockets.Dial(ctx, route.Addr, netip.AddrPort{})
@@ -132,4 +140,23 @@ func newTraceparent() string {
 	var b [24]byte
 	rand.Read(b[:])
 	return "00-" + hex.EncodeToString(b[:16]) + "-" + hex.EncodeToString(b[16:]) + "-00"
+}
+
+// resolve looks up an endpoint's hostname and picks its first address of
+// the family of the pod's first address, else its first. What it picks
+// then passes the same checks as any other destination.
+func (p *Pod) resolve(ctx context.Context, host string, src *state.Workload) (netip.Addr, error) {
+	ips, err := p.cfg.Resolver.LookupNetIP(ctx, "ip", host)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("resolving %s: %w", host, err)
+	}
+	if len(ips) == 0 {
+		return netip.Addr{}, fmt.Errorf("resolving %s: no address", host)
+	}
+	for _, ip := range ips {
+		if len(src.IPs) > 0 && ip.Unmap().Is4() == src.IPs[0].Is4() {
+			return ip.Unmap(), nil
+		}
+	}
+	return ips[0].Unmap(), nil
 }

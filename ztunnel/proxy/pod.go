@@ -66,8 +66,13 @@ type PodConfig struct {
 	Metrics     *Metrics
 	// Logger and AccessLog default to slog.Default().
 	Logger, AccessLog *slog.Logger
-	// ConnectTimeout bounds upstream connects; default 10 s.
+	// ConnectTimeout bounds upstream connects (a hostname's resolution
+	// included); default 10 s.
 	ConnectTimeout time.Duration
+	// Resolver resolves the hostnames of endpoints that have no address
+	// (ServiceEntries resolved by DNS); default net.DefaultResolver, which
+	// asks ztunnel's own resolvers.
+	Resolver *net.Resolver
 	// DrainTimeout lets open connections finish after Run's context ends;
 	// default 5 s.
 	DrainTimeout time.Duration
@@ -150,6 +155,9 @@ func NewPod(cfg PodConfig) (*Pod, error) {
 	}
 	if cfg.AccessLog == nil {
 		cfg.AccessLog = cfg.Logger
+	}
+	if cfg.Resolver == nil {
+		cfg.Resolver = net.DefaultResolver
 	}
 	if cfg.ConnectTimeout == 0 {
 		cfg.ConnectTimeout = 10 * time.Second

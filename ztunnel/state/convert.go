@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/miekg/dns"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/weftmesh/weft/internal/pb/securitypb"
@@ -21,7 +22,10 @@ type Workload struct {
 	Namespace string
 	Node      string
 	IPs       []netip.Addr
-	Identity  spiffe.Identity
+	// Hostname is what ztunnel resolves to reach a workload without IPs
+	// (a ServiceEntry endpoint resolved by DNS).
+	Hostname string
+	Identity spiffe.Identity
 	// HBONE reports that the workload's ztunnel terminates HBONE on 15008.
 	HBONE bool
 	// HostNetwork marks a shared address (a host-network pod, an
@@ -139,6 +143,12 @@ func ConvertWorkload(w *workloadpb.Workload) (*Workload, error) {
 			return nil, fmt.Errorf("workload %s: address %d is %d bytes, want 4 or 16", w.GetUid(), i, len(raw))
 		}
 		out.IPs = append(out.IPs, ip.Unmap())
+	}
+	if h := w.GetHostname(); h != "" && len(out.IPs) == 0 {
+		if _, ok := dns.IsDomainName(h); !ok || strings.ContainsAny(h, "*/ ") {
+			return nil, fmt.Errorf("workload %s: hostname %q is not a DNS name", w.GetUid(), h)
+		}
+		out.Hostname = strings.ToLower(strings.TrimSuffix(h, "."))
 	}
 	if w.GetServiceAccount() != "" {
 		td := DefaultTrustDomain

@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
 
@@ -94,5 +96,40 @@ func TestRouteEndpointsNotPods(t *testing.T) {
 	}
 	if w := s.WorkloadByIP(netip.MustParseAddr("10.244.1.9")); w == nil || w.UID != "Kubernetes//Pod/shop/db" {
 		t.Errorf("after removing the endpoint, WorkloadByIP(pod IP) = %v, want the pod", w)
+	}
+}
+
+// TestRouteHostnameEndpoint: a ServiceEntry endpoint resolved by DNS has a
+// hostname and no address; the route carries the name and the target port
+// for the proxy to resolve, in plain TCP. A hostname that is not a DNS
+// name is refused with the workload.
+func TestRouteHostnameEndpoint(t *testing.T) {
+	const key = "shop/search.example"
+	client := pod("shop", "client", "client", "n1", "10.244.1.5", true, nil)
+	svc := &workloadpb.Address{Type: &workloadpb.Address_Service{Service: &workloadpb.Service{
+		Name: "search", Namespace: "shop", Hostname: "search.example",
+		Addresses: []*workloadpb.NetworkAddress{{Address: ip("240.240.1.2")}},
+		Ports:     []*workloadpb.Port{{ServicePort: 443, TargetPort: 8443}},
+	}}}
+	ep := &workloadpb.Address{Type: &workloadpb.Address_Workload{Workload: &workloadpb.Workload{
+		Uid: "Kubernetes/networking.istio.io/ServiceEntry/shop/search/search.example", Name: "search", Namespace: "shop",
+		Hostname: "Search.Example.", NetworkMode: workloadpb.NetworkMode_HOST_NETWORK,
+		Services: map[string]*workloadpb.PortList{key: {Ports: []*workloadpb.Port{{ServicePort: 443, TargetPort: 8443}}}},
+	}}}
+	s := load(t, client, svc, ep)
+	src := s.WorkloadByIP(netip.MustParseAddr("10.244.1.5"))
+	r, err := s.Route(src, netip.MustParseAddrPort("240.240.1.2:443"), RouteOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Kind != Plain || r.Host != "search.example" || r.Addr.Port() != 8443 || r.Addr.Addr().IsValid() {
+		t.Errorf("route = {%s host %q addr %s}, want plain to search.example port 8443, no address yet", r.Kind, r.Host, r.Addr)
+	}
+	for _, bad := range []string{"*.example", "a b.example", "http://x.example", "a..example"} {
+		w := proto.Clone(ep.GetWorkload()).(*workloadpb.Workload)
+		w.Hostname = bad
+		if _, err := ConvertWorkload(w); err == nil {
+			t.Errorf("hostname %q accepted", bad)
+		}
 	}
 }

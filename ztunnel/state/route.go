@@ -37,6 +37,9 @@ type Route struct {
 	// Addr is the TCP next hop: the destination itself for Passthrough and
 	// Plain, <ip>:15008 for Tunnel and Waypoint.
 	Addr netip.AddrPort
+	// Host, when set, is a Plain destination's name, which the proxy
+	// resolves; Addr then holds only the port.
+	Host string
 	// Authority is the CONNECT target (Tunnel and Waypoint).
 	Authority netip.AddrPort
 	// Peers are the identities the next hop may present (Tunnel and Waypoint).
@@ -90,6 +93,9 @@ func (s *Store) Route(src *Workload, dst netip.AddrPort, opt RouteOptions) (Rout
 		w, port, err := s.pickEndpointLocked(src, svc, uint32(dst.Port()), opt)
 		if err != nil {
 			return Route{}, fmt.Errorf("service %s port %d: %w", svc.Key, dst.Port(), err)
+		}
+		if len(w.IPs) == 0 {
+			return Route{Kind: Plain, Host: w.Hostname, Addr: netip.AddrPortFrom(netip.Addr{}, port), Workload: w, Service: svc}, nil
 		}
 		target := netip.AddrPortFrom(w.IPs[0], port)
 		if !w.HBONE {
@@ -183,7 +189,7 @@ func (s *Store) pickEndpointLocked(src *Workload, svc *Service, svcPort uint32, 
 	var cands []cand
 	best := -1
 	for _, w := range s.endpointsLocked(svc.Key) {
-		if len(w.IPs) == 0 || (!w.Healthy && !svc.AllowAll) {
+		if (len(w.IPs) == 0 && w.Hostname == "") || (!w.Healthy && !svc.AllowAll) {
 			continue
 		}
 		port := svcPort

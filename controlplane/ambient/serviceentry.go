@@ -1,0 +1,172 @@
+package ambient
+
+import (
+	"hash/fnv"
+	"net/netip"
+	"sort"
+	"strings"
+
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
+
+	"github.com/weftmesh/weft/internal/pb/workloadpb"
+)
+
+// ServiceEntryWorkloadUID is the xDS name of the Workload made for one
+// endpoint of a ServiceEntry (istiod's naming):
+// "<cluster>/networking.istio.io/ServiceEntry/<namespace>/<name>/<address>".
+func ServiceEntryWorkloadUID(clusterID, namespace, name, address string) string {
+	return clusterID + "/networking.istio.io/ServiceEntry/" + namespace + "/" + name + "/" + address
+}
+
+// AutoVIPPrefix is where a ServiceEntry host without addresses gets its
+// address, as Istio's allocation does: clients resolve the host (through
+// ztunnel's DNS proxy) to it, and ztunnel sends what they dial there to
+// the entry's endpoints.
+var AutoVIPPrefix = netip.MustParsePrefix("240.240.0.0/16")
+
+// AutoVIP is the address a ServiceEntry host without addresses gets: a
+// hash of "<namespace>/<name>/<host>" into AutoVIPPrefix (neither the
+// first nor the last address of the prefix), so it stays the same across
+// restarts and replicas. taken reports an address already given to
+// another host; the next one is tried.
+func AutoVIP(namespace, name, host string, taken func(netip.Addr) bool) netip.Addr {
+	h := fnv.New32a()
+	h.Write([]byte(namespace + "/" + name + "/" + host))
+	const size = 1<<16 - 2
+	base := AutoVIPPrefix.Addr().As4()
+	for i := uint32(0); i < size; i++ {
+		n := (h.Sum32()+i)%size + 1
+		a := base
+		a[2], a[3] = byte(n>>8), byte(n)
+		ip := netip.AddrFrom4(a)
+		if taken == nil || !taken(ip) {
+			return ip
+		}
+	}
+	return netip.Addr{} // every address taken: none
+}
+
+// ServiceEntryResources builds what a ServiceEntry publishes: one Service
+// per host (its addresses, else vips[host]; its ports) and its endpoints'
+// Workloads, which carry every host's ports. Weft applies MESH_EXTERNAL
+// entries with resolution STATIC (each endpoint an IP) or DNS (each
+// endpoint a hostname or IP; no endpoints: the hosts themselves), which
+// ztunnel reaches in plain TCP, resolving hostnames itself; the webhook
+// refuses the rest, and an entry that slipped past it publishes nothing.
+func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[string]netip.Addr) ([]*workloadpb.Service, []*workloadpb.Workload) {
+	c = c.withDefaults()
+	spec := &se.Spec
+	static := spec.GetResolution() == networkingv1alpha3.ServiceEntry_STATIC
+	dns := spec.GetResolution() == networkingv1alpha3.ServiceEntry_DNS
+	if !ServiceEntrySupported(se) {
+		return nil, nil
+	}
+	var svcs []*workloadpb.Service
+	portsByHost := map[string][]*workloadpb.Port{}
+	for _, host := range spec.GetHosts() {
+		host = strings.ToLower(strings.TrimSuffix(host, "."))
+		s := &workloadpb.Service{Name: se.Name, Namespace: se.Namespace, Hostname: host}
+		for _, a := range spec.GetAddresses() {
+			if ip, err := netip.ParseAddr(a); err == nil {
+				s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: ip.Unmap().AsSlice()})
+			}
+		}
+		if len(s.Addresses) == 0 {
+			if ip, ok := vips[host]; ok && ip.IsValid() {
+				s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: ip.AsSlice()})
+			}
+		}
+		for _, p := range spec.GetPorts() {
+			target := p.GetTargetPort()
+			if target == 0 {
+				target = p.GetNumber()
+			}
+			s.Ports = append(s.Ports, &workloadpb.Port{ServicePort: p.GetNumber(), TargetPort: target, AppProtocol: seAppProtocol(p.GetProtocol())})
+		}
+		svcs = append(svcs, s)
+		portsByHost[host] = s.Ports
+	}
+	endpoints := spec.GetEndpoints()
+	if dns && len(endpoints) == 0 {
+		for _, host := range spec.GetHosts() {
+			endpoints = append(endpoints, &networkingv1alpha3.WorkloadEntry{Address: strings.ToLower(strings.TrimSuffix(host, "."))})
+		}
+	}
+	var ws []*workloadpb.Workload
+	seen := map[string]bool{}
+	for _, ep := range endpoints {
+		addr := strings.ToLower(strings.TrimSuffix(ep.GetAddress(), "."))
+		ip, err := netip.ParseAddr(addr)
+		isIP := err == nil
+		if (static && !isIP) || addr == "" || seen[addr] {
+			continue
+		}
+		seen[addr] = true
+		w := &workloadpb.Workload{
+			Uid:            ServiceEntryWorkloadUID(c.ClusterID, se.Namespace, se.Name, addr),
+			Name:           se.Name,
+			Namespace:      se.Namespace,
+			Network:        c.Network,
+			ClusterId:      c.ClusterID,
+			ServiceAccount: ep.GetServiceAccount(),
+			WorkloadName:   se.Name,
+			CanonicalName:  se.Name,
+			// A shared address: ztunnel never takes it for the pod that
+			// may hold the same IP.
+			NetworkMode: workloadpb.NetworkMode_HOST_NETWORK,
+			Status:      workloadpb.WorkloadStatus_HEALTHY,
+			Services:    map[string]*workloadpb.PortList{},
+		}
+		if isIP {
+			w.Addresses = [][]byte{ip.Unmap().AsSlice()}
+		} else {
+			w.Hostname = addr
+		}
+		for host, ports := range portsByHost {
+			var pl []*workloadpb.Port
+			for i, p := range ports {
+				port := &workloadpb.Port{ServicePort: p.ServicePort, TargetPort: p.TargetPort, AppProtocol: p.AppProtocol}
+				if v, ok := ep.GetPorts()[spec.GetPorts()[i].GetName()]; ok && v != 0 {
+					port.TargetPort = v
+				}
+				pl = append(pl, port)
+			}
+			w.Services[ServiceKey(se.Namespace, host)] = &workloadpb.PortList{Ports: pl}
+		}
+		ws = append(ws, w)
+	}
+	sort.Slice(ws, func(i, j int) bool { return ws[i].Uid < ws[j].Uid })
+	return svcs, ws
+}
+
+// ServiceEntrySupported reports whether Weft applies a ServiceEntry: one
+// the webhook admits (MESH_EXTERNAL, resolution STATIC or DNS, no
+// workloadSelector, no wildcard host).
+func ServiceEntrySupported(se *networkingv1.ServiceEntry) bool {
+	spec := &se.Spec
+	r := spec.GetResolution()
+	if spec.GetLocation() == networkingv1alpha3.ServiceEntry_MESH_INTERNAL || spec.GetWorkloadSelector() != nil ||
+		(r != networkingv1alpha3.ServiceEntry_STATIC && r != networkingv1alpha3.ServiceEntry_DNS) {
+		return false
+	}
+	for _, h := range spec.GetHosts() {
+		if strings.Contains(h, "*") {
+			return false
+		}
+	}
+	return true
+}
+
+// seAppProtocol maps a ServiceEntry port's protocol to the workload API's.
+func seAppProtocol(p string) workloadpb.AppProtocol {
+	switch strings.ToUpper(p) {
+	case "HTTP":
+		return workloadpb.AppProtocol_HTTP11
+	case "HTTP2":
+		return workloadpb.AppProtocol_HTTP2
+	case "GRPC":
+		return workloadpb.AppProtocol_GRPC
+	}
+	return workloadpb.AppProtocol_UNKNOWN
+}

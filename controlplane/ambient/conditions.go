@@ -54,6 +54,8 @@ type policyLookup interface {
 	// serviceBinding returns whether the Service key exists and its
 	// condition (nil: it asks for no waypoint).
 	serviceBinding(key string) (bool, *BindingStatus)
+	// serviceEntryExists reports whether the ServiceEntry key exists.
+	serviceEntryExists(key string) bool
 }
 
 // One targetRef's standing, before flattening.
@@ -127,8 +129,13 @@ func targetState(policyNS, rootNS, group, kind, name, ns string, look policyLook
 			bound(b.Waypoint)
 		}
 	case group == "networking.istio.io" && kind == "ServiceEntry":
-		// ServiceEntries are not read: none is found.
-		t.reason, t.message = authpolicy.ReasonTargetNotFound, fmt.Sprintf("ServiceEntry %s was not found", key)
+		// No waypoint serves a ServiceEntry yet (the webhook refuses
+		// istio.io/use-waypoint on one).
+		if look.serviceEntryExists(key) {
+			t.reason, t.message = authpolicy.ReasonAncestorNotBound, fmt.Sprintf("ServiceEntry %s is not bound to a waypoint", key)
+		} else {
+			t.reason, t.message = authpolicy.ReasonTargetNotFound, fmt.Sprintf("ServiceEntry %s was not found", key)
+		}
 	}
 	return t
 }

@@ -141,7 +141,10 @@ func TestIndexServiceBinding(t *testing.T) {
 type fakeLookup struct {
 	waypoints map[string]bool
 	services  map[string]*BindingStatus // present: the Service exists
+	entries   map[string]bool
 }
+
+func (f fakeLookup) serviceEntryExists(key string) bool { return f.entries[key] }
 
 func (f fakeLookup) waypointReady(key string) bool { return f.waypoints[key] }
 func (f fakeLookup) serviceBinding(key string) (bool, *BindingStatus) {
@@ -162,6 +165,7 @@ func ref(group, kind, name string) *typev1beta1.PolicyTargetReference {
 func TestWaypointAccepted(t *testing.T) {
 	look := fakeLookup{
 		waypoints: map[string]bool{"shop/wp": true},
+		entries:   map[string]bool{"shop/se": true},
 		services: map[string]*BindingStatus{
 			"shop/bound":   {Bound: true, Reason: ReasonWaypointAccepted, Waypoint: "shop/wp"},
 			"shop/refused": {Reason: ReasonAttachmentDenied},
@@ -197,7 +201,9 @@ func TestWaypointAccepted(t *testing.T) {
 			cond(false, "AncestorNotBound", "Service shop/plain is not bound to a waypoint")},
 		{"missing Service", targetPolicy("shop", svc("ghost")), cond(false, "TargetNotFound", "Service shop/ghost was not found")},
 		{"ServiceEntry", targetPolicy("shop", ref("networking.istio.io", "ServiceEntry", "se")),
-			cond(false, "TargetNotFound", "ServiceEntry shop/se was not found")},
+			cond(false, "AncestorNotBound", "ServiceEntry shop/se is not bound to a waypoint")},
+		{"missing ServiceEntry", targetPolicy("shop", ref("networking.istio.io", "ServiceEntry", "ghost")),
+			cond(false, "TargetNotFound", "ServiceEntry shop/ghost was not found")},
 		{"waypoint class from the root namespace", targetPolicy("istio-system", class), cond(true, "Accepted", "bound to istio-waypoint")},
 		{"waypoint class from another namespace", targetPolicy("shop", class),
 			cond(false, "Invalid", "AuthorizationPolicy must be in the root namespace `istio-system` when referencing a GatewayClass")},

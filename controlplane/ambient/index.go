@@ -263,7 +263,7 @@ func (ix *index) process(b batch) *Update {
 	for _, key := range sortedKeys(b[kindServiceEntry]) {
 		ix.serviceEntryChanged(key, u)
 	}
-	if len(b[kindPolicy])+len(b[kindGateway])+len(b[kindService])+len(b[kindNamespace]) > 0 {
+	if len(b[kindPolicy])+len(b[kindGateway])+len(b[kindService])+len(b[kindNamespace])+len(b[kindServiceEntry]) > 0 {
 		ix.waypointPolicies(b[kindPolicy], u)
 	}
 	return u
@@ -725,6 +725,10 @@ func (ix *index) waypointReady(key string) bool {
 func (ix *index) serviceBinding(key string) (bool, *BindingStatus) {
 	b, ok := ix.services[key]
 	return ok, b
+}
+
+func (ix *index) serviceEntryExists(key string) bool {
+	return getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key) != nil
 }
 
 // binding reads an object's waypoint binding, with the labels of its

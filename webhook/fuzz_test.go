@@ -89,6 +89,8 @@ var fuzzKinds = []metav1.GroupVersionKind{
 	{Group: "security.istio.io", Version: "v1", Kind: "AuthorizationPolicy"},
 	{Group: "security.istio.io", Version: "v1", Kind: "PeerAuthentication"},
 	{Version: "v1", Kind: "ConfigMap"},
+	{Group: "networking.istio.io", Version: "v1", Kind: "ServiceEntry"},
+	{Group: "networking.istio.io", Version: "v1", Kind: "WorkloadEntry"},
 }
 
 // FuzzAdmit feeds arbitrary objects straight to every handler, validating

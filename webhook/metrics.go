@@ -80,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 var knownKinds = map[string]bool{
 	"Gateway": true, "HTTPRoute": true, "GRPCRoute": true, "Namespace": true, "Service": true, "Pod": true,
 	"Deployment": true, "StatefulSet": true, "DaemonSet": true, "ReplicaSet": true, "Job": true, "CronJob": true,
-	"AuthorizationPolicy": true,
+	"AuthorizationPolicy": true, "ServiceEntry": true, "WorkloadEntry": true,
 }
 
 func kindLabel(kind string) string {

@@ -46,6 +46,7 @@ var resources = map[string]string{
 	"Namespace": "namespaces",
 	"Service":   "services", "Pod": "pods", "Deployment": "deployments", "ReplicaSet": "replicasets", "CronJob": "cronjobs",
 	"AuthorizationPolicy": "authorizationpolicies", "PeerAuthentication": "peerauthentications", "ConfigMap": "configmaps",
+	"ServiceEntry": "serviceentries", "WorkloadEntry": "workloadentries",
 }
 
 const (
@@ -53,6 +54,7 @@ const (
 	routeKind   = "gateway.networking.k8s.io/v1/HTTPRoute"
 	authzKind   = "security.istio.io/v1/AuthorizationPolicy"
 	peerKind    = "security.istio.io/v1/PeerAuthentication"
+	seKind      = "networking.istio.io/v1/ServiceEntry"
 )
 
 // review builds the AdmissionReview the API server would send.
@@ -546,6 +548,176 @@ spec: {mtls: {mode: DISABLE}}`},
 	{name: "peerauth-selector-in-root", kind: peerKind, ns: "weft-system", object: `
 metadata: {name: web}
 spec: {selector: {matchLabels: {app: web}}, mtls: {mode: STRICT}}`},
+
+	// ServiceEntries.
+	{name: "se-static-valid", kind: seKind, ns: "shop", object: `
+metadata: {name: db, labels: {team: shop}}
+spec:
+  hosts: [db.example.com]
+  addresses: [192.0.2.10, "2001:db8::10"]
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  ports: [{number: 5432, name: postgres, protocol: TCP, targetPort: 15432}]
+  endpoints:
+  - {address: 198.51.100.1, labels: {zone: a}, serviceAccount: db, ports: {postgres: 6432}}
+  - {address: "2001:db8::1"}
+  exportTo: ["*"]`},
+	{name: "se-dns-valid", kind: "networking.istio.io/v1beta1/ServiceEntry", ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com, Docs.Example.com.]
+  resolution: DNS
+  ports: [{number: 443, name: https, protocol: TLS}]`},
+	{name: "se-dns-endpoints", kind: "networking.istio.io/v1alpha3/ServiceEntry", ns: "shop", object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: none}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]
+  endpoints: [{address: eu.api.example.com.}, {address: 203.0.113.5}, {address: EU.api.example.com}]`},
+	{name: "se-defaults-refused", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]`},
+	{name: "se-internal-round-robin", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  location: MESH_INTERNAL
+  resolution: DNS_ROUND_ROBIN
+  ports: [{number: 80, name: http}]
+  subjectAltNames: [spiffe://example.com/ns/a/sa/b]
+  exportTo: ["."]`},
+	{name: "se-resolution-lower-case", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: dns
+  ports: [{number: 443, name: https}]`},
+	{name: "se-location-mixed-case", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  location: Mesh_External
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-resolution-number", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  location: 7
+  resolution: 9
+  ports: [{number: 443, name: https}]`},
+	{name: "se-hosts-invalid", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts:
+  - "*.example.com"
+  - "*"
+  - foo.ns.svc.cluster.local.
+  - CLUSTER.LOCAL
+  - 10.0.0.1
+  - "bad_name.example.com"
+  - api.example.com
+  - API.example.com.
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-addresses-invalid", kind: seKind, ns: "shop", object: `
+metadata: {name: db}
+spec:
+  hosts: [db.example.com, db2.example.com]
+  addresses: [10.0.0.0/24, "::ffff:10.0.0.1", "fe80::1%eth0", db.example.com, 10.0.0.1]
+  resolution: STATIC
+  ports: [{number: 5432, name: postgres}]
+  endpoints: [{address: 10.1.0.1}]`},
+	{name: "se-ports-invalid", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports:
+  - {number: 0, name: zero}
+  - {number: 70000, name: big}
+  - {number: 443, name: https, targetPort: 70000}
+  - {number: 443, name: https}
+  - {number: 8443, name: Not_A_Label}
+  - {number: 9443}`},
+	{name: "se-ports-missing", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS`},
+	{name: "se-static-without-endpoints", kind: seKind, ns: "shop", object: `
+metadata: {name: db}
+spec:
+  hosts: [db.example.com]
+  resolution: STATIC
+  ports: [{number: 5432, name: postgres}]`},
+	{name: "se-static-endpoints-invalid", kind: seKind, ns: "shop", object: `
+metadata: {name: db}
+spec:
+  hosts: [db.example.com]
+  resolution: STATIC
+  ports: [{number: 5432, name: postgres}]
+  endpoints:
+  - {address: db-0.example.com}
+  - {address: "unix:///var/run/db.sock"}
+  - {address: "::ffff:10.0.0.1"}
+  - {network: remote}
+  - {address: 10.0.0.2, locality: us-east1/a, weight: 3, labels: {any: thing}}
+  - {address: 10.0.0.3, ports: {postgres: 0, admin: 9000}}
+  - {address: 10.0.0.02}`},
+	{name: "se-dns-endpoints-invalid", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]
+  endpoints: [{address: "*.example.com"}, {address: "unix://@abstract"}, {address: 203.0.113.5}, {address: 203.0.113.5}]`},
+	{name: "se-selector", kind: seKind, ns: "shop", object: `
+metadata: {name: vms}
+spec:
+  hosts: [vms.example.com]
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  workloadSelector: {labels: {app: vm}}`},
+	{name: "se-export-to-namespace", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]
+  exportTo: ["*", shop]`},
+	{name: "se-use-waypoint", kind: seKind, ns: "shop", object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: waypoint}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-namespace-waypoint", kind: seKind, ns: "bound", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-update-being-deleted", kind: seKind, ns: "shop", op: admissionv1.Update, object: `
+metadata: {name: api, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: []}
+spec: {hosts: ["*.example.com"]}`, old: `
+metadata: {name: api, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: [example.com/cleanup]}
+spec: {hosts: ["*.example.com"]}`},
+	{name: "se-undecodable", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec: {hosts: api.example.com, resolution: DNS}`},
+
+	// WorkloadEntries.
+	{name: "workloadentry-create", kind: "networking.istio.io/v1/WorkloadEntry", ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, labels: {app: vm}}`},
+	{name: "workloadentry-update", kind: "networking.istio.io/v1beta1/WorkloadEntry", ns: "shop", op: admissionv1.Update, object: `
+metadata: {name: vm-1, labels: {team: b}}
+spec: {address: 10.0.0.1}`, old: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1}`},
 
 	// Requests no rule is about.
 	{name: "delete-not-applicable", kind: "v1/Namespace", op: admissionv1.Delete, old: `

@@ -109,7 +109,14 @@ type Config struct {
 	// WaypointUserRole names the ClusterRole that grants the use verb, for
 	// messages; default weft-waypoint-user.
 	WaypointUserRole string
+	// ClusterDomain is the DNS suffix of Services, under which no
+	// ServiceEntry host may be; default cluster.local.
+	ClusterDomain string
 }
+
+// DefaultClusterDomain is the DNS suffix of Services when
+// [Config.ClusterDomain] is unset.
+const DefaultClusterDomain = "cluster.local"
 
 // Admitter validates and defaults ambient configuration. It is safe for
 // concurrent use.
@@ -127,6 +134,9 @@ func New(cfg Config) (*Admitter, error) {
 	}
 	if cfg.WaypointUserRole == "" {
 		cfg.WaypointUserRole = "weft-waypoint-user"
+	}
+	if cfg.ClusterDomain == "" {
+		cfg.ClusterDomain = DefaultClusterDomain
 	}
 	return &Admitter{cfg: cfg}, nil
 }
@@ -170,6 +180,11 @@ var (
 	cronJobGK     = groupKind{"batch", "CronJob"}
 	authzPolicyGK = groupKind{"security.istio.io", "AuthorizationPolicy"}
 	peerAuthGK    = groupKind{"security.istio.io", "PeerAuthentication"}
+
+	// ServiceEntries and WorkloadEntries: v1, v1beta1 and v1alpha3 have the
+	// same spec.
+	serviceEntryGK  = groupKind{"networking.istio.io", "ServiceEntry"}
+	workloadEntryGK = groupKind{"networking.istio.io", "WorkloadEntry"}
 )
 
 func (a *Admitter) validators() map[groupKind]func(*review) {
@@ -191,6 +206,9 @@ func (a *Admitter) validators() map[groupKind]func(*review) {
 		cronJobGK:     a.validateWorkload,
 		authzPolicyGK: a.validateAuthorizationPolicy,
 		peerAuthGK:    a.validatePeerAuthentication,
+
+		serviceEntryGK:  a.validateServiceEntry,
+		workloadEntryGK: a.refuseWorkloadEntry,
 	}
 }
 

@@ -46,8 +46,33 @@ func TestNewRequiresState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a.cfg.RootNamespace != "istio-system" || a.cfg.WaypointUserRole != "weft-waypoint-user" {
+	if a.cfg.RootNamespace != "istio-system" || a.cfg.WaypointUserRole != "weft-waypoint-user" || a.cfg.ClusterDomain != "cluster.local" {
 		t.Errorf("defaults: %+v", a.cfg)
+	}
+}
+
+// TestServiceEntryClusterDomain checks that hosts are refused under the
+// configured cluster domain, whatever their case or trailing dot, and only
+// under it.
+func TestServiceEntryClusterDomain(t *testing.T) {
+	a, err := New(Config{Gateways: empty{}, Services: empty{}, Namespaces: empty{}, Access: empty{}, ClusterDomain: "Corp.Internal."})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for host, allowed := range map[string]bool{
+		"db.shop.svc.corp.internal": false, "DB.shop.svc.Corp.Internal.": false, "corp.internal": false,
+		"db.shop.svc.cluster.local": true, "notcorp.internal": true, "corp.internal.example.com": true,
+	} {
+		obj := fmt.Sprintf(`{"metadata":{"name":"db"},"spec":{"hosts":[%q],"resolution":"DNS","ports":[{"number":5432,"name":"pg"}]}}`, host)
+		res := a.Validate(context.Background(), &admissionv1.AdmissionRequest{
+			Kind:      metav1.GroupVersionKind{Group: "networking.istio.io", Version: "v1", Kind: "ServiceEntry"},
+			Namespace: "shop",
+			Operation: admissionv1.Create,
+			Object:    runtime.RawExtension{Raw: []byte(obj)},
+		})
+		if res.Allowed() != allowed || (!allowed && res.Reason != "se-host") {
+			t.Errorf("host %s: %s %s %s, want allowed=%v", host, res.Decision, res.Reason, res.Message, allowed)
+		}
 	}
 }
 

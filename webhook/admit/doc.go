@@ -103,6 +103,42 @@
 //	peerauth-ignored        warning: a selector policy in the root namespace, which istiod
 //	                        ignores for ambient workloads
 //
+// ServiceEntries (networking.istio.io v1, v1beta1 and v1alpha3), refused
+// where Weft would accept and then not apply them:
+//
+//	se-location    location MESH_EXTERNAL (or unset); MESH_INTERNAL is not supported yet
+//	se-resolution  resolution STATIC or DNS; NONE (the default), DNS_ROUND_ROBIN and
+//	               DYNAMIC_DNS are not supported yet; a lower-case name is refused here
+//	               with what to write, not reported undecodable
+//	se-host        at least one host; each a DNS name (a trailing dot and any case
+//	               allowed), once: no wildcard (it needs resolution NONE), no IP, nothing
+//	               under the cluster domain ([Config.ClusterDomain]), whose names are
+//	               Services'
+//	se-address     single IPv4 or IPv6 addresses: no CIDR block (not yet), zone or
+//	               IPv4-mapped IPv6 form; none is fine (one is allocated per host);
+//	               warning: addresses shared by several hosts
+//	se-port        at least one port; numbers 1-65535, each once; targetPort 0-65535;
+//	               names DNS labels, each once
+//	se-endpoint    with STATIC at least one endpoint, each address an IP; with DNS an
+//	               IP or a hostname (no endpoints: the hosts are resolved); no Unix
+//	               socket; no network, locality or weight (not applied yet); port map
+//	               keys name ports of the entry, values 1-65535; labels and
+//	               serviceAccount pass; warning: an address listed twice
+//	se-selector    no workloadSelector (not yet: list the workloads as endpoints)
+//	se-export      exportTo absent or ["*"]: every entry is visible mesh-wide
+//	se-san         no subjectAltNames (they apply to MESH_INTERNAL only)
+//	se-waypoint    istio.io/use-waypoint absent or none: egress through a waypoint is
+//	               not supported yet; warning: the namespace uses a waypoint, which
+//	               the entry's traffic bypasses
+//
+// WorkloadEntries (networking.istio.io, every version):
+//
+//	workloadentry-unsupported  every CREATE and UPDATE: VMs are not supported yet; an
+//	                           external address is a STATIC ServiceEntry's endpoint
+//
+// An UPDATE of a ServiceEntry or WorkloadEntry being deleted passes, so that
+// its finalizers can always be removed.
+//
 // Everywhere: every consumed free-form value is at most [MaxValueBytes] and
 // has no control, bidirectional-formatting or invalid UTF-8 characters. An
 // object that does not decode is an error (400, object-undecodable); a failed

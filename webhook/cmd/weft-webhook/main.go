@@ -296,6 +296,7 @@ func run(cfg Config, log *slog.Logger) error {
 		Access:           access,
 		RootNamespace:    cfg.RootNamespace,
 		WaypointUserRole: cfg.WaypointUserRole,
+		ClusterDomain:    cfg.ClusterDomain,
 	})
 	if err != nil {
 		return err

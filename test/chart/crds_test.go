@@ -102,6 +102,7 @@ func TestCRDs(t *testing.T) {
 		"authorizationpolicies.security.istio.io":  "v1",
 		"peerauthentications.security.istio.io":    "v1",
 		"serviceentries.networking.istio.io":       "v1",
+		"workloadentries.networking.istio.io":      "v1",
 	} {
 		c, ok := crds[name]
 		if !ok {

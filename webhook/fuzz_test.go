@@ -91,6 +91,7 @@ var fuzzKinds = []metav1.GroupVersionKind{
 	{Version: "v1", Kind: "ConfigMap"},
 	{Group: "networking.istio.io", Version: "v1", Kind: "ServiceEntry"},
 	{Group: "networking.istio.io", Version: "v1", Kind: "WorkloadEntry"},
+	{Group: "networking.istio.io", Version: "v1", Kind: "VirtualService"},
 }
 
 // FuzzAdmit feeds arbitrary objects straight to every handler, validating

@@ -718,6 +718,27 @@ metadata: {name: vm-1, labels: {team: b}}
 spec: {address: 10.0.0.1}`, old: `
 metadata: {name: vm-1}
 spec: {address: 10.0.0.1}`},
+	// Istio kinds Weft does not apply: each refused with what to use.
+	{name: "virtualservice-create", kind: "networking.istio.io/v1/VirtualService", ns: "shop", object: `
+metadata: {name: reviews}
+spec: {hosts: [reviews], http: [{route: [{destination: {host: reviews, subset: v2}}]}]}`},
+	{name: "destinationrule-create", kind: "networking.istio.io/v1beta1/DestinationRule", ns: "shop", object: `
+metadata: {name: reviews}
+spec: {host: reviews, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}}`},
+	{name: "istio-gateway-create", kind: "networking.istio.io/v1/Gateway", ns: "shop", object: `
+metadata: {name: ingress}
+spec: {selector: {istio: ingressgateway}, servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ["*"]}]}`},
+	{name: "requestauthentication-create", kind: "security.istio.io/v1/RequestAuthentication", ns: "shop", object: `
+metadata: {name: jwt}
+spec: {jwtRules: [{issuer: "https://issuer.example"}]}`},
+	{name: "telemetry-create", kind: "telemetry.istio.io/v1/Telemetry", ns: "shop", object: `
+metadata: {name: tracing}
+spec: {tracing: [{randomSamplingPercentage: 100}]}`},
+	{name: "virtualservice-update-being-deleted", kind: "networking.istio.io/v1/VirtualService", ns: "shop", op: admissionv1.Update, object: `
+metadata: {name: reviews, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: []}
+spec: {hosts: [reviews]}`, old: `
+metadata: {name: reviews, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: [example.com/cleanup]}
+spec: {hosts: [reviews]}`},
 
 	// Requests no rule is about.
 	{name: "delete-not-applicable", kind: "v1/Namespace", op: admissionv1.Delete, old: `

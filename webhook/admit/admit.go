@@ -188,7 +188,7 @@ var (
 )
 
 func (a *Admitter) validators() map[groupKind]func(*review) {
-	return map[groupKind]func(*review){
+	v := map[groupKind]func(*review){
 		gatewayGK:     a.validateGateway,
 		httpRouteGK:   a.validateRoute,
 		grpcRouteGK:   a.validateRoute,
@@ -207,9 +207,12 @@ func (a *Admitter) validators() map[groupKind]func(*review) {
 		authzPolicyGK: a.validateAuthorizationPolicy,
 		peerAuthGK:    a.validatePeerAuthentication,
 
-		serviceEntryGK:  a.validateServiceEntry,
-		workloadEntryGK: a.refuseWorkloadEntry,
+		serviceEntryGK: a.validateServiceEntry,
 	}
+	for gk := range unsupportedKinds {
+		v[gk] = a.refuseUnsupported
+	}
+	return v
 }
 
 func (a *Admitter) run(ctx context.Context, req *admissionv1.AdmissionRequest, handlers map[groupKind]func(*review)) Result {

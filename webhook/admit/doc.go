@@ -131,13 +131,18 @@
 //	               not supported yet; warning: the namespace uses a waypoint, which
 //	               the entry's traffic bypasses
 //
-// WorkloadEntries (networking.istio.io, every version):
+// Istio kinds Weft does not apply (WorkloadEntry, WorkloadGroup,
+// VirtualService, DestinationRule, networking.istio.io Gateway, Sidecar,
+// EnvoyFilter, ProxyConfig, RequestAuthentication, Telemetry, WasmPlugin;
+// every version):
 //
-//	workloadentry-unsupported  every CREATE and UPDATE: VMs are not supported yet; an
-//	                           external address is a STATIC ServiceEntry's endpoint
+//	kind-unsupported  every CREATE and UPDATE, with what to use instead: stored,
+//	                  the object would do nothing. The chart ships only
+//	                  WorkloadEntry's CRD; the others are refused where a cluster
+//	                  has Istio's.
 //
-// An UPDATE of a ServiceEntry or WorkloadEntry being deleted passes, so that
-// its finalizers can always be removed.
+// An UPDATE of an object of these kinds or of a ServiceEntry being deleted
+// passes, so that its finalizers can always be removed.
 //
 // Everywhere: every consumed free-form value is at most [MaxValueBytes] and
 // has no control, bidirectional-formatting or invalid UTF-8 characters. An

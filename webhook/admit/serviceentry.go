@@ -299,21 +299,39 @@ func (a *Admitter) checkEntryWaypoint(rv *review, se *networkingv1.ServiceEntry)
 	}
 }
 
-// refuseWorkloadEntry refuses every WorkloadEntry: Weft does not apply
-// them, and one accepted would silently do nothing.
-func (a *Admitter) refuseWorkloadEntry(rv *review) {
-	var we struct {
+// unsupportedKinds are the Istio kinds Weft does not apply, each with what
+// to use instead. An object of one is refused: accepted, it would be stored
+// and silently do nothing. The chart ships only WorkloadEntry's CRD; the
+// others are refused where a cluster has Istio's CRDs.
+var unsupportedKinds = map[groupKind]string{
+	workloadEntryGK:                                "WorkloadEntries (VMs) are not yet supported; for an external address use a ServiceEntry with resolution STATIC and endpoints",
+	{"networking.istio.io", "WorkloadGroup"}:       "WorkloadGroups (VMs) are not yet supported; for an external address use a ServiceEntry with resolution STATIC and endpoints",
+	{"networking.istio.io", "VirtualService"}:      "VirtualServices are not applied; route with an HTTPRoute, GRPCRoute or TCPRoute whose parentRef is the Service (kind Service, group \"\"), which the Service's waypoint applies",
+	{"networking.istio.io", "DestinationRule"}:     "DestinationRules are not yet applied; split traffic with HTTPRoute weights, and keep endpoints close with the Service's trafficDistribution",
+	{"networking.istio.io", "Gateway"}:             "Istio Gateways are not applied; waypoints are Gateway API Gateways of class istio-waypoint, and ingress gateways are not yet supported",
+	{"networking.istio.io", "Sidecar"}:             "Sidecars do not exist in ambient mode; nothing would apply this",
+	{"networking.istio.io", "EnvoyFilter"}:         "EnvoyFilters are not applied: Weft's waypoints and ztunnel are not Envoy",
+	{"networking.istio.io", "ProxyConfig"}:         "ProxyConfigs are not applied; waypoints take their settings from the Gateway's infrastructure.parametersRef",
+	{"security.istio.io", "RequestAuthentication"}: "RequestAuthentications (JWT) are not yet supported; an AuthorizationPolicy rule naming requestPrincipals allows nothing",
+	{"telemetry.istio.io", "Telemetry"}:            "the Telemetry API is not yet supported; Istio's standard metrics and access logs are always on",
+	{"extensions.istio.io", "WasmPlugin"}:          "WasmPlugins are not applied: Weft's waypoints do not run Wasm",
+}
+
+// refuseUnsupported refuses an object of an unsupportedKinds kind, saying
+// what to use instead. An update of one being deleted is let through, so
+// that its finalizers can always be removed.
+func (a *Admitter) refuseUnsupported(rv *review) {
+	var obj struct {
 		Metadata metav1.ObjectMeta `json:"metadata"`
 	}
-	if !rv.decodeObject(&we, nil) {
+	if !rv.decodeObject(&obj, nil) {
 		return
 	}
-	if rv.isUpdate() && we.Metadata.DeletionTimestamp != nil {
+	if rv.isUpdate() && obj.Metadata.DeletionTimestamp != nil {
 		rv.rep.skip() // only finalizers may still change; never block them
 		return
 	}
-	rv.rep.deny("workloadentry-unsupported", "",
-		"WorkloadEntries (VMs) are not yet supported; for an external address use a ServiceEntry with resolution STATIC and endpoints")
+	rv.rep.deny("kind-unsupported", "", "%s", unsupportedKinds[groupKind{rv.req.Kind.Group, rv.req.Kind.Kind}])
 }
 
 // checkEnumNames denies a spec.location or spec.resolution that is a

@@ -64,6 +64,19 @@ func TestServiceEntry(t *testing.T) {
 	if err := c.AddDNSRecord("dns.weft.test", netip.MustParseAddr(servers[1].Status.PodIP)); err != nil {
 		t.Fatal(err)
 	}
+	// What Weft would not apply is refused at admission, saying what to
+	// write instead, never stored for nothing: an entry with the default
+	// resolution (NONE), and a WorkloadEntry.
+	for _, refused := range []struct{ manifest, want string }{
+		{"apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: passthrough, namespace: " + ns +
+			"}\nspec:\n  hosts: [any.weft.test]\n  ports: [{number: 80, name: http}]\n", "set resolution: STATIC"},
+		{"apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm, namespace: " + ns +
+			"}\nspec: {address: 192.0.2.7}\n", "use a ServiceEntry with resolution STATIC"},
+	} {
+		if err := c.Apply(ctx, refused.manifest); err == nil || !strings.Contains(err.Error(), refused.want) {
+			t.Errorf("applying\n%s: %v; want a refusal saying %q", refused.manifest, err, refused.want)
+		}
+	}
 	entries := serviceEntries(ns, servers[0].Status.PodIP)
 	if err := c.Apply(ctx, entries); err != nil {
 		t.Fatal(err)

@@ -66,18 +66,10 @@ func TestCrossNamespaceBackend(t *testing.T) {
 	}
 	wait := func(want map[string]string) {
 		t.Helper()
-		var last map[string]string
-		err := c.WaitFor(ctx, "HTTPRoute echo-far status "+fmt.Sprint(want), func(ctx context.Context) (bool, error) {
+		waitConditions(ctx, t, c, "HTTPRoute echo-far", want, func(ctx context.Context) (map[string]string, error) {
 			got, _, err := routeConditions(ctx, gw, "echo-far")
-			if err != nil {
-				return false, nil
-			}
-			last = got
-			return fmt.Sprint(got) == fmt.Sprint(want), nil
+			return got, err
 		})
-		if err != nil {
-			t.Fatalf("%v; last seen %v", err, last)
-		}
 	}
 	// answers counts who answered n requests to /far: "far", or
 	// byVersion's "HTTP <code>"/"error".

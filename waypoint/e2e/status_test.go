@@ -13,6 +13,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/internal/apinames"
+	"github.com/weftmesh/weft/test/cluster"
 )
 
 // missingBackendRoute sends one path of the echo Service to a Service that
@@ -60,6 +61,24 @@ func parentConditions(parents []gwv1.RouteParentStatus, parent string, generatio
 	return out
 }
 
+// waitConditions waits until get returns want (parentConditions' form),
+// failing the test with what it last saw of what.
+func waitConditions(ctx context.Context, t *testing.T, c *cluster.Cluster, what string, want map[string]string, get func(context.Context) (map[string]string, error)) {
+	t.Helper()
+	var last map[string]string
+	err := c.WaitFor(ctx, what+" status "+fmt.Sprint(want), func(ctx context.Context) (bool, error) {
+		got, err := get(ctx)
+		if err != nil {
+			return false, nil
+		}
+		last = got
+		return fmt.Sprint(got) == fmt.Sprint(want), nil
+	})
+	if err != nil {
+		t.Fatalf("%v; last seen %v", err, last)
+	}
+}
+
 // TestRouteStatus: the route the waypoint applies shows Accepted and
 // ResolvedRefs True under Weft's controller name; a route to a Service that
 // does not exist shows ResolvedRefs False with BackendNotFound.
@@ -74,18 +93,10 @@ func TestRouteStatus(t *testing.T) {
 	}
 	wait := func(name string, want map[string]string) {
 		t.Helper()
-		var last map[string]string
-		err := c.WaitFor(ctx, "HTTPRoute "+name+" status "+fmt.Sprint(want), func(ctx context.Context) (bool, error) {
+		waitConditions(ctx, t, c, "HTTPRoute "+name, want, func(ctx context.Context) (map[string]string, error) {
 			got, _, err := routeConditions(ctx, gw, name)
-			if err != nil {
-				return false, nil
-			}
-			last = got
-			return fmt.Sprint(got) == fmt.Sprint(want), nil
+			return got, err
 		})
-		if err != nil {
-			t.Fatalf("%v; last seen %v", err, last)
-		}
 	}
 	wait("echo", map[string]string{"Accepted": "True/Accepted", "ResolvedRefs": "True/ResolvedRefs"})
 

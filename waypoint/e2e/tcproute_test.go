@@ -133,21 +133,16 @@ func TestTCPRouteSplit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			m.logWaypoint(t)
+		}
+	})
 	wait := func(ns, name string, want map[string]string) {
 		t.Helper()
-		var last map[string]string
-		err := c.WaitFor(ctx, "TCPRoute "+ns+"/"+name+" status "+fmt.Sprint(want), func(ctx context.Context) (bool, error) {
-			got, err := tcpRouteConditions(ctx, gw, ns, name)
-			if err != nil {
-				return false, nil
-			}
-			last = got
-			return fmt.Sprint(got) == fmt.Sprint(want), nil
+		waitConditions(ctx, t, c, "TCPRoute "+ns+"/"+name, want, func(ctx context.Context) (map[string]string, error) {
+			return tcpRouteConditions(ctx, gw, ns, name)
 		})
-		if err != nil {
-			m.logWaypoint(t)
-			t.Fatalf("%v; last seen %v", err, last)
-		}
 	}
 	// waitAll waits until k connections in a row are answered by version.
 	waitAll := func(addr, version string, k int) {

@@ -64,7 +64,7 @@ type Config struct {
 	// and runc on each node, running OCI images the cluster writes into
 	// BinDir/images and imports; it needs bin/kubelet from `make tools`
 	// and containerd and runc from `make deps`). Default: $WEFT_NODES,
-	// else "standin".
+	// else "kubelet".
 	NodeMode string
 	// ExtraImages are image archives (`docker save` layout, such as
 	// `weft-images -extra` writes) that real nodes import besides the
@@ -106,7 +106,7 @@ func (c *Config) SetDefaults() error {
 	if c.NodeMode == "" {
 		c.NodeMode = os.Getenv("WEFT_NODES")
 		if c.NodeMode == "" {
-			c.NodeMode = NodeModeStandIn
+			c.NodeMode = NodeModeKubelet
 		}
 	}
 	if c.Go == "" {

@@ -12,11 +12,11 @@
 //     webhooks behind Services that ask for one, through an admission
 //     configuration as a cluster admin would write it;
 //   - Nodes, each a network namespace with a pod bridge and a pod CIDR,
-//     running kube-proxy and a node runner (package node) in place of the
+//     running kube-proxy and the real kubelet with a containerd and runc of
+//     the node's own, running OCI images imported at start (Config.NodeMode
+//     "kubelet", the default); or, with NodeMode "standin"
+//     (WEFT_NODES=standin), a node runner (package node) in place of the
 //     kubelet, which wires pods with the real CNI plugins through libcni;
-//     or, in real-node mode (Config.NodeMode "kubelet", WEFT_NODES=kubelet),
-//     the real kubelet with a containerd and runc of the node's own, running
-//     OCI images imported at start;
 //   - an underlay joining the control plane and the nodes, inside a network
 //     namespace of its own;
 //   - cluster DNS for Services and pods (the kube-dns Service, 10.96.0.10),

@@ -10,14 +10,14 @@ import (
 	"github.com/weftmesh/weft/test/cluster"
 )
 
-// TestRealNodeKubectl runs on real nodes (WEFT_NODES=kubelet): echo pods
+// TestRealNodeKubectl runs on real nodes (the default): echo pods
 // from the imported image become Ready on both nodes, and the kubelet's
 // API answers `kubectl logs` and `kubectl exec` through the API server,
 // the exec reaching the pod on the other node.
 func TestRealNodeKubectl(t *testing.T) {
 	c := shared.Get(t)
 	if c.NodeMode() != cluster.NodeModeKubelet {
-		t.Skip("real-node test: set WEFT_NODES=kubelet")
+		t.Skip("real-node test: the nodes are stand-ins (WEFT_NODES=standin)")
 	}
 	ctx := timeout(t, 3*time.Minute)
 	const ns = "e2e-real"

@@ -107,7 +107,7 @@ func TestDemoStory(t *testing.T) {
 func TestNotesCommands(t *testing.T) {
 	c := story(t)
 	if c.NodeMode() != cluster.NodeModeKubelet {
-		t.Skip("kubectl logs and port-forward need real nodes (WEFT_NODES=kubelet)")
+		t.Skip("kubectl logs and port-forward need real nodes (WEFT_NODES=kubelet, the default)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

@@ -302,6 +302,36 @@ func (c *Cluster) KubectlCommand(ctx context.Context, args ...string) *exec.Cmd 
 	return cmd
 }
 
+// PortForward runs `kubectl port-forward <args>` (args name the namespace,
+// the target and ":<port>"), as a user would, and returns the local
+// address it listens on once kubectl says so, and a stop function.
+func (c *Cluster) PortForward(ctx context.Context, args ...string) (local string, stop func(), err error) {
+	pf := c.KubectlCommand(ctx, append([]string{"port-forward"}, args...)...)
+	stdout, err := pf.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	var stderr strings.Builder
+	pf.Stderr = &stderr
+	if err := pf.Start(); err != nil {
+		return "", nil, err
+	}
+	stop = func() { _ = pf.Process.Kill(); _ = pf.Wait() }
+	// "Forwarding from 127.0.0.1:<port> -> <port>"
+	sc := bufio.NewScanner(stdout)
+	for local == "" && sc.Scan() {
+		if f := strings.Fields(sc.Text()); len(f) >= 3 && f[0] == "Forwarding" && strings.HasPrefix(f[2], "127.0.0.1:") {
+			local = f[2]
+		}
+	}
+	if local == "" {
+		stop()
+		return "", nil, fmt.Errorf("kubectl port-forward %s printed no local address: %v %s", strings.Join(args, " "), sc.Err(), stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return local, stop, nil
+}
+
 // runTool runs bin/<name> from the repository's root with the cluster's
 // kubeconfig, PATH and env.
 func (c *Cluster) runTool(ctx context.Context, name string, env []string, args ...string) (string, error) {

@@ -48,6 +48,8 @@ type realNode struct {
 	cgroup     string // the kubelet's cgroupRoot, "/<run>-<node>"
 	containerd *process
 	kubelet    *process
+	// kubeletConfig is the kubelet's configuration file, once written.
+	kubeletConfig string
 }
 
 func (r *realNode) sock() string       { return filepath.Join(r.node.Root, "run/containerd.sock") }
@@ -188,15 +190,23 @@ func removeMadeDirs(id string) {
 // a mount that vanished meanwhile, like those of an image unpacking on the
 // same tmpfs.
 func (c *Cluster) startKubelet(r *realNode, cr *creds) error {
-	n := r.node
 	kc, err := c.writeKubeletFiles(r, cr)
 	if err != nil {
 		return err
 	}
+	r.kubeletConfig = kc
+	return c.launchKubelet(r)
+}
+
+// launchKubelet runs the node's kubelet, with its files written, in
+// containerd's mount namespace.
+func (c *Cluster) launchKubelet(r *realNode) error {
+	n := r.node
+	var err error
 	mnt := fmt.Sprintf("--mount=/proc/%d/ns/mnt", r.containerd.cmd.Process.Pid)
 	r.kubelet, err = startProcess(r.ns, "kubelet-"+n.Name, c.path("logs"), "nsenter", []string{
 		mnt, "--", filepath.Join(c.cfg.BinDir, "kubelet"),
-		"--config=" + kc,
+		"--config=" + r.kubeletConfig,
 		"--kubeconfig=" + filepath.Join(n.Root, "kubelet.kubeconfig"),
 		"--root-dir=" + r.kubeletDir(),
 		"--cert-dir=" + filepath.Join(r.kubeletDir(), "pki"),
@@ -951,4 +961,90 @@ func linkLogs(src, dst string) {
 			_ = os.Link(f, target)
 		}
 	}
+}
+
+// RestartNode stops a real node's kubelet and containerd and starts them
+// again, as an operator restarting a node's services does: the pods'
+// containers, their shims and network namespaces stay, and the new
+// containerd joins the node's mount namespace, which the shims keep
+// alive. It returns once the node reports Ready from a heartbeat after the
+// restart.
+func (c *Cluster) RestartNode(ctx context.Context, name string) error {
+	if c.cfg.NodeMode != NodeModeKubelet {
+		return fmt.Errorf("restarting node %s: only real nodes restart (NodeMode %q)", name, c.cfg.NodeMode)
+	}
+	var r *realNode
+	for _, rn := range c.realNodes {
+		if rn.node.Name == name {
+			r = rn
+		}
+	}
+	if r == nil {
+		return fmt.Errorf("restarting node %s: no such node", name)
+	}
+	start := time.Now()
+	r.kubelet.stop(10 * time.Second)
+	r.containerd.stop(10 * time.Second)
+	holder, err := nodeMountHolder(r)
+	if err != nil {
+		return fmt.Errorf("restarting node %s: %w", name, err)
+	}
+	r.containerd, err = startProcess(r.ns, "containerd-"+name, c.path("logs"), "nsenter", []string{
+		fmt.Sprintf("--mount=/proc/%d/ns/mnt", holder), "--", "containerd", "--config=" + filepath.Join(r.node.Root, "containerd.toml"),
+	})
+	if err != nil {
+		return fmt.Errorf("restarting node %s: %w", name, err)
+	}
+	c.track(r.containerd)
+	// The runtime answers, and still knows the node's containers.
+	err = c.poll(ctx, "node "+name+"'s containerd answering after its restart", func(ctx context.Context) (bool, string, error) {
+		out, err := c.ctr(ctx, r, "containers", "list", "--quiet")
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		n := len(strings.Fields(out))
+		return n > 0, fmt.Sprintf("%d containers", n), nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := c.launchKubelet(r); err != nil {
+		return fmt.Errorf("restarting node %s: %w", name, err)
+	}
+	c.log.Info("node services restarted", "node", name)
+	return c.poll(ctx, "node "+name+" Ready after its restart", func(ctx context.Context) (bool, string, error) {
+		n, err := c.client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady {
+				fresh := cond.LastHeartbeatTime.After(start)
+				return cond.Status == corev1.ConditionTrue && fresh, fmt.Sprintf("Ready=%s, heartbeat %s", cond.Status, cond.LastHeartbeatTime), nil
+			}
+		}
+		return false, "no Ready condition", nil
+	})
+}
+
+// nodeMountHolder finds a process that still holds a stopped containerd's
+// mount namespace: one of its shims, in the node's network namespace with
+// a mount namespace other than the machine's.
+func nodeMountHolder(r *realNode) (int, error) {
+	ino, err := r.ns.ID()
+	if err != nil {
+		return 0, err
+	}
+	own, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		return 0, err
+	}
+	for _, pid := range processesIn(map[uint64]bool{ino: true}) {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		mnt, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+		if err == nil && mnt != own && strings.HasPrefix(strings.TrimSpace(string(comm)), "containerd-shim") {
+			return pid, nil
+		}
+	}
+	return 0, errors.New("no shim holds the node's mount namespace (no pod runs there)")
 }

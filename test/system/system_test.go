@@ -144,33 +144,23 @@ func TestNotesCommands(t *testing.T) {
 		}
 	})
 
+	// Weft's images have no shell; their own binary answers -h.
+	t.Run("exec into a Weft pod", func(t *testing.T) {
+		out, err := c.Kubectl(ctx, "exec", "-n", meshNS, "deploy/weft-webhook", "--", "/usr/local/bin/weft-webhook", "-h")
+		if !strings.Contains(out, "-cluster-domain") {
+			t.Errorf("kubectl exec into the webhook: %v %q, want its usage", err, out)
+		}
+	})
+
 	t.Run("port-forward", func(t *testing.T) {
-		pf := c.KubectlCommand(ctx, "-n", meshNS, "port-forward", "deploy/weft-webhook", ":15014")
-		stdout, err := pf.StdoutPipe()
+		local, stop, err := c.PortForward(ctx, "-n", meshNS, "deploy/weft-webhook", ":15014")
 		if err != nil {
 			t.Fatal(err)
 		}
-		var stderr strings.Builder
-		pf.Stderr = &stderr
-		if err := pf.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { pf.Process.Kill(); pf.Wait() }()
-		// "Forwarding from 127.0.0.1:<port> -> 15014"
-		var local string
-		sc := bufio.NewScanner(stdout)
-		for local == "" && sc.Scan() {
-			if f := strings.Fields(sc.Text()); len(f) >= 3 && f[0] == "Forwarding" && strings.HasPrefix(f[2], "127.0.0.1:") {
-				local = f[2]
-			}
-		}
-		if local == "" {
-			t.Fatalf("kubectl port-forward printed no local address: %v %s", sc.Err(), stderr.String())
-		}
-		go io.Copy(io.Discard, stdout)
+		defer stop()
 		resp, err := http.Get("http://" + local + "/metrics")
 		if err != nil {
-			t.Fatalf("GET /metrics through the port-forward: %v (kubectl: %s)", err, stderr.String())
+			t.Fatalf("GET /metrics through the port-forward: %v", err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()

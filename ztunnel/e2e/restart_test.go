@@ -581,3 +581,112 @@ func removeNamespaceAtEnd(t *testing.T, c *cluster.Cluster, ns string) {
 		}
 	})
 }
+
+// TestNodeRestart stops and starts the kubelet and containerd of the
+// client's node, as an operator restarting a node's services does, while
+// the client opens 50 new connections a second to a pod on the other
+// node: the pods keep running (no container restarts), at least 99.9% of
+// the connections succeed, and they stay in HBONE, mTLS from the client's
+// identity as the server's ztunnel counts them. A pod created after the
+// restart is enrolled before it starts, through the restarted runtime's
+// CNI chain. Real nodes only.
+func TestNodeRestart(t *testing.T) {
+	c := mesh(t)
+	if c.NodeMode() != cluster.NodeModeKubelet {
+		t.Skip("the stand-in's nodes have no kubelet or containerd to restart (WEFT_NODES=standin)")
+	}
+	const ns = "zt-node-restart"
+	servers, client := app(t, c, ns, true)
+	removeNamespaceAtEnd(t, c, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	remote := otherNode(servers, client)
+	target := fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
+	if err := c.WaitReachable(ctx, ns, client.Name, target); err != nil {
+		t.Fatal(err)
+	}
+	restarts := func() map[string]int32 {
+		out := map[string]int32{}
+		for _, sel := range []string{"app=ztunnel", "app=weft-cni-agent"} {
+			pods, err := c.Client().CoreV1().Pods(meshNS).List(ctx, metav1.ListOptions{LabelSelector: sel, FieldSelector: "spec.nodeName=" + client.Spec.NodeName})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range pods.Items {
+				for _, s := range p.Status.ContainerStatuses {
+					out[p.Name+"/"+s.Name] = s.RestartCount
+				}
+			}
+		}
+		p, err := c.Client().CoreV1().Pods(ns).Get(ctx, client.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range p.Status.ContainerStatuses {
+			out[p.Name+"/"+s.Name] = s.RestartCount
+		}
+		return out
+	}
+	before := restarts()
+	// The kubelet reports each start of its own as a Node event.
+	starts := func() int {
+		evs, err := c.Client().CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + client.Spec.NodeName + ",reason=Starting"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, e := range evs.Items {
+			n += int(max(e.Count, 1))
+		}
+		return n
+	}
+	startsBefore := starts()
+	mtls := func() float64 {
+		return cluster.SumSeries(ztunnelMetrics(t, c, remote.Spec.NodeName), "istio_tcp_connections_opened_total", `reporter="destination"`,
+			fmt.Sprintf(`source_principal="spiffe://cluster.local/ns/%s/sa/%s"`, ns, client.Spec.ServiceAccountName), `connection_security_policy="mutual_tls"`)
+	}
+	mtlsBefore := mtls()
+
+	results, restartedAt := loadDuringRestart(t, c, ns, client.Name, target, func(ctx context.Context) error {
+		return c.RestartNode(ctx, client.Spec.NodeName)
+	})
+	ok, n := succeeded(results)
+	t.Logf("node %s restarted: %d/%d new connections succeeded (%.2f%%), restart started %s into the load",
+		client.Spec.NodeName, ok, n, 100*float64(ok)/float64(n), restartedAt.Round(time.Millisecond))
+	logFailures(t, results)
+	if ok*1000 < n*999 {
+		t.Errorf("%d of %d new connections failed while the node's kubelet and containerd restarted; want at least 99.9%% to succeed", n-ok, n)
+		dumpZtunnels(t, c)
+	}
+	if got := mtlsBefore + float64(ok); mtls() < got {
+		t.Errorf("the server's ztunnel counted %v mTLS connections from the client, want at least %v (every one that succeeded)", mtls(), got)
+	}
+	err := c.WaitFor(ctx, "the restarted kubelet's Starting event", func(ctx context.Context) (bool, error) { return starts() > startsBefore, nil })
+	if err != nil {
+		t.Errorf("%v: the node's kubelet did not start again (%d Starting events before, %d now)", err, startsBefore, starts())
+	}
+	if after := restarts(); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("container restart counts %v after the node restart, want %v: the containers should have kept running", after, before)
+	}
+
+	// Pods created now, one on each node (so one through the restarted
+	// runtime), are enrolled before they start.
+	if err := c.Apply(ctx, cluster.EchoApp(ns, "after", cluster.EchoOptions{Replicas: 2, Spread: true})); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.WaitDeployment(ctx, ns, "after"); err != nil {
+		t.Fatal(err)
+	}
+	pods, err := c.WaitPods(ctx, ns, "app=after", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if a := p.Annotations["ambient.istio.io/redirection"]; a != "enabled" {
+			t.Errorf("pod %s on %s, created after the restart: redirection %q, want enabled", p.Name, p.Spec.NodeName, a)
+		}
+		if rs, err := c.Request(ctx, ns, p.Name, target, 5); err != nil {
+			t.Errorf("from %s on %s, created after the restart: %v (%s)", p.Name, p.Spec.NodeName, err, echo.Summary(rs))
+		}
+	}
+}

@@ -58,14 +58,7 @@ func TestZtunnelRestart(t *testing.T) {
 	results, restartedAt := loadDuringRestart(t, c, ns, client.Name, target, func(ctx context.Context) error {
 		return rolloutRestart(ctx, c, "daemonsets", "ztunnel", "app=ztunnel")
 	})
-	ok, n := succeeded(results)
-	t.Logf("ztunnel rollout restart: %d/%d new connections succeeded (%.2f%%), restart started %s into the load",
-		ok, n, 100*float64(ok)/float64(n), restartedAt.Round(time.Millisecond))
-	logFailures(t, results)
-	if ok*1000 < n*999 {
-		t.Errorf("%d of %d new connections failed during the ztunnel rollout; want at least 99.9%% to succeed", n-ok, n)
-		dumpZtunnels(t, c)
-	}
+	checkLoad(t, c, "the ztunnel rollout restart", results, restartedAt)
 
 	checkHandedOver(t, c, old)
 	// The new ztunnels carry the traffic on both ends.
@@ -107,15 +100,24 @@ func TestZtunnelPodDeleted(t *testing.T) {
 		_, err := c.WaitDaemonSet(ctx, meshNS, "ztunnel")
 		return err
 	})
+	checkLoad(t, c, "the ztunnel pod's deletion", results, restartedAt)
+	checkHandedOver(t, c, map[string]bool{victim: true})
+}
+
+// checkLoad checks that at least 99.9% of the new connections opened
+// during what (a restart, started restartedAt into the load) succeeded,
+// logs the count and the failures, and returns how many succeeded.
+func checkLoad(t *testing.T, c *cluster.Cluster, what string, results []echo.Result, restartedAt time.Duration) int {
+	t.Helper()
 	ok, n := succeeded(results)
-	t.Logf("ztunnel pod deleted: %d/%d new connections succeeded (%.2f%%), deleted %s into the load",
-		ok, n, 100*float64(ok)/float64(n), restartedAt.Round(time.Millisecond))
+	t.Logf("%s: %d/%d new connections succeeded (%.2f%%), started %s into the load",
+		what, ok, n, 100*float64(ok)/float64(n), restartedAt.Round(time.Millisecond))
 	logFailures(t, results)
 	if ok*1000 < n*999 {
-		t.Errorf("%d of %d new connections failed when the ztunnel pod was deleted; want at least 99.9%% to succeed", n-ok, n)
+		t.Errorf("%d of %d new connections failed during %s; want at least 99.9%% to succeed", n-ok, n, what)
 		dumpZtunnels(t, c)
 	}
-	checkHandedOver(t, c, map[string]bool{victim: true})
+	return ok
 }
 
 // checkHandedOver checks that each old ztunnel is gone, saw its successor
@@ -650,14 +652,7 @@ func TestNodeRestart(t *testing.T) {
 	results, restartedAt := loadDuringRestart(t, c, ns, client.Name, target, func(ctx context.Context) error {
 		return c.RestartNode(ctx, client.Spec.NodeName)
 	})
-	ok, n := succeeded(results)
-	t.Logf("node %s restarted: %d/%d new connections succeeded (%.2f%%), restart started %s into the load",
-		client.Spec.NodeName, ok, n, 100*float64(ok)/float64(n), restartedAt.Round(time.Millisecond))
-	logFailures(t, results)
-	if ok*1000 < n*999 {
-		t.Errorf("%d of %d new connections failed while the node's kubelet and containerd restarted; want at least 99.9%% to succeed", n-ok, n)
-		dumpZtunnels(t, c)
-	}
+	ok := checkLoad(t, c, "node "+client.Spec.NodeName+"'s kubelet and containerd restart", results, restartedAt)
 	if got := mtlsBefore + float64(ok); mtls() < got {
 		t.Errorf("the server's ztunnel counted %v mTLS connections from the client, want at least %v (every one that succeeded)", mtls(), got)
 	}

@@ -23,7 +23,13 @@ const RunDir = "/var/run/netns"
 // name is deleted.
 type NS struct {
 	f    *os.File
+	fd   int // f's descriptor, read once at Open
 	path string
+	// mu orders Close after the uses of fd in flight (entering the
+	// namespace, stat), so that none of them reads a closed descriptor
+	// or, worse, a number already reused for another file.
+	mu     sync.RWMutex
+	closed bool
 }
 
 // Open opens the network namespace at path: a name under RunDir, a
@@ -42,7 +48,7 @@ func Open(path string) (*NS, error) {
 		f.Close()
 		return nil, fmt.Errorf("opening netns %s: not a namespace file (is it mounted?)", path)
 	}
-	return &NS{f: f, path: path}, nil
+	return &NS{f: f, fd: int(f.Fd()), path: path}, nil
 }
 
 // OpenName opens the named namespace RunDir/name.
@@ -56,21 +62,39 @@ func (n *NS) Path() string { return n.path }
 
 // Fd returns the namespace's file descriptor, for APIs that move links or
 // sockets into it (netlink's NsFd, SCM_RIGHTS). It is valid until Close.
-func (n *NS) Fd() int { return int(n.f.Fd()) }
+func (n *NS) Fd() int { return n.fd }
+
+// errClosed is returned by uses of an NS after Close.
+func (n *NS) errClosed() error { return fmt.Errorf("netns %s: already closed", n.path) }
 
 // ID returns the namespace's inode number: two NS values refer to the same
 // namespace when their IDs are equal, and /proc/<pid>/ns/net of a process in
 // it reads "net:[<ID>]".
 func (n *NS) ID() (uint64, error) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.closed {
+		return 0, n.errClosed()
+	}
 	var st unix.Stat_t
-	if err := unix.Fstat(n.Fd(), &st); err != nil {
+	if err := unix.Fstat(n.fd, &st); err != nil {
 		return 0, fmt.Errorf("stat netns %s: %w", n.path, err)
 	}
 	return st.Ino, nil
 }
 
 // Close closes the namespace's file descriptor. A named namespace lives on.
-func (n *NS) Close() error { return n.f.Close() }
+// It waits for a Do entering the namespace at that moment; a Do after it
+// fails.
+func (n *NS) Close() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return nil
+	}
+	n.closed = true
+	return n.f.Close()
+}
 
 // Do runs fn on a locked OS thread that has entered the namespace and waits
 // for it. Sockets fn opens and processes fn starts (os/exec forks from the
@@ -108,9 +132,9 @@ func (n *NS) doLocked(fn func() error) error {
 		return fmt.Errorf("opening current netns: %w", err)
 	}
 	defer orig.Close()
-	if err := unix.Setns(n.Fd(), unix.CLONE_NEWNET); err != nil {
+	if err := n.enter(); err != nil {
 		runtime.UnlockOSThread()
-		return fmt.Errorf("entering netns %s: %w", n.path, err)
+		return err
 	}
 	fnErr := fn()
 	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
@@ -120,6 +144,21 @@ func (n *NS) doLocked(fn func() error) error {
 	}
 	runtime.UnlockOSThread()
 	return fnErr
+}
+
+// enter moves the calling (locked) thread into the namespace. The
+// descriptor is needed only for the setns call, so Close waits for that
+// alone, never for the function Do runs.
+func (n *NS) enter() error {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	if n.closed {
+		return n.errClosed()
+	}
+	if err := unix.Setns(n.fd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("entering netns %s: %w", n.path, err)
+	}
+	return nil
 }
 
 // Netlink returns a route netlink handle whose socket was opened inside the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -241,4 +242,58 @@ func listenLoopback() (net.Listener, error) {
 		return nil, err
 	}
 	return net.Listen("tcp", "127.0.0.1:0")
+}
+
+// TestCloseDuringDo closes an NS while goroutines keep entering it and
+// reading its ID, as a cluster's teardown does while background lookups
+// still dial from a node's namespace: no use reads the descriptor as it
+// closes (the race detector checks), and every use after Close fails
+// saying so instead of using whatever file reuses the number.
+func TestCloseDuringDo(t *testing.T) {
+	rootOnly(t)
+	ns, err := Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg, started sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		started.Add(1)
+		go func() {
+			defer wg.Done()
+			for n := 0; ; n++ {
+				if n == 1 {
+					started.Done()
+				}
+				var err error
+				if i%2 == 0 {
+					err = ns.Do(func() error { return nil })
+				} else {
+					_, err = ns.ID()
+				}
+				if err != nil {
+					if n == 0 {
+						started.Done()
+					}
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	started.Wait() // every goroutine is busy using the NS
+	if err := ns.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if !strings.Contains(err.Error(), "already closed") {
+			t.Errorf("a use after Close: %v, want it refused as closed", err)
+		}
+	}
+	if err := ns.Close(); err != nil {
+		t.Errorf("a second Close: %v", err)
+	}
 }

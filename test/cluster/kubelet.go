@@ -265,11 +265,36 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 		sandboxImage, filepath.Join(root, "runc"), "/opt/cni/bin", "/etc/cni/net.d")
 }
 
+// lockImages takes a lock on the image directory, which every cluster of
+// the repository shares: exclusive (syscall.LOCK_EX) while one writes the
+// binaries and archives, shared (LOCK_SH) while nodes import them, so that
+// a cluster starting in another test process never reads a half-written
+// archive. It returns the unlock function.
+func (c *Cluster) lockImages(how int) (func(), error) {
+	if err := os.MkdirAll(c.imageDir(), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(filepath.Join(c.imageDir(), ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking %s: %w", c.imageDir(), err)
+	}
+	return func() { _ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN); f.Close() }, nil
+}
+
 // importImages waits for containerd and imports every archive of
 // BinDir/images and Config.ExtraImages into its k8s.io namespace, tagged
 // also :latest (pods naming either tag find it; IfNotPresent then never
 // pulls).
 func (c *Cluster) importImages(ctx context.Context, r *realNode) error {
+	unlock, err := c.lockImages(syscall.LOCK_SH)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	archives, err := filepath.Glob(filepath.Join(c.imageDir(), "*.tar"))
 	if err != nil || len(archives) == 0 {
 		return fmt.Errorf("no image archives in %s (the cluster writes them at start): %v", c.imageDir(), err)
@@ -703,6 +728,11 @@ func (c *Cluster) imageDir() string { return filepath.Join(c.cfg.BinDir, "images
 // every image package (the mesh's, the pause image's and Config.Images)
 // into BinDir/images/bin and writes their OCI archives into BinDir/images.
 func (c *Cluster) buildImageArchives(ctx context.Context) error {
+	unlock, err := c.lockImages(syscall.LOCK_EX)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	pkgs := append(MeshImages(), "./test/cmd/pause")
 	for _, p := range c.cfg.Images {
 		if !containsString(pkgs, p) {

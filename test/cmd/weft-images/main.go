@@ -320,7 +320,15 @@ func writeArchive(out string, ref name.Tag, img v1.Image) (Result, error) {
 	if err != nil {
 		return Result{}, fmt.Errorf("computing the digest: %w", err)
 	}
-	if err := tarball.WriteToFile(out, ref, img); err != nil {
+	// Written beside and renamed into place, so that a reader never sees
+	// a half-written archive.
+	tmp := out + ".tmp"
+	if err := tarball.WriteToFile(tmp, ref, img); err != nil {
+		os.Remove(tmp)
+		return Result{}, fmt.Errorf("writing %s: %w", out, err)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		os.Remove(tmp)
 		return Result{}, fmt.Errorf("writing %s: %w", out, err)
 	}
 	fi, err := os.Stat(out)

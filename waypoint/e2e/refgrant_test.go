@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
-
 	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/test/echo"
 )
@@ -60,10 +58,7 @@ func TestCrossNamespaceBackend(t *testing.T) {
 	c := m.c
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	gw, err := gwclient.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := m.gw
 	wait := func(want map[string]string) {
 		t.Helper()
 		waitConditions(ctx, t, c, "HTTPRoute echo-far", want, func(ctx context.Context) (map[string]string, error) {
@@ -120,7 +115,7 @@ func TestCrossNamespaceBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait(map[string]string{"Accepted": "True/Accepted", "ResolvedRefs": "True/ResolvedRefs"})
-	err = c.WaitFor(ctx, "/far answered by echo-far", func(ctx context.Context) (bool, error) {
+	err := c.WaitFor(ctx, "/far answered by echo-far", func(ctx context.Context) (bool, error) {
 		return answers(1)["far"] == 1, nil
 	})
 	if err != nil {

@@ -87,10 +87,7 @@ func TestRouteStatus(t *testing.T) {
 	c := m.c
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	gw, err := gwclient.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := m.gw
 	wait := func(name string, want map[string]string) {
 		t.Helper()
 		waitConditions(ctx, t, c, "HTTPRoute "+name, want, func(ctx context.Context) (map[string]string, error) {
@@ -150,10 +147,7 @@ func TestWaypointStatus(t *testing.T) {
 	c := m.c
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	gw, err := gwclient.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := m.gw
 	istio, err := istioclient.NewForConfig(c.RESTConfig())
 	if err != nil {
 		t.Fatal(err)

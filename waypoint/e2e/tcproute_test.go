@@ -129,10 +129,7 @@ func TestTCPRouteSplit(t *testing.T) {
 	c := m.c
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	gw, err := gwclient.NewForConfig(c.RESTConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
+	gw := m.gw
 	t.Cleanup(func() {
 		if t.Failed() {
 			m.logWaypoint(t)

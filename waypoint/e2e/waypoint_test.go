@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/test/echo"
@@ -38,6 +39,7 @@ const (
 // mesh installs the chart, a waypoint and the apps once per test binary.
 type mesh struct {
 	c      *cluster.Cluster
+	gw     gwclient.Interface // the Gateway API, for routes' status
 	client corev1.Pod
 	target string // the echo Service, http://<VIP>:80
 }
@@ -101,7 +103,11 @@ func install(t *testing.T, c *cluster.Cluster) (*mesh, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &mesh{c: c, client: clients[0], target: fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)}
+	gw, err := gwclient.NewForConfig(c.RESTConfig())
+	if err != nil {
+		return nil, err
+	}
+	m := &mesh{c: c, gw: gw, client: clients[0], target: fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)}
 	// The route is in force once a canary request reaches v2: that answer
 	// can only come from the waypoint.
 	err = c.WaitFor(ctx, "the waypoint routing x-canary to v2", func(ctx context.Context) (bool, error) {

@@ -44,15 +44,9 @@ const (
 func TestZtunnelRestart(t *testing.T) {
 	c := mesh(t)
 	const ns = "zt-restart"
-	servers, client := app(t, c, ns, true)
-	removeNamespaceAtEnd(t, c, ns)
+	client, _, target := crossNodeApp(t, c, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	remote := otherNode(servers, client)
-	target := fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
-	if err := c.WaitReachable(ctx, ns, client.Name, target); err != nil {
-		t.Fatal(err)
-	}
 	old := podNames(t, c, meshNS, "app=ztunnel")
 
 	results, restartedAt := loadDuringRestart(t, c, ns, client.Name, target, func(ctx context.Context) error {
@@ -75,15 +69,9 @@ func TestZtunnelRestart(t *testing.T) {
 func TestZtunnelPodDeleted(t *testing.T) {
 	c := mesh(t)
 	const ns = "zt-delete"
-	servers, client := app(t, c, ns, true)
-	removeNamespaceAtEnd(t, c, ns)
+	client, _, target := crossNodeApp(t, c, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	remote := otherNode(servers, client)
-	target := fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
-	if err := c.WaitReachable(ctx, ns, client.Name, target); err != nil {
-		t.Fatal(err)
-	}
 	selector := "app=ztunnel"
 	pods, err := c.Client().CoreV1().Pods(meshNS).List(ctx, metav1.ListOptions{LabelSelector: selector, FieldSelector: "spec.nodeName=" + client.Spec.NodeName})
 	if err != nil || len(pods.Items) != 1 {
@@ -102,6 +90,23 @@ func TestZtunnelPodDeleted(t *testing.T) {
 	})
 	checkLoad(t, c, "the ztunnel pod's deletion", results, restartedAt)
 	checkHandedOver(t, c, map[string]bool{victim: true})
+}
+
+// crossNodeApp deploys the echo app and a client in the ambient namespace
+// ns (removed at the end) and waits until the client reaches the server on
+// the other node: it returns the client, that server and its URL.
+func crossNodeApp(t *testing.T, c *cluster.Cluster, ns string) (client, remote corev1.Pod, target string) {
+	t.Helper()
+	servers, client := app(t, c, ns, true)
+	removeNamespaceAtEnd(t, c, ns)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	remote = otherNode(servers, client)
+	target = fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
+	if err := c.WaitReachable(ctx, ns, client.Name, target); err != nil {
+		t.Fatal(err)
+	}
+	return client, remote, target
 }
 
 // checkLoad checks that at least 99.9% of the new connections opened
@@ -271,15 +276,9 @@ spec:
 func TestControlPlaneRestart(t *testing.T) {
 	c := mesh(t)
 	const ns = "zt-cp-restart"
-	servers, client := app(t, c, ns, true)
-	removeNamespaceAtEnd(t, c, ns)
+	client, _, target := crossNodeApp(t, c, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	remote := otherNode(servers, client)
-	target := fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
-	if err := c.WaitReachable(ctx, ns, client.Name, target); err != nil {
-		t.Fatal(err)
-	}
 	deploys := c.Client().AppsV1().Deployments(meshNS)
 	d, err := deploys.Get(ctx, "weft-controlplane", metav1.GetOptions{})
 	if err != nil {
@@ -598,15 +597,9 @@ func TestNodeRestart(t *testing.T) {
 		t.Skip("the stand-in's nodes have no kubelet or containerd to restart (WEFT_NODES=standin)")
 	}
 	const ns = "zt-node-restart"
-	servers, client := app(t, c, ns, true)
-	removeNamespaceAtEnd(t, c, ns)
+	client, remote, target := crossNodeApp(t, c, ns)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	remote := otherNode(servers, client)
-	target := fmt.Sprintf("http://%s:8080/", remote.Status.PodIP)
-	if err := c.WaitReachable(ctx, ns, client.Name, target); err != nil {
-		t.Fatal(err)
-	}
 	restarts := func() map[string]int32 {
 		out := map[string]int32{}
 		for _, sel := range []string{"app=ztunnel", "app=weft-cni-agent"} {

@@ -125,18 +125,29 @@ type harness struct {
 }
 
 func start(t *testing.T, workers int, script map[string][]error, gate chan struct{}) *harness {
+	h := newHarness(t, script, gate)
+	h.run(workers)
+	return h
+}
+
+// newHarness makes the queue and its fake reconciler without running it.
+func newHarness(t *testing.T, script map[string][]error, gate chan struct{}) *harness {
 	f := &fake{script: script, busy: map[string]int{}, gate: gate, entered: make(chan string, 10)}
 	h := &harness{t: t, f: f, log: &logged{}, ended: make(chan struct{})}
 	h.q = New(Config{Name: "test", KeyAttr: "thing", Logger: slog.New(h.log)}, f.reconcile)
 	h.wq = &counted{TypedRateLimitingInterface: h.q.q, gets: map[string]int{}, done: map[string]int{}}
 	h.q.q = h.wq
-	ctx, stop := context.WithCancel(t.Context())
+	return h
+}
+
+// run starts the queue's workers.
+func (h *harness) run(workers int) {
+	ctx, stop := context.WithCancel(h.t.Context())
 	h.stop = stop
 	go func() {
 		defer close(h.ended)
 		h.q.Run(ctx, workers)
 	}()
-	return h
 }
 
 // shutdown stops Run, waits for it, and checks that every key taken was
@@ -162,10 +173,13 @@ func (h *harness) shutdown() {
 
 func TestSuccess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := start(t, 2, nil, nil)
+		// Added before the workers run: a worker that had already taken
+		// "a" would rightly take it again for the third Add.
+		h := newHarness(t, nil, nil)
 		h.q.Add("a")
 		h.q.Add("b")
 		h.q.Add("a") // queued once
+		h.run(2)
 		synctest.Wait()
 		got := h.f.got()
 		slices.Sort(got)

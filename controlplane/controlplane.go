@@ -46,11 +46,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -313,11 +315,16 @@ func (cp *ControlPlane) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// Events: on the Pods and Services whose waypoint binding is denied.
+	// Events: on the Pods, Services and ServiceEntries whose waypoint
+	// binding is denied.
 	events := record.NewBroadcaster(record.WithContext(ctx))
 	defer events.Shutdown()
 	events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: cp.clients.Kube.CoreV1().Events("")})
-	p, err := cp.newParts(mesh, infs, events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "weft-controlplane"}))
+	kinds := runtime.NewScheme()
+	if err := errors.Join(scheme.AddToScheme(kinds), istionetworkingv1.AddToScheme(kinds)); err != nil {
+		return fmt.Errorf("building the events' scheme: %w", err)
+	}
+	p, err := cp.newParts(mesh, infs, events.NewRecorder(kinds, corev1.EventSource{Component: "weft-controlplane"}))
 	if err != nil {
 		return err
 	}
@@ -433,7 +440,7 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	inf := s.ambient
 	s.waypoints = waypointxds.Informers{
 		Gateways: inf.Gateways, Services: inf.Services, EndpointSlices: inf.EndpointSlices, Pods: inf.Pods,
-		Namespaces: inf.Namespaces, Policies: inf.Policies,
+		Namespaces: inf.Namespaces, Policies: inf.Policies, ServiceEntries: inf.ServiceEntries,
 		HTTPRoutes: s.gateway.Gateway().V1().HTTPRoutes().Informer(),
 		GRPCRoutes: s.gateway.Gateway().V1().GRPCRoutes().Informer(),
 	}
@@ -477,6 +484,7 @@ type parts struct {
 	caServer    *ca.Server
 	status      *authpolicy.StatusWriter
 	svcStatus   *ambient.ServiceStatusWriter
+	entryStatus *ambient.EntryStatusWriter // nil without the ServiceEntry CRD
 	ctrl        *ambient.Controller
 	roots       *ca.RootCertPublisher
 	wpConfig    *waypointxds.Controller   // nil without waypoints
@@ -516,11 +524,21 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 	if err != nil {
 		return nil, err
 	}
+	var entrySink ambient.EntryStatusSink
+	if inf.ServiceEntries != nil {
+		p.entryStatus, err = ambient.NewEntryStatusWriter(cp.clients.Istio.NetworkingV1(), inf.ServiceEntries.GetIndexer(),
+			log.With("part", "serviceentry-status"), cp.reg)
+		if err != nil {
+			return nil, err
+		}
+		entrySink = p.entryStatus
+	}
 	p.ctrl, err = ambient.NewController(ambient.ControllerConfig{
 		Mesh: ambient.Config{ClusterID: cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
 			Network: cfg.Network, RootNamespace: cfg.RootNamespace},
 		DebounceQuiet: cfg.DebounceQuiet, DebounceMax: cfg.DebounceMax,
 		Logger: log.With("part", "workloads"), Registerer: cp.reg, Events: events, ServiceStatus: p.svcStatus,
+		EntryStatus: entrySink,
 	}, inf, p.xds, p.status)
 	if err != nil {
 		return nil, err
@@ -563,6 +581,9 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 // runners are the parts' run loops, with the serving certificate's.
 func (p *parts) runners(serving *ca.ServingCert) []func(context.Context) error {
 	rs := []func(context.Context) error{p.ctrl.Run, p.status.Run, p.svcStatus.Run, p.roots.Run, serving.Run, p.xds.Run}
+	if p.entryStatus != nil {
+		rs = append(rs, p.entryStatus.Run)
+	}
 	if p.wpConfig != nil {
 		rs = append(rs, p.wpConfig.Run, p.routeStatus.Run)
 	}

@@ -20,8 +20,10 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
+	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	securityv1beta1 "istio.io/api/security/v1beta1"
 	typev1beta1 "istio.io/api/type/v1beta1"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -619,6 +621,27 @@ func TestChartRBAC(t *testing.T) {
 	}
 	waitService(t, ctx, c, app, "web", &metav1.Condition{Status: metav1.ConditionFalse, Reason: "WaypointIsNotReady",
 		Message: `waypoint "` + app + `/ghost" is not ready`})
+	// It records a ServiceEntry host's address, and the entry's binding,
+	// in the entry's status.
+	se := &networkingv1.ServiceEntry{ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: app,
+		Labels: map[string]string{"istio.io/use-waypoint": "ghost"}}}
+	se.Spec.Hosts, se.Spec.Resolution = []string{"api.example"}, networkingv1alpha3.ServiceEntry_DNS
+	se.Spec.Ports = []*networkingv1alpha3.ServicePort{{Number: 443, Name: "tls", Protocol: "TLS"}}
+	if _, err := istio.NetworkingV1().ServiceEntries(app).Create(ctx, se, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		got, err := istio.NetworkingV1().ServiceEntries(app).Get(ctx, "api", metav1.GetOptions{})
+		if err == nil && len(got.Status.Addresses) == 1 && got.Status.Addresses[0].Host == "api.example" &&
+			len(got.Status.Conditions) == 1 && got.Status.Conditions[0].Reason == "WaypointIsNotReady" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("ServiceEntry status not written with the chart's RBAC: %v %v", err, got.Status.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 	// It publishes the root in new namespaces.
 	for {
 		cm, err := c.Kube.CoreV1().ConfigMaps(app).Get(ctx, ca.RootCertConfigMap, metav1.GetOptions{})

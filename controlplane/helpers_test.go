@@ -22,10 +22,11 @@ import (
 )
 
 // api is the package's API server, with the chart's CRDs for
-// AuthorizationPolicies, PeerAuthentications, GatewayClasses, Gateways
-// and routes.
+// AuthorizationPolicies, PeerAuthentications, ServiceEntries,
+// GatewayClasses, Gateways and routes.
 var api = apitest.NewShared(
 	chartCRD("authorizationpolicies.security.istio.io.yaml"),
+	chartCRD("serviceentries.networking.istio.io.yaml"),
 	chartCRD("peerauthentications.security.istio.io.yaml"),
 	chartCRD("gateway.networking.k8s.io_gatewayclasses.yaml"),
 	chartCRD("gateway.networking.k8s.io_gateways.yaml"),

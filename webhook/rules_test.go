@@ -694,6 +694,41 @@ spec:
   hosts: [api.example.com]
   resolution: DNS
   ports: [{number: 443, name: https}]`},
+	{name: "se-waypoint-for-workload", kind: seKind, ns: "shop", object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: wl-waypoint}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-waypoint-bad-value", kind: seKind, ns: "shop", object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: Way_Point}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-waypoint-missing", kind: seKind, ns: "shop", object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: future}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-waypoint-cross-namespace-forbidden", kind: seKind, ns: "shop", user: "bob", object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
+	{name: "se-waypoint-unchanged", kind: seKind, ns: "shop", user: "bob", op: admissionv1.Update, object: `
+metadata: {name: api, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}, {number: 80, name: http}]`, old: `
+metadata: {name: api, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 443, name: https}]`},
 	{name: "se-namespace-waypoint", kind: seKind, ns: "bound", object: `
 metadata: {name: api}
 spec:

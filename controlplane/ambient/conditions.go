@@ -54,8 +54,9 @@ type policyLookup interface {
 	// serviceBinding returns whether the Service key exists and its
 	// condition (nil: it asks for no waypoint).
 	serviceBinding(key string) (bool, *BindingStatus)
-	// serviceEntryExists reports whether the ServiceEntry key exists.
-	serviceEntryExists(key string) bool
+	// serviceEntryBinding returns whether the ServiceEntry key exists and
+	// its condition (nil: it asks for no waypoint).
+	serviceEntryBinding(key string) (bool, *BindingStatus)
 }
 
 // One targetRef's standing, before flattening.
@@ -129,12 +130,14 @@ func targetState(policyNS, rootNS, group, kind, name, ns string, look policyLook
 			bound(b.Waypoint)
 		}
 	case group == "networking.istio.io" && kind == "ServiceEntry":
-		// No waypoint serves a ServiceEntry yet (the webhook refuses
-		// istio.io/use-waypoint on one).
-		if look.serviceEntryExists(key) {
-			t.reason, t.message = authpolicy.ReasonAncestorNotBound, fmt.Sprintf("ServiceEntry %s is not bound to a waypoint", key)
-		} else {
+		found, b := look.serviceEntryBinding(key)
+		switch {
+		case !found:
 			t.reason, t.message = authpolicy.ReasonTargetNotFound, fmt.Sprintf("ServiceEntry %s was not found", key)
+		case b == nil || !b.Bound:
+			t.reason, t.message = authpolicy.ReasonAncestorNotBound, fmt.Sprintf("ServiceEntry %s is not bound to a waypoint", key)
+		default:
+			bound(b.Waypoint)
 		}
 	}
 	return t

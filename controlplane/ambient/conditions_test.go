@@ -141,10 +141,13 @@ func TestIndexServiceBinding(t *testing.T) {
 type fakeLookup struct {
 	waypoints map[string]bool
 	services  map[string]*BindingStatus // present: the Service exists
-	entries   map[string]bool
+	entries   map[string]*BindingStatus // present: the ServiceEntry exists
 }
 
-func (f fakeLookup) serviceEntryExists(key string) bool { return f.entries[key] }
+func (f fakeLookup) serviceEntryBinding(key string) (bool, *BindingStatus) {
+	b, ok := f.entries[key]
+	return ok, b
+}
 
 func (f fakeLookup) waypointReady(key string) bool { return f.waypoints[key] }
 func (f fakeLookup) serviceBinding(key string) (bool, *BindingStatus) {
@@ -165,7 +168,8 @@ func ref(group, kind, name string) *typev1beta1.PolicyTargetReference {
 func TestWaypointAccepted(t *testing.T) {
 	look := fakeLookup{
 		waypoints: map[string]bool{"shop/wp": true},
-		entries:   map[string]bool{"shop/se": true},
+		entries: map[string]*BindingStatus{"shop/se": nil,
+			"shop/egress": {Bound: true, Reason: ReasonWaypointAccepted, Waypoint: "shop/wp"}},
 		services: map[string]*BindingStatus{
 			"shop/bound":   {Bound: true, Reason: ReasonWaypointAccepted, Waypoint: "shop/wp"},
 			"shop/refused": {Reason: ReasonAttachmentDenied},
@@ -202,6 +206,8 @@ func TestWaypointAccepted(t *testing.T) {
 		{"missing Service", targetPolicy("shop", svc("ghost")), cond(false, "TargetNotFound", "Service shop/ghost was not found")},
 		{"ServiceEntry", targetPolicy("shop", ref("networking.istio.io", "ServiceEntry", "se")),
 			cond(false, "AncestorNotBound", "ServiceEntry shop/se is not bound to a waypoint")},
+		{"bound ServiceEntry", targetPolicy("shop", ref("networking.istio.io", "ServiceEntry", "egress")),
+			cond(true, "Accepted", "bound to shop/wp")},
 		{"missing ServiceEntry", targetPolicy("shop", ref("networking.istio.io", "ServiceEntry", "ghost")),
 			cond(false, "TargetNotFound", "ServiceEntry shop/ghost was not found")},
 		{"waypoint class from the root namespace", targetPolicy("istio-system", class), cond(true, "Accepted", "bound to istio-waypoint")},

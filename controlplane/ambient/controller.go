@@ -46,6 +46,12 @@ type ServiceStatusSink interface {
 	SetServiceCondition(namespace, name string, c *BindingStatus)
 }
 
+// EntryStatusSink receives what ServiceEntries' status should show
+// (*EntryStatusWriter).
+type EntryStatusSink interface {
+	SetEntryStatus(s EntryStatus)
+}
+
 // EventRecorder records Kubernetes Events (record.EventRecorder).
 type EventRecorder interface {
 	Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any)
@@ -112,6 +118,10 @@ type ControllerConfig struct {
 	// ServiceStatus receives the istio.io/WaypointBound condition of each
 	// Service. Default: none.
 	ServiceStatus ServiceStatusSink
+	// EntryStatus receives what each ServiceEntry's status should show
+	// (its hosts' allocated addresses, its istio.io/WaypointBound
+	// condition). Default: none.
+	EntryStatus EntryStatusSink
 }
 
 func (cfg ControllerConfig) withDefaults() (ControllerConfig, error) {
@@ -390,6 +400,11 @@ func (c *Controller) publish(u *Update, since time.Time) {
 	if c.cfg.ServiceStatus != nil {
 		for _, sc := range u.Services {
 			c.cfg.ServiceStatus.SetServiceCondition(sc.Namespace, sc.Name, sc.Condition)
+		}
+	}
+	if c.cfg.EntryStatus != nil {
+		for _, es := range u.Entries {
+			c.cfg.EntryStatus.SetEntryStatus(es)
 		}
 	}
 	for _, d := range u.Denied {

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"istio.io/api/label"
@@ -19,6 +18,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/weftmesh/weft/controlplane/authpolicy"
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
@@ -76,14 +76,16 @@ type Update struct {
 	// Denied are the bindings newly refused because the waypoint's owner
 	// does not admit the object's namespace.
 	Denied []DeniedBinding
+	// Entries are the ServiceEntries whose status should change.
+	Entries []EntryStatus
 }
 
 // DeniedBinding is a waypoint binding refused for want of the waypoint
 // owner's consent, reported once when it starts (or its message changes).
 type DeniedBinding struct {
-	// Object is the *corev1.Pod or *corev1.Service that asked.
+	// Object is the *corev1.Pod, *corev1.Service or ServiceEntry that asked.
 	Object runtime.Object
-	// Kind is "Pod" or "Service"; Key its "<namespace>/<name>".
+	// Kind is "Pod", "Service" or "ServiceEntry"; Key its "<namespace>/<name>".
 	Kind, Key string
 	Refusal   Refusal
 }
@@ -177,6 +179,9 @@ type index struct {
 	entries   map[string][]string
 	entryVIPs map[string]map[string]netip.Addr
 	vipOwner  map[netip.Addr]string
+	// entryBindings is the istio.io/WaypointBound condition of each
+	// ServiceEntry that asks for a waypoint, by key.
+	entryBindings map[string]*BindingStatus
 }
 
 func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
@@ -200,6 +205,7 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		entries:        map[string][]string{},
 		entryVIPs:      map[string]map[string]netip.Addr{},
 		vipOwner:       map[netip.Addr]string{},
+		entryBindings:  map[string]*BindingStatus{},
 	}
 }
 
@@ -260,6 +266,7 @@ func (ix *index) process(b batch) *Update {
 	for key := range b[kindPod] {
 		ix.podChanged(key, u)
 	}
+	ix.claimEntryAddresses(b[kindServiceEntry])
 	for _, key := range sortedKeys(b[kindServiceEntry]) {
 		ix.serviceEntryChanged(key, u)
 	}
@@ -310,6 +317,9 @@ func (ix *index) namespaceChanged(ns string, b batch) {
 	}
 	for _, s := range ix.byNamespace(ix.stores.Services, ns) {
 		b.add(kindService, keyOf(s))
+	}
+	for _, s := range ix.byNamespace(ix.stores.ServiceEntries, ns) {
+		b.add(kindServiceEntry, keyOf(s))
 	}
 }
 
@@ -727,8 +737,12 @@ func (ix *index) serviceBinding(key string) (bool, *BindingStatus) {
 	return ok, b
 }
 
-func (ix *index) serviceEntryExists(key string) bool {
-	return getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key) != nil
+// serviceEntryBinding implements policyLookup.
+func (ix *index) serviceEntryBinding(key string) (bool, *BindingStatus) {
+	if getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key) == nil {
+		return false, nil
+	}
+	return true, ix.entryBindings[key]
 }
 
 // binding reads an object's waypoint binding, with the labels of its
@@ -820,10 +834,45 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
+// claimEntryAddresses gives each dirty ServiceEntry the addresses its
+// status records for its hosts, where no other host holds them yet. It
+// runs before any address is allocated, so that an address recorded
+// before (by this process or another replica, before a restart) is kept.
+func (ix *index) claimEntryAddresses(keys map[string]struct{}) {
+	for _, key := range sortedKeys(keys) {
+		se := getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key)
+		if se == nil || !ServiceEntrySupported(se) || len(se.Spec.GetAddresses()) > 0 {
+			continue
+		}
+		hosts := map[string]bool{}
+		for _, h := range se.Spec.GetHosts() {
+			hosts[NormalHost(h)] = true
+		}
+		for h, ip := range RecordedAddresses(se) {
+			owner := key + "/" + h
+			if cur, taken := ix.vipOwner[ip]; !hosts[h] || (taken && cur != owner) {
+				continue
+			}
+			if _, has := ix.entryVIPs[key][h]; has {
+				continue
+			}
+			ix.vipOwner[ip] = owner
+			if ix.entryVIPs[key] == nil {
+				ix.entryVIPs[key] = map[string]netip.Addr{}
+			}
+			ix.entryVIPs[key][h] = ip
+		}
+	}
+}
+
 // serviceEntryChanged publishes a ServiceEntry's Services and Workloads and
 // removes what it no longer has. A host without addresses keeps the
-// address it was given for as long as the entry names it.
+// address it was given for as long as the entry names it, and the entry's
+// status records it (as istiod's allocation does), so that it survives a
+// restart and every consumer (the waypoints' configuration too) reads the
+// same one. The entry's Services take its waypoint.
 func (ix *index) serviceEntryChanged(key string, u *Update) {
+	ref := objRef{kindServiceEntry, key}
 	se := getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key)
 	var svcs []*workloadpb.Service
 	var ws []*workloadpb.Workload
@@ -831,7 +880,7 @@ func (ix *index) serviceEntryChanged(key string, u *Update) {
 	if se != nil && ServiceEntrySupported(se) {
 		old := ix.entryVIPs[key]
 		for _, h := range se.Spec.GetHosts() {
-			h = strings.ToLower(strings.TrimSuffix(h, "."))
+			h = NormalHost(h)
 			if len(se.Spec.GetAddresses()) > 0 {
 				break
 			}
@@ -846,6 +895,29 @@ func (ix *index) serviceEntryChanged(key string, u *Update) {
 			}
 		}
 		svcs, ws = ix.cfg.ServiceEntryResources(se, vips)
+		bind, nsl := ix.binding(ref, se.Namespace, se.Labels)
+		var status *BindingStatus
+		if bind.Key != "" {
+			wp, refused := resolveWaypoint(bind, ix.waypoints[bind.Key], apinames.WaypointForService, se.Namespace, nsl)
+			for _, s := range svcs {
+				s.Waypoint = wp
+			}
+			ix.refused(ref, se, refused, u)
+			status = &BindingStatus{Bound: true, Reason: ReasonWaypointAccepted, Waypoint: bind.Key,
+				Message: "Successfully attached to waypoint " + bind.Key}
+			if refused != nil {
+				status = &BindingStatus{Reason: refused.Reason, Message: refused.Message}
+			}
+		} else {
+			ix.refused(ref, se, nil, u)
+		}
+		ix.entryStatus(se, vips, status, u)
+	} else {
+		ix.unbind(ref)
+		delete(ix.entryBindings, key)
+		if se != nil {
+			ix.entryStatus(se, nil, nil, u)
+		}
 	}
 	for h, ip := range ix.entryVIPs[key] {
 		if _, kept := vips[h]; !kept {
@@ -880,4 +952,23 @@ func (ix *index) serviceEntryChanged(key string, u *Update) {
 	} else {
 		ix.entries[key] = names
 	}
+}
+
+// entryStatus records what a ServiceEntry's status should show and reports
+// it in u if it changed or the entry does not show it.
+func (ix *index) entryStatus(se *networkingv1.ServiceEntry, vips map[string]netip.Addr, c *BindingStatus, u *Update) {
+	key := se.Namespace + "/" + se.Name
+	want := EntryStatus{Namespace: se.Namespace, Name: se.Name, Addresses: vips, Binding: c}
+	if len(want.Addresses) == 0 {
+		want.Addresses = nil
+	}
+	if c == nil {
+		delete(ix.entryBindings, key)
+	} else {
+		ix.entryBindings[key] = c
+	}
+	if EntryShows(se, want) {
+		return
+	}
+	u.Entries = append(u.Entries, want)
 }

@@ -65,7 +65,7 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 	var svcs []*workloadpb.Service
 	portsByHost := map[string][]*workloadpb.Port{}
 	for _, host := range spec.GetHosts() {
-		host = strings.ToLower(strings.TrimSuffix(host, "."))
+		host = NormalHost(host)
 		s := &workloadpb.Service{Name: se.Name, Namespace: se.Namespace, Hostname: host}
 		for _, a := range spec.GetAddresses() {
 			if ip, err := netip.ParseAddr(a); err == nil {
@@ -88,15 +88,18 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 		portsByHost[host] = s.Ports
 	}
 	endpoints := spec.GetEndpoints()
-	if dns && len(endpoints) == 0 {
+	// A DNS entry without endpoints reaches each host at its own name:
+	// that host's endpoint serves that host only.
+	implicit := dns && len(endpoints) == 0
+	if implicit {
 		for _, host := range spec.GetHosts() {
-			endpoints = append(endpoints, &networkingv1alpha3.WorkloadEntry{Address: strings.ToLower(strings.TrimSuffix(host, "."))})
+			endpoints = append(endpoints, &networkingv1alpha3.WorkloadEntry{Address: NormalHost(host)})
 		}
 	}
 	var ws []*workloadpb.Workload
 	seen := map[string]bool{}
 	for _, ep := range endpoints {
-		addr := strings.ToLower(strings.TrimSuffix(ep.GetAddress(), "."))
+		addr := NormalHost(ep.GetAddress())
 		ip, err := netip.ParseAddr(addr)
 		isIP := err == nil
 		if (static && !isIP) || addr == "" || seen[addr] {
@@ -124,6 +127,9 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 			w.Hostname = addr
 		}
 		for host, ports := range portsByHost {
+			if implicit && host != addr {
+				continue
+			}
 			var pl []*workloadpb.Port
 			for i, p := range ports {
 				port := &workloadpb.Port{ServicePort: p.ServicePort, TargetPort: p.TargetPort, AppProtocol: p.AppProtocol}
@@ -170,3 +176,64 @@ func seAppProtocol(p string) workloadpb.AppProtocol {
 	}
 	return workloadpb.AppProtocol_UNKNOWN
 }
+
+// NormalHost is a ServiceEntry host as Weft keys it: lower case, without
+// a final dot.
+func NormalHost(h string) string { return strings.ToLower(strings.TrimSuffix(h, ".")) }
+
+// RecordedAddresses are the addresses a ServiceEntry's status records for
+// its hosts (status.addresses, as istiod's allocation writes them), by
+// host: only valid addresses of AutoVIPPrefix, the first per host.
+func RecordedAddresses(se *networkingv1.ServiceEntry) map[string]netip.Addr {
+	var out map[string]netip.Addr
+	for _, a := range se.Status.GetAddresses() {
+		ip, err := netip.ParseAddr(a.GetValue())
+		h := NormalHost(a.GetHost())
+		if err != nil || !AutoVIPPrefix.Contains(ip) || h == "" {
+			continue
+		}
+		if _, dup := out[h]; dup {
+			continue
+		}
+		if out == nil {
+			out = map[string]netip.Addr{}
+		}
+		out[h] = ip
+	}
+	return out
+}
+
+// EntryStatus is what a ServiceEntry's status should show: the addresses
+// allocated to its hosts (status.addresses) and its istio.io/WaypointBound
+// condition (nil: none).
+type EntryStatus struct {
+	Namespace, Name string
+	Addresses       map[string]netip.Addr
+	Binding         *BindingStatus
+}
+
+// EntryShows reports whether se's status shows want already.
+func EntryShows(se *networkingv1.ServiceEntry, want EntryStatus) bool {
+	got := se.Status.GetAddresses()
+	if len(got) != len(want.Addresses) {
+		return false
+	}
+	for _, a := range got {
+		ip, err := netip.ParseAddr(a.GetValue())
+		if w, ok := want.Addresses[a.GetHost()]; err != nil || !ok || w != ip {
+			return false
+		}
+	}
+	var cond *istioCondition
+	for _, c := range se.Status.GetConditions() {
+		if c.GetType() == ConditionWaypointBound {
+			cond = &istioCondition{status: c.GetStatus(), reason: c.GetReason(), message: c.GetMessage()}
+		}
+	}
+	if want.Binding == nil || cond == nil {
+		return want.Binding == nil && cond == nil
+	}
+	return *cond == istioCondition{status: string(conditionStatus(want.Binding)), reason: want.Binding.Reason, message: want.Binding.Message}
+}
+
+type istioCondition struct{ status, reason, message string }

@@ -4,7 +4,9 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
+	metav1alpha1 "istio.io/api/meta/v1alpha1"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -70,6 +72,18 @@ func TestServiceEntryResources(t *testing.T) {
 	}
 	if len(ws) != 1 || ws[0].Hostname != "search.example" || len(ws[0].Addresses) != 0 {
 		t.Errorf("workloads %v, want the host itself to resolve", ws)
+	}
+
+	// Two hosts without endpoints: each is reached at its own name only,
+	// never at the other's.
+	two := serviceEntry("two", &networkingv1alpha3.ServiceEntry{
+		Hosts: []string{"a.example", "b.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS,
+	})
+	_, ws = c.ServiceEntryResources(two, nil)
+	for _, w := range ws {
+		if len(w.Services) != 1 || w.Services["shop/"+w.Hostname] == nil {
+			t.Errorf("workload %s serves %v, want only its own host", w.Hostname, w.Services)
+		}
 	}
 
 	for name, spec := range map[string]*networkingv1alpha3.ServiceEntry{
@@ -146,5 +160,150 @@ func TestIndexServiceEntry(t *testing.T) {
 	u = w.ix.process(w.del(kindServiceEntry, se2))
 	if _, removed := names(u); len(removed) != 2 || len(w.ix.vipOwner) != 0 || len(w.ix.entries) != 0 {
 		t.Errorf("after the delete: removed %v, %d addresses still taken, %d entries", removed, len(w.ix.vipOwner), len(w.ix.entries))
+	}
+}
+
+// TestIndexServiceEntryWaypoint: an entry labelled istio.io/use-waypoint,
+// or in a namespace so labelled, sends its hosts through the waypoint, and
+// its status shows the binding; the waypoint's deletion and the label's
+// removal undo it.
+func TestIndexServiceEntryWaypoint(t *testing.T) {
+	w := newWorld(t)
+	w.ix.process(w.set(kindNamespace, ns("shop", nil), ns("infra", nil)))
+	gw := foreignWaypoint(nil)
+	gw.Namespace = "shop"
+	w.ix.process(w.set(kindGateway, gw))
+	se := serviceEntry("egress", &networkingv1alpha3.ServiceEntry{
+		Hosts: []string{"api.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS,
+	})
+	se.Labels = map[string]string{"istio.io/use-waypoint": "wp"}
+	u := w.ix.process(w.set(kindServiceEntry, se))
+	svc := w.ix.addresses["shop/api.example"].GetService()
+	if svc.GetWaypoint().GetHostname().GetHostname() != "wp.infra.svc.cluster.local" {
+		t.Fatalf("waypoint %v, want the Gateway's address", svc.GetWaypoint())
+	}
+	if len(u.Entries) != 1 || u.Entries[0].Binding == nil || !u.Entries[0].Binding.Bound || u.Entries[0].Binding.Waypoint != "shop/wp" {
+		t.Fatalf("entry status %+v, want bound to shop/wp", u.Entries)
+	}
+	if found, b := w.ix.serviceEntryBinding("shop/egress"); !found || b == nil || !b.Bound {
+		t.Errorf("serviceEntryBinding = %v, %+v", found, b)
+	}
+
+	u = w.ix.process(w.del(kindGateway, gw))
+	if got := w.ix.addresses["shop/api.example"].GetService().GetWaypoint(); got != nil {
+		t.Errorf("with the waypoint deleted: waypoint %v", got)
+	}
+	if len(u.Entries) != 1 || u.Entries[0].Binding == nil || u.Entries[0].Binding.Bound {
+		t.Errorf("with the waypoint deleted: status %+v, want not bound", u.Entries)
+	}
+
+	// The namespace's label binds an entry without one.
+	w.ix.process(w.set(kindGateway, gw))
+	plain := se.DeepCopy()
+	plain.Labels = nil
+	w.ix.process(w.set(kindServiceEntry, plain))
+	w.ix.process(w.set(kindNamespace, ns("shop", map[string]string{"istio.io/use-waypoint": "wp"})))
+	if w.ix.addresses["shop/api.example"].GetService().GetWaypoint() == nil {
+		t.Errorf("the namespace's use-waypoint did not bind the entry")
+	}
+	// "none" on the entry opts it out.
+	none := plain.DeepCopy()
+	none.Labels = map[string]string{"istio.io/use-waypoint": "none"}
+	u = w.ix.process(w.set(kindServiceEntry, none))
+	if w.ix.addresses["shop/api.example"].GetService().GetWaypoint() != nil {
+		t.Errorf("use-waypoint=none on the entry did not opt it out")
+	}
+	if len(u.Entries) != 1 || u.Entries[0].Binding != nil {
+		t.Errorf("opted out: status %+v, want no condition", u.Entries)
+	}
+}
+
+// TestIndexServiceEntryRecordedAddress: a host's address recorded in the
+// entry's status is the one it keeps (a restart or another replica
+// allocated it), unless another host holds it; an address outside the
+// prefix or for a host the entry no longer names is ignored. Recorded
+// addresses are claimed before any is allocated, whatever the order.
+func TestIndexServiceEntryRecordedAddress(t *testing.T) {
+	w := newWorld(t)
+	spec := func(host string) *networkingv1alpha3.ServiceEntry {
+		return &networkingv1alpha3.ServiceEntry{Hosts: []string{host}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS}
+	}
+	// "a" would be given b's recorded address if allocation came first.
+	a := serviceEntry("a", spec("a.example"))
+	taken := AutoVIP("shop", "a", "a.example", nil)
+	b := serviceEntry("b", spec("b.example"))
+	b.Status.Addresses = []*networkingv1alpha3.ServiceEntryAddress{{Value: taken.String(), Host: "b.example"}}
+	c := serviceEntry("c", spec("c.example"))
+	c.Status.Addresses = []*networkingv1alpha3.ServiceEntryAddress{{Value: "10.0.0.1", Host: "c.example"}, {Value: "240.240.9.9", Host: "gone.example"}}
+	u := w.ix.process(w.set(kindServiceEntry, a, b, c))
+	vip := func(host string) netip.Addr {
+		s := w.ix.addresses["shop/"+host].GetService()
+		return netip.AddrFrom4([4]byte(s.GetAddresses()[0].GetAddress()))
+	}
+	if vip("b.example") != taken {
+		t.Errorf("b.example at %v, want its recorded %v", vip("b.example"), taken)
+	}
+	if vip("a.example") == taken || !AutoVIPPrefix.Contains(vip("a.example")) {
+		t.Errorf("a.example at %v, want another address of the prefix", vip("a.example"))
+	}
+	if got := vip("c.example"); got == netip.MustParseAddr("10.0.0.1") || got == netip.MustParseAddr("240.240.9.9") {
+		t.Errorf("c.example at %v: took an address it may not", got)
+	}
+	writes := map[string]EntryStatus{}
+	for _, e := range u.Entries {
+		writes[e.Name] = e
+	}
+	if _, ok := writes["b"]; ok {
+		t.Errorf("b shows its status already; written again: %+v", writes["b"])
+	}
+	if got := writes["a"].Addresses["a.example"]; got != vip("a.example") {
+		t.Errorf("a's status to record %v, want %v", got, vip("a.example"))
+	}
+	if got := writes["c"].Addresses; len(got) != 1 || got["c.example"] != vip("c.example") {
+		t.Errorf("c's status to record %v, want only c.example's address", got)
+	}
+
+	// A second entry recording the same address as b does not take it.
+	d := serviceEntry("d", spec("d.example"))
+	d.Status.Addresses = []*networkingv1alpha3.ServiceEntryAddress{{Value: taken.String(), Host: "d.example"}}
+	w.ix.process(w.set(kindServiceEntry, d))
+	if vip("d.example") == taken {
+		t.Errorf("d.example took b's address %v", taken)
+	}
+}
+
+// TestEntryStatus: what the writer sets is what EntryShows reads back;
+// other conditions stay, and an unchanged condition keeps its time.
+func TestEntryStatus(t *testing.T) {
+	se := serviceEntry("egress", &networkingv1alpha3.ServiceEntry{Hosts: []string{"b.example", "a.example"}})
+	se.Status.Conditions = []*metav1alpha1.IstioCondition{{Type: "Reconciled", Status: "True"}}
+	want := EntryStatus{Namespace: "shop", Name: "egress",
+		Addresses: map[string]netip.Addr{"b.example": netip.MustParseAddr("240.240.0.2"), "a.example": netip.MustParseAddr("240.240.0.1")},
+		Binding:   &BindingStatus{Bound: true, Reason: ReasonWaypointAccepted, Message: "Successfully attached to waypoint shop/wp", Waypoint: "shop/wp"}}
+	if EntryShows(se, want) {
+		t.Fatal("an empty status shows the addresses")
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	setEntryStatus(&se.Status, want, t0)
+	if !EntryShows(se, want) {
+		t.Fatalf("status %v does not show what was set", se.Status.String())
+	}
+	if a := se.Status.Addresses; len(a) != 2 || a[0].Host != "a.example" || a[0].Value != "240.240.0.1" {
+		t.Errorf("addresses %v, want sorted by host", a)
+	}
+	if len(se.Status.Conditions) != 2 || se.Status.Conditions[0].Type != "Reconciled" {
+		t.Errorf("conditions %v, want the other kept", se.Status.Conditions)
+	}
+	setEntryStatus(&se.Status, want, t0.Add(time.Hour))
+	if got := se.Status.Conditions[1].LastTransitionTime.AsTime(); !got.Equal(t0) {
+		t.Errorf("unchanged condition moved to %v", got)
+	}
+	none := EntryStatus{Namespace: "shop", Name: "egress"}
+	if EntryShows(se, none) {
+		t.Error("shows no status while it holds one")
+	}
+	setEntryStatus(&se.Status, none, t0)
+	if !EntryShows(se, none) || len(se.Status.Conditions) != 1 {
+		t.Errorf("after clearing: %v", se.Status.String())
 	}
 }

@@ -31,6 +31,9 @@ type Informers struct {
 	Gateways, Services, EndpointSlices, Pods, Namespaces cache.SharedIndexInformer
 	HTTPRoutes, GRPCRoutes, TCPRoutes, Policies          cache.SharedIndexInformer
 	ReferenceGrants                                      cache.SharedIndexInformer
+	// ServiceEntries (networking.istio.io/v1) bound to a waypoint are
+	// served by it (egress); optional.
+	ServiceEntries cache.SharedIndexInformer
 	// GatewayClasses give their Gateways a default istio.io/waypoint-for;
 	// optional.
 	GatewayClasses cache.SharedIndexInformer
@@ -38,7 +41,7 @@ type Informers struct {
 
 func (inf Informers) all() []cache.SharedIndexInformer {
 	return []cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
-		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants}
+		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries}
 }
 
 func indexer(i cache.SharedIndexInformer) cache.Indexer {
@@ -112,7 +115,8 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Control
 		cfg: cfg, inf: inf, pub: pub, log: cfg.Logger,
 		st: Stores{Services: indexer(inf.Services), EndpointSlices: indexer(inf.EndpointSlices), Pods: indexer(inf.Pods),
 			Namespaces: indexer(inf.Namespaces), HTTPRoutes: indexer(inf.HTTPRoutes), GRPCRoutes: indexer(inf.GRPCRoutes),
-			TCPRoutes: indexer(inf.TCPRoutes), Policies: indexer(inf.Policies), ReferenceGrants: indexer(inf.ReferenceGrants)},
+			TCPRoutes: indexer(inf.TCPRoutes), Policies: indexer(inf.Policies), ReferenceGrants: indexer(inf.ReferenceGrants),
+			ServiceEntries: indexer(inf.ServiceEntries)},
 		changed: debounce.New(cfg.Debounce, 10*cfg.Debounce),
 		built:   map[string]map[string]map[string]proto.Message{},
 		notes:   map[string]string{},

@@ -217,6 +217,8 @@ func (o *outcomes) route(src *source, gen int64, refs []gwv1.ParentReference) Ro
 		switch {
 		case serviceParent(ref):
 			accepted = o.serviceParent(src, rep, i, ref)
+		case entryParent(ref):
+			accepted = o.entryParent(src, rep, i, ref)
 		case o.waypointParent(src, ref):
 			accepted = &metav1.Condition{Status: metav1.ConditionFalse, Reason: string(gwv1.RouteReasonNotAllowedByListeners),
 				Message: "a waypoint's HBONE listener takes no routes: attach the route to a Service (parentRef group \"\", kind Service)"}

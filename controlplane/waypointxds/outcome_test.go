@@ -125,3 +125,30 @@ func TestRouteNotesFromOutcomes(t *testing.T) {
 		}
 	}
 }
+
+// TestEntryRouteOutcomes: routes whose parent is a ServiceEntry (egress)
+// get the same conditions as a Service's, with the entry's reasons.
+func TestEntryRouteOutcomes(t *testing.T) {
+	got := outcomesOf(t, load(t, "testdata/egress.yaml"))
+	tests := []struct {
+		route                  string
+		accepted, resolvedRefs want
+	}{
+		{"HTTPRoute egress/httpbin", want{"True", "Accepted", "routes traffic to ServiceEntry egress/httpbin through waypoint egress/waypoint"},
+			want{"False", "BackendNotFound", "backend Hostname nowhere.example: no ServiceEntry of namespace egress has it"}},
+		{"HTTPRoute egress/to-direct", want{"False", "NoMatchingParent", "ServiceEntry egress/direct uses no waypoint"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute egress/to-internal", want{"False", "NoMatchingParent", "ServiceEntry egress/internal is not applied"},
+			want{"False", "BackendNotFound", "backend ServiceEntry egress/internal is not applied"}},
+		{"HTTPRoute egress/to-ghost", want{"False", "NoMatchingParent", "parent ServiceEntry egress/ghost not found"},
+			want{"False", "BackendNotFound", "backend ServiceEntry egress/payments has no port 9999"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.route, func(t *testing.T) {
+			o, ok := got[tc.route]
+			if !ok {
+				t.Fatalf("no outcome for %s", tc.route)
+			}
+			checkOutcome(t, o, tc.accepted, tc.resolvedRefs)
+		})
+	}
+}

@@ -59,15 +59,18 @@ func targets(p *securityv1.AuthorizationPolicy) []*struct{ group, kind, name str
 }
 
 // appliesTo reports whether a policy targets the waypoint or, when svc is
-// set, that Service.
+// set, that Service (or the ServiceEntry it stands for).
 func (b *builder) appliesTo(p *securityv1.AuthorizationPolicy, svc *corev1.Service) bool {
+	_, entry := b.entries[svc]
 	for _, t := range targets(p) {
 		switch {
 		case t.group == gatewayGroup && t.kind == "Gateway" && p.Namespace == b.wp.Namespace && t.name == b.wp.Name:
 			return true
 		case t.group == gatewayGroup && t.kind == "GatewayClass" && p.Namespace == b.mesh.RootNamespace && t.name == apinames.WaypointClass:
 			return true
-		case svc != nil && (t.group == "" || t.group == "core") && t.kind == "Service" && p.Namespace == svc.Namespace && t.name == svc.Name:
+		case svc != nil && !entry && (t.group == "" || t.group == "core") && t.kind == "Service" && p.Namespace == svc.Namespace && t.name == svc.Name:
+			return true
+		case svc != nil && entry && t.group == entryGroup && t.kind == entryKind && p.Namespace == svc.Namespace && t.name == svc.Name:
 			return true
 		}
 	}

@@ -83,10 +83,14 @@ type entry struct {
 }
 
 // parentMatches reports whether a route's parentRef attaches it to a port
-// of svc (producer routes only: the route lives in the Service's namespace).
-func parentMatches(routeNS string, r gwv1.ParentReference, svc *corev1.Service, port corev1.ServicePort) bool {
+// of svc (producer routes only: the route lives in the Service's
+// namespace), or of the ServiceEntry host svc stands for.
+func (b *builder) parentMatches(routeNS string, r gwv1.ParentReference, svc *corev1.Service, port corev1.ServicePort) bool {
+	_, entry := b.entries[svc]
 	switch {
-	case routeNS != svc.Namespace || !serviceParent(r) || string(r.Name) != svc.Name:
+	case routeNS != svc.Namespace || string(r.Name) != svc.Name:
+		return false
+	case entry && !entryParent(r), !entry && !serviceParent(r):
 		return false
 	case r.Namespace != nil && string(*r.Namespace) != svc.Namespace:
 		return false
@@ -111,7 +115,7 @@ func (b *builder) attached(svc *corev1.Service, port corev1.ServicePort) []*sour
 	take := func(src *source, refs []gwv1.ParentReference) {
 		matched := false
 		for i, ref := range refs {
-			if parentMatches(src.ns, ref, svc, port) {
+			if b.parentMatches(src.ns, ref, svc, port) {
 				b.report(src).attach(i, b.wp.Key())
 				matched = true
 			}
@@ -408,8 +412,11 @@ func parseDuration(d *gwv1.Duration) (time.Duration, bool) {
 // the cluster to emit. ok is false when the reference cannot be used; the
 // route's report says why.
 func (b *builder) backendCluster(src *source, ref gwv1.BackendObjectReference) (string, bool) {
+	if ref.Group != nil && string(*ref.Group) == entryGroup && ref.Kind != nil && (*ref.Kind == hostnameKind || *ref.Kind == entryKind) {
+		return b.entryBackend(src, ref)
+	}
 	if !serviceKind(ref.Group, ref.Kind) {
-		b.refProblem(src, gwv1.RouteReasonInvalidKind, "backend %s is not a Service", ref.Name)
+		b.refProblem(src, gwv1.RouteReasonInvalidKind, "backend %s is not a Service (nor a ServiceEntry, or a Hostname of group networking.istio.io)", ref.Name)
 		return "", false
 	}
 	ns := src.ns

@@ -63,7 +63,7 @@ func (b *builder) tcpRoute(svc *corev1.Service, port corev1.ServicePort) *source
 		r := o.(*gwv1.TCPRoute)
 		src := tcpSource(r)
 		for i, ref := range r.Spec.ParentRefs {
-			if parentMatches(src.ns, ref, svc, port) {
+			if b.parentMatches(src.ns, ref, svc, port) {
 				parents[src] = append(parents[src], i)
 			}
 		}

@@ -86,6 +86,9 @@ type Stores struct {
 	// ReferenceGrants (gateway.networking.k8s.io/v1) let a route use a
 	// backend in another namespace; nil allows none.
 	ReferenceGrants cache.Indexer
+	// ServiceEntries (networking.istio.io/v1) bound to the waypoint are
+	// served like Services; nil: none.
+	ServiceEntries cache.Indexer
 }
 
 // Resources are one waypoint's resources: by type URL, then by name.
@@ -137,6 +140,8 @@ type builder struct {
 	denied map[string]bool
 	// routes are what translating each attached route found.
 	routes map[RouteKey]*routeReport
+	// entries are the Service views of ServiceEntry hosts (boundEntries).
+	entries map[*corev1.Service]entryRef
 }
 
 type clusterRef struct {
@@ -148,7 +153,7 @@ type clusterRef struct {
 // found and what became of the routes it translated (see Outcomes).
 func Build(mesh Mesh, wp *ambient.Waypoint, st Stores) (Resources, Report) {
 	b := &builder{mesh: mesh.withDefaults(), st: st, wp: wp, res: Resources{}, clusters: map[string]clusterRef{}}
-	services := b.boundServices()
+	services := append(b.boundServices(), b.boundEntries()...)
 	policies := b.policies()
 	for _, svc := range services {
 		b.service(svc, policies)
@@ -301,7 +306,7 @@ func (b *builder) service(svc *corev1.Service, policies []*securityv1.Authorizat
 	if len(ips) == 0 {
 		return // headless: its pods are reached as workloads
 	}
-	host := ambient.Hostname(svc.Name, svc.Namespace, b.mesh.ClusterDomain)
+	host := b.hostOf(svc)
 	filters := b.rbacFilters(policies, svc)
 	var netFilters []*listenerv3.Filter
 	netDone := false
@@ -466,6 +471,10 @@ func (b *builder) cluster(name string, ref clusterRef) {
 				}},
 			}),
 		}
+	}
+	if e, ok := b.entries[ref.svc]; ok {
+		b.entryCluster(c, e, ref.port)
+		return
 	}
 	b.res.add(resource.ClusterType, name, c)
 	b.res.add(resource.EndpointType, name, b.endpoints(name, ref))

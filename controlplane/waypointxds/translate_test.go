@@ -21,6 +21,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -57,7 +58,7 @@ func load(t *testing.T, path string) *fixture {
 	slicesIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
 	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
-		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer()}}
+		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer(), ServiceEntries: newIndexer()}}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var raw map[string]any
@@ -97,6 +98,8 @@ func load(t *testing.T, path string) *fixture {
 			add(f.st.TCPRoutes, &gwv1.TCPRoute{})
 		case "ReferenceGrant":
 			add(f.st.ReferenceGrants, &gwv1.ReferenceGrant{})
+		case "ServiceEntry":
+			add(f.st.ServiceEntries, &networkingv1.ServiceEntry{})
 		case "AuthorizationPolicy":
 			add(f.st.Policies, &securityv1.AuthorizationPolicy{})
 		case "Gateway":

@@ -127,9 +127,9 @@
 //	se-selector    no workloadSelector (not yet: list the workloads as endpoints)
 //	se-export      exportTo absent or ["*"]: every entry is visible mesh-wide
 //	se-san         no subjectAltNames (they apply to MESH_INTERNAL only)
-//	se-waypoint    istio.io/use-waypoint absent or none: egress through a waypoint is
-//	               not supported yet; warning: the namespace uses a waypoint, which
-//	               the entry's traffic bypasses
+//	(labels)       istio.io/use-waypoint and istio.io/use-waypoint-namespace as on a
+//	               Service (use-waypoint, waypoint-*): the entry's hosts go through
+//	               the waypoint (egress)
 //
 // Istio kinds Weft does not apply (WorkloadEntry, WorkloadGroup,
 // VirtualService, DestinationRule, networking.istio.io Gateway, Sidecar,

@@ -9,13 +9,10 @@ import (
 	"strconv"
 	"strings"
 
-	"istio.io/api/label"
 	networking "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
-
-	"github.com/weftmesh/weft/internal/apinames"
 )
 
 // validateServiceEntry checks a ServiceEntry (networking.istio.io v1,
@@ -273,30 +270,21 @@ func checkEndpoints(rep *report, res networking.ServiceEntry_Resolution, eps []*
 	}
 }
 
-// checkEntryWaypoint refuses a ServiceEntry bound to a waypoint, which
-// Weft does not send egress through yet, and warns when its namespace's
-// waypoint would be bypassed.
+// checkEntryWaypoint checks an entry's waypoint labels as a Service's:
+// an entry bound to a waypoint (by its label or its namespace's) sends its
+// hosts' traffic through it (egress).
 func (a *Admitter) checkEntryWaypoint(rv *review, se *networkingv1.ServiceEntry) {
-	rep := &rv.rep
-	key := label.IoIstioUseWaypoint.Name
-	if v, ok := se.Labels[key]; ok {
-		if v != apinames.WaypointNone {
-			rep.deny("se-waypoint", labelField("metadata.labels", key),
-				"egress through a waypoint is not yet supported; remove the label or set it to none")
+	s := subject{kind: kindService, home: rv.req.Namespace, base: "metadata", meta: &se.ObjectMeta}
+	if s.home == "" {
+		s.home = se.Namespace
+	}
+	if rv.isUpdate() {
+		var old metav1.PartialObjectMetadata
+		if err := decode(rv.req.OldObject.Raw, &old, "old "+rv.req.Kind.Kind); err == nil {
+			s.old = &old.ObjectMeta
 		}
-		return
 	}
-	ns := rv.req.Namespace
-	if ns == "" {
-		ns = se.Namespace
-	}
-	n, err := a.cfg.Namespaces.Namespace(ns)
-	if err != nil { // missing or unreadable: nothing to warn about
-		return
-	}
-	if v := n.Labels[key]; v != "" && v != apinames.WaypointNone {
-		rep.warn("se-waypoint", "metadata.labels", "namespace waypoints don't apply to ServiceEntries yet; label it %s=none", key)
-	}
+	a.checkBinding(rv, &s, "metadata.labels")
 }
 
 // unsupportedKinds are the Istio kinds Weft does not apply, each with what

@@ -579,6 +579,20 @@ spec:
 metadata: {name: api}
 spec:
   hosts: [api.example.com]`},
+	{name: "se-none-valid", kind: seKind, ns: "shop", object: `
+metadata: {name: partner}
+spec:
+  hosts: [partner.example.com]
+  addresses: [198.51.100.7, 2001:db8::7]
+  ports: [{number: 8080, name: http}]`},
+	{name: "se-none-endpoints-bad-addresses", kind: seKind, ns: "shop", object: `
+metadata: {name: partner}
+spec:
+  hosts: [partner.example.com]
+  resolution: NONE
+  addresses: [127.0.0.1, "::ffff:10.0.0.1", 198.51.100.0/24, 0.0.0.0]
+  ports: [{number: 8080, name: http}]
+  endpoints: [{address: 198.51.100.7}]`},
 	{name: "se-internal-round-robin", kind: seKind, ns: "shop", object: `
 metadata: {name: api}
 spec:
@@ -666,7 +680,12 @@ spec:
   - {network: remote}
   - {address: 10.0.0.2, locality: us-east1/a, weight: 3, labels: {any: thing}}
   - {address: 10.0.0.3, ports: {postgres: 0, admin: 9000}}
-  - {address: 10.0.0.02}`},
+  - {address: 10.0.0.02}
+  - {address: 127.0.0.1}
+  - {address: "::ffff:127.0.0.1"}
+  - {address: 169.254.169.254}
+  - {address: 0.0.0.0}
+  - {address: "::"}`},
 	{name: "se-dns-endpoints-invalid", kind: seKind, ns: "shop", object: `
 metadata: {name: api}
 spec:

@@ -7,6 +7,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // SliceWorkloadUID is the xDS name of the Workload made for one address of
@@ -76,7 +77,7 @@ func endpointAddrs(raw []string) []netip.Addr {
 			return nil
 		}
 		a = a.Unmap()
-		if a.IsUnspecified() || a.IsLoopback() || a.IsMulticast() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() {
+		if !podnet.EndpointAddr(a) {
 			return nil
 		}
 		out = append(out, a)

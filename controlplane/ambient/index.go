@@ -841,7 +841,7 @@ func sortedKeys[V any](m map[string]V) []string {
 func (ix *index) claimEntryAddresses(keys map[string]struct{}) {
 	for _, key := range sortedKeys(keys) {
 		se := getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key)
-		if se == nil || !ServiceEntrySupported(se) || len(se.Spec.GetAddresses()) > 0 {
+		if se == nil || !ServiceEntrySupported(se) || !allocates(se) {
 			continue
 		}
 		hosts := map[string]bool{}
@@ -881,7 +881,7 @@ func (ix *index) serviceEntryChanged(key string, u *Update) {
 		old := ix.entryVIPs[key]
 		for _, h := range se.Spec.GetHosts() {
 			h = NormalHost(h)
-			if len(se.Spec.GetAddresses()) > 0 {
+			if !allocates(se) {
 				break
 			}
 			if ip, ok := old[h]; ok {

@@ -10,6 +10,7 @@ import (
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // ServiceEntryWorkloadUID is the xDS name of the Workload made for one
@@ -52,13 +53,16 @@ func AutoVIP(namespace, name, host string, taken func(netip.Addr) bool) netip.Ad
 // Workloads, which carry every host's ports. Weft applies MESH_EXTERNAL
 // entries with resolution STATIC (each endpoint an IP) or DNS (each
 // endpoint a hostname or IP; no endpoints: the hosts themselves), which
-// ztunnel reaches in plain TCP, resolving hostnames itself; the webhook
-// refuses the rest, and an entry that slipped past it publishes nothing.
+// ztunnel reaches in plain TCP, resolving hostnames itself, and NONE
+// (passthrough Services at the entry's addresses, no Workloads); the
+// webhook refuses the rest, and an entry that slipped past it publishes
+// nothing.
 func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[string]netip.Addr) ([]*workloadpb.Service, []*workloadpb.Workload) {
 	c = c.withDefaults()
 	spec := &se.Spec
 	static := spec.GetResolution() == networkingv1alpha3.ServiceEntry_STATIC
 	dns := spec.GetResolution() == networkingv1alpha3.ServiceEntry_DNS
+	none := spec.GetResolution() == networkingv1alpha3.ServiceEntry_NONE
 	if !ServiceEntrySupported(se) {
 		return nil, nil
 	}
@@ -68,11 +72,18 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 		host = NormalHost(host)
 		s := &workloadpb.Service{Name: se.Name, Namespace: se.Namespace, Hostname: host}
 		for _, a := range spec.GetAddresses() {
-			if ip, err := netip.ParseAddr(a); err == nil {
+			if ip, err := netip.ParseAddr(a); err == nil && podnet.EndpointAddr(ip) {
 				s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: ip.Unmap().AsSlice()})
 			}
 		}
-		if len(s.Addresses) == 0 {
+		if none {
+			// Passed through to the address dialed: known only by the
+			// entry's addresses, none allocated.
+			if len(s.Addresses) == 0 {
+				continue
+			}
+			s.LoadBalancing = &workloadpb.LoadBalancing{Mode: workloadpb.LoadBalancing_PASSTHROUGH}
+		} else if len(s.Addresses) == 0 {
 			if ip, ok := vips[host]; ok && ip.IsValid() {
 				s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: ip.AsSlice()})
 			}
@@ -86,6 +97,9 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 		}
 		svcs = append(svcs, s)
 		portsByHost[host] = s.Ports
+	}
+	if none {
+		return svcs, nil
 	}
 	endpoints := spec.GetEndpoints()
 	// A DNS entry without endpoints reaches each host at its own name:
@@ -102,7 +116,7 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 		addr := NormalHost(ep.GetAddress())
 		ip, err := netip.ParseAddr(addr)
 		isIP := err == nil
-		if (static && !isIP) || addr == "" || seen[addr] {
+		if (static && !isIP) || (isIP && !podnet.EndpointAddr(ip)) || addr == "" || seen[addr] {
 			continue
 		}
 		seen[addr] = true
@@ -147,13 +161,13 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 }
 
 // ServiceEntrySupported reports whether Weft applies a ServiceEntry: one
-// the webhook admits (MESH_EXTERNAL, resolution STATIC or DNS, no
+// the webhook admits (MESH_EXTERNAL, resolution STATIC, DNS or NONE, no
 // workloadSelector, no wildcard host).
 func ServiceEntrySupported(se *networkingv1.ServiceEntry) bool {
 	spec := &se.Spec
 	r := spec.GetResolution()
 	if spec.GetLocation() == networkingv1alpha3.ServiceEntry_MESH_INTERNAL || spec.GetWorkloadSelector() != nil ||
-		(r != networkingv1alpha3.ServiceEntry_STATIC && r != networkingv1alpha3.ServiceEntry_DNS) {
+		(r != networkingv1alpha3.ServiceEntry_STATIC && r != networkingv1alpha3.ServiceEntry_DNS && r != networkingv1alpha3.ServiceEntry_NONE) {
 		return false
 	}
 	for _, h := range spec.GetHosts() {
@@ -237,3 +251,9 @@ func EntryShows(se *networkingv1.ServiceEntry, want EntryStatus) bool {
 }
 
 type istioCondition struct{ status, reason, message string }
+
+// allocates reports whether se's hosts get allocated addresses: they have
+// none of their own, and are not passed through by address (NONE).
+func allocates(se *networkingv1.ServiceEntry) bool {
+	return len(se.Spec.GetAddresses()) == 0 && se.Spec.GetResolution() != networkingv1alpha3.ServiceEntry_NONE
+}

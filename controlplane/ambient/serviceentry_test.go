@@ -86,8 +86,22 @@ func TestServiceEntryResources(t *testing.T) {
 		}
 	}
 
+	// NONE: a passthrough Service at the entry's addresses, no Workloads,
+	// and nothing without addresses.
+	none := serviceEntry("partner", &networkingv1alpha3.ServiceEntry{
+		Hosts: []string{"partner.example"}, Addresses: []string{"198.51.100.7"}, Ports: sePorts,
+	})
+	svcs, ws = c.ServiceEntryResources(none, map[string]netip.Addr{"partner.example": vip})
+	if len(svcs) != 1 || len(ws) != 0 || svcs[0].GetLoadBalancing().GetMode() != workloadpb.LoadBalancing_PASSTHROUGH ||
+		len(svcs[0].Addresses) != 1 || netip.AddrFrom4([4]byte(svcs[0].Addresses[0].Address)).String() != "198.51.100.7" {
+		t.Errorf("NONE: services %v, workloads %v; want one passthrough Service at 198.51.100.7 and no workload", svcs, ws)
+	}
+	none.Spec.Addresses = nil
+	if svcs, ws = c.ServiceEntryResources(none, map[string]netip.Addr{"partner.example": vip}); len(svcs)+len(ws) != 0 {
+		t.Errorf("NONE without addresses: %v %v, want nothing (an allocated address would pass nowhere)", svcs, ws)
+	}
+
 	for name, spec := range map[string]*networkingv1alpha3.ServiceEntry{
-		"none":     {Hosts: []string{"a.example"}, Ports: sePorts},
 		"internal": {Hosts: []string{"a.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS, Location: networkingv1alpha3.ServiceEntry_MESH_INTERNAL},
 		"wildcard": {Hosts: []string{"*.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS},
 		"selector": {Hosts: []string{"a.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_STATIC,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/internal/apinames"
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // A ServiceEntry bound to the waypoint (istio.io/use-waypoint on it or its
@@ -85,7 +86,7 @@ func (b *builder) boundEntries() []*corev1.Service {
 func entryService(se *networkingv1.ServiceEntry, host string, allocated netip.Addr) *corev1.Service {
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: se.Namespace, Name: se.Name, Labels: se.Labels}}
 	for _, a := range se.Spec.GetAddresses() {
-		if ip, err := netip.ParseAddr(a); err == nil {
+		if ip, err := netip.ParseAddr(a); err == nil && podnet.EndpointAddr(ip) {
 			svc.Spec.ClusterIPs = append(svc.Spec.ClusterIPs, ip.Unmap().String())
 		}
 	}
@@ -137,8 +138,16 @@ func entryParent(r gwv1.ParentReference) bool {
 // entryCluster adds the Cluster of a ServiceEntry host's port: STRICT_DNS
 // with the entry's endpoints (or the host itself) for resolution DNS,
 // resolved again at Envoy's default interval (5 s), EDS with its IP
-// endpoints for STATIC.
+// endpoints for STATIC, ORIGINAL_DST for NONE.
 func (b *builder) entryCluster(c *clusterv3.Cluster, e entryRef, port corev1.ServicePort) {
+	if e.se.Spec.GetResolution() == networkingv1alpha3.ServiceEntry_NONE {
+		// Passed through: to the address the client dialed.
+		c.ClusterDiscoveryType = &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST}
+		c.EdsClusterConfig = nil
+		c.LbPolicy = clusterv3.Cluster_CLUSTER_PROVIDED
+		b.res.add(resource.ClusterType, c.Name, c)
+		return
+	}
 	cla := entryEndpoints(c.Name, e, port)
 	if e.se.Spec.GetResolution() != networkingv1alpha3.ServiceEntry_DNS {
 		b.res.add(resource.ClusterType, c.Name, c)
@@ -170,6 +179,9 @@ func entryEndpoints(name string, e entryRef, port corev1.ServicePort) *endpointv
 	for _, ep := range eps {
 		addr := ambient.NormalHost(ep.GetAddress())
 		if ip, err := netip.ParseAddr(addr); err == nil {
+			if !podnet.EndpointAddr(ip) {
+				continue // never the waypoint's own localhost, nor the node's metadata service
+			}
 			addr = ip.Unmap().String()
 		} else if !dns {
 			continue // STATIC: IPs only (the webhook refuses the rest)

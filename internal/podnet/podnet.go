@@ -2,10 +2,29 @@
 // agent's redirection rules agree on (protocols.md §3.1 and §3.2, Istio's
 // values): the ports ztunnel listens on inside each enrolled pod's network
 // namespace, where the rules send the pod's traffic, and the packet marks
-// that let ztunnel's own sockets through.
+// that let ztunnel's own sockets through; and which addresses a mesh
+// endpoint may have.
 package podnet
 
-import "github.com/weftmesh/weft/internal/apinames"
+import (
+	"net/netip"
+
+	"github.com/weftmesh/weft/internal/apinames"
+)
+
+// EndpointAddr reports whether a may be the address of an endpoint the
+// mesh connects to (an EndpointSlice's, a ServiceEntry's or a
+// WorkloadEntry's): a unicast address that is not loopback, unspecified,
+// link-local, broadcast or of 0.0.0.0/8, as the API server requires of an
+// EndpointSlice. Connecting to any other would reach the connecting
+// proxy's own localhost-only ports, or the node's metadata service,
+// outside any policy.
+func EndpointAddr(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsValid() && a.Zone() == "" && !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() &&
+		!a.IsLinkLocalUnicast() && !a.IsLinkLocalMulticast() && a != netip.AddrFrom4([4]byte{255, 255, 255, 255}) &&
+		!(a.Is4() && a.As4()[0] == 0)
+}
 
 // Ports ztunnel listens on inside each pod.
 const (

@@ -13,12 +13,15 @@ import (
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 // validateServiceEntry checks a ServiceEntry (networking.istio.io v1,
 // v1beta1 and v1alpha3 share the spec) against what Weft applies: an
 // external service (MESH_EXTERNAL) of named hosts, resolved STATIC (IP
-// endpoints) or DNS, visible mesh-wide, reached without a waypoint.
+// endpoints), DNS or NONE (passed through by address), visible mesh-wide,
+// reached directly or through a waypoint.
 // Anything else would be accepted and then do nothing, so it is refused
 // with what to write instead.
 func (a *Admitter) validateServiceEntry(rv *review) {
@@ -51,8 +54,14 @@ func (a *Admitter) validateServiceEntry(rv *review) {
 	switch res {
 	case networking.ServiceEntry_STATIC, networking.ServiceEntry_DNS:
 	case networking.ServiceEntry_NONE:
-		rep.deny("se-resolution", "spec.resolution",
-			"NONE (the default when unset) is not yet supported; set resolution: STATIC and list the endpoints' IPs, or resolution: DNS")
+		if len(spec.GetAddresses()) == 0 {
+			rep.deny("se-resolution", "spec.resolution",
+				"resolution NONE (the default when unset) passes a connection through to the address the client dialed, so ztunnel knows the entry only by its addresses; list them in addresses, or set resolution: DNS (the hosts are resolved) or STATIC with endpoints")
+		}
+		if len(spec.GetEndpoints()) > 0 {
+			rep.deny("se-endpoint", "spec.endpoints",
+				"resolution NONE takes no endpoints: connections go to the address the client dialed; remove them, or use resolution STATIC")
+		}
 	case networking.ServiceEntry_DNS_ROUND_ROBIN, networking.ServiceEntry_DYNAMIC_DNS:
 		rep.deny("se-resolution", "spec.resolution", "%s is not yet supported; use resolution DNS, or STATIC with endpoints", res)
 	default:
@@ -120,7 +129,7 @@ func (a *Admitter) checkHosts(rep *report, hosts []string) {
 		switch {
 		case strings.Contains(h, "*"):
 			rep.deny("se-host", field,
-				"%s: wildcard hosts need resolution NONE, which is not yet supported; list each host by its full name", q(h))
+				"%s: wildcard hosts are not yet supported; list each host by its full name", q(h))
 			continue
 		case !isDNSName(name):
 			rep.deny("se-host", field,
@@ -387,6 +396,8 @@ func ipProblem(s string) string {
 		return "is not an IP address; fix it"
 	case ip.Zone() != "":
 		return "has a zone, which an address shared across nodes can't have; remove it"
+	case !podnet.EndpointAddr(ip):
+		return "is a loopback, unspecified, link-local, multicast or broadcast address, which the mesh never connects to (it would reach the connecting proxy's own ports or the node's metadata service); give the service's routable address"
 	case ip.Is4In6():
 		return "is an IPv4-mapped IPv6 address; write it as " + ip.Unmap().String()
 	}

@@ -63,7 +63,8 @@ type RouteOptions struct {
 
 // Route decides where a connection from src to dst goes (ztunnel's outbound
 // rules, in order): a service VIP goes to the service's waypoint if it has
-// one, else to one of its endpoints; a workload IP goes to the workload's
+// one, else (a passthrough service) to the VIP itself, else to one of its
+// endpoints; a workload IP goes to the workload's
 // waypoint if it has one and src is not that waypoint, else over HBONE when
 // the workload speaks it and plain otherwise; anything else passes through.
 func (s *Store) Route(src *Workload, dst netip.AddrPort, opt RouteOptions) (Route, error) {
@@ -78,9 +79,6 @@ func (s *Store) Route(src *Workload, dst netip.AddrPort, opt RouteOptions) (Rout
 		ns = src.Namespace
 	}
 	if svc := s.serviceByVIPLocked(dst.Addr(), ns); svc != nil {
-		if svc.Passthrough {
-			return Route{Kind: Passthrough, Addr: dst, Service: svc}, nil
-		}
 		if svc.Waypoint != nil && !s.isWaypointLocked(src, svc.Waypoint) {
 			r, err := s.waypointRouteLocked(src, svc.Waypoint, opt)
 			if err != nil {
@@ -89,6 +87,9 @@ func (s *Store) Route(src *Workload, dst netip.AddrPort, opt RouteOptions) (Rout
 			r.Authority, r.Service = dst, svc
 			r.Peers = appendUnique(r.Peers, svc.SANs...)
 			return r, nil
+		}
+		if svc.Passthrough {
+			return Route{Kind: Passthrough, Addr: dst, Service: svc}, nil
 		}
 		w, port, err := s.pickEndpointLocked(src, svc, uint32(dst.Port()), opt)
 		if err != nil {

@@ -91,6 +91,11 @@ func TestRoute(t *testing.T) {
 	waypoint := pod("demo", "waypoint-abc", "waypoint", "n2", "10.244.2.50", true,
 		map[string][]uint32{"demo/waypoint.demo.svc.cluster.local": {15008, 15008}})
 	waypointSvc := service("demo", "waypoint", "10.96.0.99", 15008, 15008)
+	passthrough := func(a *workloadpb.Address) *workloadpb.Address {
+		a = proto.Clone(a).(*workloadpb.Address)
+		a.GetService().LoadBalancing = &workloadpb.LoadBalancing{Mode: workloadpb.LoadBalancing_PASSTHROUGH}
+		return a
+	}
 	first := RouteOptions{Pick: func(int) int { return 0 }}
 	id := func(ns, sa string) spiffeid.ID {
 		return spiffeid.RequireFromString("spiffe://cluster.local/ns/" + ns + "/sa/" + sa)
@@ -162,6 +167,25 @@ func TestRoute(t *testing.T) {
 			src:   "10.244.1.5", dst: "10.244.1.10:8080",
 			want: Route{Kind: Waypoint, Addr: netip.MustParseAddrPort("10.244.2.50:15008"), Authority: netip.MustParseAddrPort("10.244.1.10:8080"),
 				Peers: []spiffeid.ID{id("demo", "waypoint")}},
+		},
+		{
+			name:  "a passthrough service (ServiceEntry resolution NONE) goes to the address dialed",
+			store: []*workloadpb.Address{client, passthrough(echoSvc)},
+			src:   "10.244.1.5", dst: "10.96.0.20:80",
+			want: Route{Kind: Passthrough, Addr: netip.MustParseAddrPort("10.96.0.20:80")},
+		},
+		{
+			name:  "a passthrough service with a waypoint goes to the waypoint first",
+			store: []*workloadpb.Address{client, withWaypoint(passthrough(echoSvc), wpByHost), waypoint, waypointSvc},
+			src:   "10.244.1.5", dst: "10.96.0.20:80",
+			want: Route{Kind: Waypoint, Addr: netip.MustParseAddrPort("10.244.2.50:15008"), Authority: netip.MustParseAddrPort("10.96.0.20:80"),
+				Peers: []spiffeid.ID{id("demo", "waypoint")}},
+		},
+		{
+			name:  "the waypoint itself passes a passthrough service's connection to the address",
+			store: []*workloadpb.Address{withWaypoint(passthrough(echoSvc), wpByHost), waypoint, waypointSvc},
+			src:   "10.244.2.50", dst: "10.96.0.20:80",
+			want: Route{Kind: Passthrough, Addr: netip.MustParseAddrPort("10.96.0.20:80")},
 		},
 		{
 			name:  "a waypoint with no pods is an error, not a bypass",

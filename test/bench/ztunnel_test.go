@@ -61,8 +61,8 @@ const (
 // ztunnel samples its heap finely (GODEBUG=memprofilerate=4096), and its
 // heap profile, goroutines and metrics are saved under the 1000 req/s load
 // to <prefix>-load-heap.prof, <prefix>-load-goroutine.txt and
-// <prefix>-load-metrics.txt, and with the 1000 idle connections open to
-// <prefix>-idle-*.
+// <prefix>-load-metrics.txt, with the 1000 idle connections open to
+// <prefix>-idle-*, and with 102 pods enrolled to <prefix>-pods-*.
 func BenchmarkZtunnel(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
 		b.Skip(why)
@@ -520,6 +520,7 @@ func (p *podPair) manyPods(b *testing.B) {
 		b.Fatalf("ztunnel serves %d pods with %d certificates, want %d of each", pods, certs, manyPods+2)
 	}
 	rss1, mem1 := procRSS(b, pid), p.zt.memInUse(b)
+	<-p.profile(b, "pods", 0)
 	fmt.Printf("bench: ztunnel_enroll_%d_pods_s %.2f\n", manyPods, enrolled.Seconds())
 	fmt.Printf("bench: ztunnel_2pod_rss_mb %.1f\n", float64(rss0)/(1<<20))
 	fmt.Printf("bench: ztunnel_%dpod_rss_mb %.1f\n", manyPods+2, float64(rss1)/(1<<20))

@@ -52,15 +52,15 @@ import (
 // BenchmarkZtunnel's two pods: the waypoint's, with podW on its loopback,
 // joined to each pod by a veth pair. The waypoint runs there: the product's
 // binary, built for the run, on a static Envoy configuration (waypoint
-// -bootstrap) with its default settings but the access log off; ztunnel's
-// child process holds both pods' proxies as in BenchmarkZtunnel. nginx, for
+// -bootstrap) with its default settings but the access log off; the
+// ztunnel binary serves both pods as in BenchmarkZtunnel. nginx, for
 // the throughput baseline, runs in the waypoint's namespace too, so both
 // proxies reach the same backend (the server app in pod B) over the same
 // link.
 const (
 	podW = "10.250.0.3"
 	// serverHost's VIP is what the client app in pod A connects to; the
-	// ztunnel child binds it to the waypoint on "waypoint on".
+	// control plane binds it to the waypoint in bindWaypoint.
 	serverHost = "server." + benchNS + ".svc.cluster.local"
 	serverVIP  = "10.96.0.10"
 	// serviceRange is routed from pod A's eth0 so that its app can connect
@@ -99,7 +99,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
 		b.Skip(why)
 	}
-	bin := buildWaypoint(b)
+	bin := buildBinary(b, "./waypoint/cmd/waypoint", "waypoint")
 	p := newPodPair(b)
 	p.addWaypoint(b)
 	wp := startWaypoint(b, p, bin)
@@ -174,12 +174,25 @@ func (p *podPair) addWaypoint(b *testing.B) {
 }
 
 // bindWaypoint binds the server's Service to the waypoint in ztunnel's
-// view, or removes the binding.
+// view, or removes the binding: the control plane publishes the change and
+// bindWaypoint waits until ztunnel's configuration dump shows it.
 func (p *podPair) bindWaypoint(b *testing.B, on bool) {
-	cmd := map[bool]string{true: "waypoint on", false: "waypoint off"}[on]
-	if line := p.child.line(b, cmd); line != "ok" {
-		b.Fatalf("ztunnel child: %s: %s", cmd, line)
+	p.cp.publish(b, meshAddresses(on), nil)
+	var last error
+	for start := time.Now(); time.Since(start) < 10*time.Second; time.Sleep(10 * time.Millisecond) {
+		d, err := p.zt.dump()
+		if err != nil {
+			last = err
+			continue
+		}
+		for _, s := range d.Services {
+			if s.Hostname == serverHost && (len(s.Waypoint) > 0 && string(s.Waypoint) != "null") == on {
+				return
+			}
+		}
+		last = fmt.Errorf("the binding is not %v yet", on)
 	}
+	b.Fatalf("ztunnel did not apply the waypoint binding: %v", last)
 }
 
 func waypointLatency(b *testing.B, p *podPair, wp *waypointProc) {
@@ -272,10 +285,7 @@ func benchID(sa string) spiffeid.ID {
 // hboneClient is an HBONE dialer for the client app in pod A, with the
 // client's SVID from the bench CA.
 func (p *podPair) hboneClient(b *testing.B) (*hbone.Dialer, spiffeid.ID) {
-	ca, err := loadCA(p.caDir)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ca := p.ca
 	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, "client")
 	svid, err := ca.IssueSVID(id, time.Hour)
 	if err != nil {
@@ -504,22 +514,6 @@ func startNginx(b *testing.B, p *podPair, bin string) *exec.Cmd {
 	return cmd
 }
 
-// buildWaypoint builds the waypoint binary as the images do.
-func buildWaypoint(b *testing.B) string {
-	cfg := cluster.Config{Images: []string{}}
-	if err := cfg.SetDefaults(); err != nil {
-		b.Fatal(err)
-	}
-	out := filepath.Join(b.TempDir(), "waypoint")
-	cmd := exec.Command(cfg.Go, "build", "-trimpath", "-o", out, "./waypoint/cmd/waypoint")
-	cmd.Dir = cfg.RepoDir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("building the waypoint: %v\n%s", err, msg)
-	}
-	return out
-}
-
 // waypointProc is the waypoint binary running in the waypoint's namespace.
 type waypointProc struct {
 	cmd    *exec.Cmd
@@ -535,10 +529,7 @@ type waypointProc struct {
 // the waypoint is ready.
 func startWaypoint(b *testing.B, p *podPair, bin string) *waypointProc {
 	dir := b.TempDir()
-	ca, err := loadCA(p.caDir)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ca := p.ca
 	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, "waypoint")
 	svid, err := ca.IssueSVID(id, time.Hour)
 	if err != nil {

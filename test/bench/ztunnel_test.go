@@ -1,22 +1,15 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,95 +17,106 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 
 	"github.com/weftmesh/weft/cni/redirect"
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/pb/zdspb"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/test/cluster"
-	"github.com/weftmesh/weft/ztunnel/inpod"
-	"github.com/weftmesh/weft/ztunnel/proxy"
-	"github.com/weftmesh/weft/ztunnel/state"
 )
 
 // The ztunnel benchmark: two pods in their own network namespaces joined by
-// a veth pair, each with Istio's in-pod redirection rules, and a process
-// (this test binary re-executed) running ztunnel's proxy for both pods. The
-// client app in pod A talks to the server app in pod B through A's ztunnel,
-// HBONE, and B's ztunnel; the baseline is the same pods with the rules
-// removed. Every figure is measured in the same run.
+// a veth pair, each with Istio's in-pod redirection rules, enrolled in the
+// product's ztunnel binary running in a third namespace (see node_test.go)
+// as the node's one ztunnel for both pods. The client app in pod A talks to
+// the server app in pod B through ztunnel's proxy in A, HBONE, and its
+// proxy in B; the baseline is the same pods with the rules removed. Every
+// figure is measured in the same run.
 const (
 	podA = "10.250.0.1"
 	podB = "10.250.0.2"
 	// benchNS is the Kubernetes namespace of every workload in the mesh's view.
 	benchNS = "bench"
-	// childEnv makes the re-executed test binary run the proxies.
-	childEnv = "WEFT_BENCH_ZTUNNEL_CHILD"
-	// caEnv names the directory holding the mesh CA (ca.pem, ca-key.pem)
-	// that the parent made and every child loads.
-	caEnv = "WEFT_BENCH_CA"
+	// manyPods are enrolled for ztunnel_rss_per_pod_kib.
+	manyPods = 100
 )
 
-// BenchmarkZtunnel prints:
+// BenchmarkZtunnel prints, of the ztunnel process (which serves both ends):
 //
-//	ztunnel_throughput_vs_direct  bulk TCP pod A -> pod B through two ztunnels ÷ direct
+//	ztunnel_throughput_vs_direct  bulk TCP pod A -> pod B through ztunnel at both ends ÷ direct
 //	ztunnel_added_p90_ms          1 KiB HTTP request/response at 1000 req/s, p90 minus direct
 //	ztunnel_added_p99_ms          the same, p99
-//	ztunnel_rss_mb                RSS of the process holding both pods' proxies, under that load
-//	ztunnel_cpu_per_1000rps       CPU cores per 1000 req/s, per ztunnel (the process serves both ends)
-//	ztunnel_idle_conn_kib         heap + stack per idle proxied connection, per end
+//	ztunnel_rss_mb                its RSS (VmRSS) under that load
+//	ztunnel_heap_inuse_mb         its Go heap in use under that load (go_memstats_heap_inuse_bytes)
+//	ztunnel_cpu_per_1000rps       CPU cores per 1000 req/s, per end (half the process's)
+//	ztunnel_idle_conn_kib         heap + stack in use (after a collection) per idle proxied
+//	                              connection, per end
+//	ztunnel_rss_per_pod_kib       RSS growth of a fresh ztunnel per enrolled pod, 100 pods
+//	                              (each its own namespace, Workload and service account) over
+//	                              the 2-pod baseline
+//
+// and the raw figures behind them. With WEFT_BENCH_ZTUNNEL_PROFILE=<prefix>
+// ztunnel samples its heap finely (GODEBUG=memprofilerate=4096), and its
+// heap profile, goroutines and metrics are saved under the 1000 req/s load
+// to <prefix>-load-heap.prof, <prefix>-load-goroutine.txt and
+// <prefix>-load-metrics.txt, with the 1000 idle connections open to
+// <prefix>-idle-*, and with 102 pods enrolled to <prefix>-pods-*.
 func BenchmarkZtunnel(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
 		b.Skip(why)
 	}
 	env := newPodPair(b)
+	fi, err := os.Stat(env.bin)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("bench: ztunnel_binary_mb %.1f\n", float64(fi.Size())/(1<<20))
+	fmt.Printf("bench: ztunnel_idle_rss_mb %.1f\n", float64(procRSS(b, env.zt.pid()))/(1<<20))
 	for range b.N {
 		env.throughput(b)
 		env.latency(b)
 		env.idle(b)
+		env.manyPods(b)
 	}
 }
 
-// TestZtunnelChild is the child process of BenchmarkZtunnel, not a test.
-func TestZtunnelChild(t *testing.T) {
-	spec := os.Getenv(childEnv)
-	if spec == "" {
-		t.Skip("runs only as BenchmarkZtunnel's child process")
-	}
-	if err := runChild(spec); err != nil {
-		fmt.Println("error:", err)
-		os.Exit(1)
-	}
-	os.Exit(0)
-}
-
+// podPair is the two pods and the node around them: ztunnel, the control
+// plane and the node agent.
 type podPair struct {
 	a, b *netns.NS
 	// w is the waypoint's namespace, once addWaypoint made it.
-	w         *netns.NS
+	w *netns.NS
+	// node is ztunnel's namespace, where the control plane listens too.
+	node      *netns.NS
 	names     []string
-	caDir     string
-	child     *childProc // ztunnel's proxies for both pods
+	ca        *spiffe.CA
+	bin, dir  string // ztunnel's binary; its files (root, token, ZDS socket, logs)
+	cp        *controlPlane
+	agent     *nodeAgent
+	zt        *ztunnelProc
 	redirects bool
 }
 
 func newPodPair(b *testing.B) *podPair {
 	b.Helper()
-	p := &podPair{}
+	p := &podPair{bin: buildBinary(b, "./ztunnel/cmd/ztunnel", "ztunnel"), dir: b.TempDir()}
 	b.Cleanup(p.close)
-	for _, side := range []string{"a", "b"} {
+	for _, side := range []string{"a", "b", "n"} {
 		name := fmt.Sprintf("weft-bench-%d-%s", os.Getpid(), side)
 		ns, err := netns.Create(name)
 		if err != nil {
 			b.Fatal(err)
 		}
 		p.names = append(p.names, name)
-		if side == "a" {
+		switch side {
+		case "a":
 			p.a = ns
-		} else {
+		case "b":
 			p.b = ns
+		default:
+			p.node = ns
 		}
 	}
 	ha, err := p.a.Netlink()
@@ -127,12 +131,15 @@ func newPodPair(b *testing.B) *podPair {
 	for _, side := range []struct {
 		ns   *netns.NS
 		addr string
-	}{{p.a, podA}, {p.b, podB}} {
+	}{{p.a, podA}, {p.b, podB}, {p.node, ""}} {
 		h, err := side.ns.Netlink()
 		if err != nil {
 			b.Fatal(err)
 		}
 		for _, ifname := range []string{"lo", "eth0"} {
+			if ifname == "eth0" && side.addr == "" {
+				continue
+			}
 			l, err := h.LinkByName(ifname)
 			if err == nil && ifname == "eth0" {
 				err = h.AddrAdd(l, &netlink.Addr{IPNet: ipnet(side.addr + "/24")})
@@ -148,8 +155,24 @@ func newPodPair(b *testing.B) *podPair {
 		h.Close()
 	}
 	p.serveApps(b)
-	p.caDir = newCADir(b)
-	p.child = startChild(b, "ztunnel", "TestZtunnelChild", nil, childEnv+"="+p.a.Path()+","+p.b.Path(), caEnv+"="+p.caDir)
+	p.ca, err = spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
+	if err != nil {
+		b.Fatal(err)
+	}
+	p.cp = startControlPlane(b, p.node, p.ca, p.dir)
+	p.agent = listenZDS(b, filepath.Join(p.dir, "ztunnel.sock"))
+	for _, name := range []string{"client", "server"} {
+		ns := p.a
+		if name == "server" {
+			ns = p.b
+		}
+		err := p.agent.enroll(agentPod{uid: "uid-" + name, ns: ns.Path(),
+			info: &zdspb.WorkloadInfo{Name: name, Namespace: benchNS, ServiceAccount: name}})
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	p.zt = startZtunnel(b, p.node, p.bin, p.dir, p.agent)
 	return p
 }
 
@@ -207,84 +230,8 @@ func (p *podPair) setRedirect(b *testing.B, on bool) {
 	p.redirects = on
 }
 
-// childProc is this test binary re-executed to run one part of a benchmark
-// in a process of its own, so that its CPU time and memory are its own. It
-// answers each command line on stdin with one line and ends when stdin
-// closes.
-type childProc struct {
-	name string
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Reader
-	once sync.Once
-}
-
-// startChild runs the test function test as a child process with env added
-// to its environment, inside ns when ns is not nil, and waits for its
-// "ready". The child is stopped when the benchmark ends.
-func startChild(b *testing.B, name, test string, ns *netns.NS, env ...string) *childProc {
-	b.Helper()
-	c := &childProc{name: name, cmd: exec.Command(os.Args[0], "-test.run", "^"+test+"$", "-test.v")}
-	c.cmd.Env = append(os.Environ(), env...)
-	c.cmd.Stderr = os.Stderr
-	c.in, _ = c.cmd.StdinPipe()
-	out, _ := c.cmd.StdoutPipe()
-	c.out = bufio.NewReader(out)
-	var err error
-	if ns != nil {
-		// os/exec forks from the calling thread, which is in ns.
-		err = ns.Do(c.cmd.Start)
-	} else {
-		err = c.cmd.Start()
-	}
-	if err != nil {
-		b.Fatalf("starting the %s child: %v", name, err)
-	}
-	b.Cleanup(c.stop)
-	if line := c.line(b, ""); line != "ready" {
-		b.Fatalf("%s child: %s", name, line)
-	}
-	return c
-}
-
-// line sends a command (if any) and returns the child's next answer.
-func (c *childProc) line(b *testing.B, cmd string) string {
-	if cmd != "" {
-		fmt.Fprintln(c.in, cmd)
-	}
-	for {
-		line, err := c.out.ReadString('\n')
-		if err != nil {
-			b.Fatalf("%s child: %v", c.name, err)
-		}
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "=== RUN") || line == "" {
-			continue // go test's own output
-		}
-		return line
-	}
-}
-
-func (c *childProc) pid() int { return c.cmd.Process.Pid }
-
-// stop closes the child's stdin and waits for it to exit, killing it after
-// 10 s.
-func (c *childProc) stop() {
-	c.once.Do(func() {
-		c.in.Close()
-		done := make(chan struct{})
-		go func() { c.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			c.cmd.Process.Kill()
-			<-done
-		}
-	})
-}
-
 func (p *podPair) close() {
-	for _, ns := range []*netns.NS{p.a, p.b, p.w} {
+	for _, ns := range []*netns.NS{p.a, p.b, p.w, p.node} {
 		if ns != nil {
 			ns.Close()
 		}
@@ -292,39 +239,6 @@ func (p *podPair) close() {
 	for _, name := range p.names {
 		netns.Delete(name)
 	}
-}
-
-// newCADir makes the mesh CA every process of a benchmark trusts and writes
-// it to a temporary directory the children load it from.
-func newCADir(b *testing.B) string {
-	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
-	if err != nil {
-		b.Fatal(err)
-	}
-	key, err := ca.KeyPEM()
-	if err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	for name, data := range map[string][]byte{"ca.pem": ca.CertPEM(), "ca-key.pem": key} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return dir
-}
-
-// loadCA loads the CA newCADir wrote.
-func loadCA(dir string) (*spiffe.CA, error) {
-	cert, err := os.ReadFile(filepath.Join(dir, "ca.pem"))
-	if err != nil {
-		return nil, err
-	}
-	key, err := os.ReadFile(filepath.Join(dir, "ca-key.pem"))
-	if err != nil {
-		return nil, err
-	}
-	return spiffe.LoadCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain}, cert, key)
 }
 
 // dialFromA opens a connection from the client app in pod A.
@@ -439,49 +353,179 @@ func (p *podPair) openLoop(b *testing.B, url string, rate int, d time.Duration, 
 
 func (p *podPair) latency(b *testing.B) {
 	const rate, conns = 1000, 8
+	const d = 10 * time.Second
 	url := "http://" + podB + ":8080/"
 	p.setRedirect(b, false)
 	p.openLoop(b, url, rate, time.Second, conns) // warm-up
-	direct := p.openLoop(b, url, rate, 10*time.Second, conns)
+	direct := p.openLoop(b, url, rate, d, conns)
 	p.setRedirect(b, true)
 	p.openLoop(b, url, rate, time.Second, conns)
-	cpu0 := procCPU(b, p.child.pid())
+	saved := p.profile(b, "load", d/2)
+	pid := p.zt.pid()
+	opened := p.zt.sum(b, "istio_tcp_connections_opened_total")
+	cpu0 := procCPU(b, pid)
 	t0 := time.Now()
-	mesh := p.openLoop(b, url, rate, 10*time.Second, conns)
-	cpu := procCPU(b, p.child.pid()) - cpu0
+	mesh := p.openLoop(b, url, rate, d, conns)
+	cpu := procCPU(b, pid) - cpu0
+	// Each connection is counted by both ends.
+	if n := p.zt.sum(b, "istio_tcp_connections_opened_total") - opened; n < 2 {
+		b.Fatalf("ztunnel counted %v connections opened under the load: the traffic did not go through it", n)
+	}
 	el := time.Since(t0)
-	rss := procRSS(b, p.child.pid())
+	rss := procRSS(b, pid)
+	m := p.zt.metrics(b, "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines")
+	<-saved
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	fmt.Printf("bench: direct_p90_ms %.3f\n", ms(pct(direct, 0.90)))
 	fmt.Printf("bench: ztunnel_p90_ms %.3f\n", ms(pct(mesh, 0.90)))
 	fmt.Printf("bench: ztunnel_added_p90_ms %.3f\n", ms(pct(mesh, 0.90)-pct(direct, 0.90)))
 	fmt.Printf("bench: ztunnel_added_p99_ms %.3f\n", ms(pct(mesh, 0.99)-pct(direct, 0.99)))
 	fmt.Printf("bench: ztunnel_rss_mb %.1f\n", float64(rss)/(1<<20))
-	// The process serves both ends, so each ztunnel's share is half.
+	fmt.Printf("bench: ztunnel_rss_anon_mb %.1f\n", float64(procStatus(b, pid, "RssAnon"))/(1<<20))
+	fmt.Printf("bench: ztunnel_heap_inuse_mb %.1f\n", m["go_memstats_heap_inuse_bytes"]/(1<<20))
+	fmt.Printf("bench: ztunnel_stack_inuse_mb %.1f\n", m["go_memstats_stack_inuse_bytes"]/(1<<20))
+	fmt.Printf("bench: ztunnel_goroutines %.0f\n", m["go_goroutines"])
+	// The process serves both ends, so each end's share is half.
 	fmt.Printf("bench: ztunnel_cpu_per_1000rps %.3f\n", cpu.Seconds()/el.Seconds()/(rate/1000.0)/2)
+}
+
+// profile saves ztunnel's heap profile, goroutines and metrics after
+// wait, when WEFT_BENCH_ZTUNNEL_PROFILE names a file prefix; the returned
+// channel is closed once they are saved (at once without the variable).
+func (p *podPair) profile(b *testing.B, phase string, wait time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	prefix := os.Getenv("WEFT_BENCH_ZTUNNEL_PROFILE")
+	if prefix == "" {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		time.Sleep(wait)
+		for file, url := range map[string]string{
+			"heap.prof":     "http://" + ztAdmin + "/debug/pprof/heap",
+			"goroutine.txt": "http://" + ztAdmin + "/debug/pprof/goroutine?debug=1",
+			"metrics.txt":   "http://" + ztMetrics + "/metrics",
+		} {
+			data, err := p.zt.get(url)
+			if err == nil {
+				err = os.WriteFile(prefix+"-"+phase+"-"+file, data, 0o644)
+			}
+			if err != nil {
+				b.Errorf("ztunnel profile: %v", err)
+			}
+		}
+	}()
+	return done
 }
 
 func (p *podPair) idle(b *testing.B) {
 	const n = 1000
 	p.setRedirect(b, true)
-	before, _ := strconv.ParseFloat(p.child.line(b, "mem"), 64)
+	pid := p.zt.pid()
+	before, rss0 := p.zt.memInUse(b), procRSS(b, pid)
+	opened := p.zt.sum(b, "istio_tcp_connections_opened_total")
 	conns := make([]net.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
 	for range n {
 		c, err := p.dialFromA(podB + ":9000")
 		if err != nil {
 			b.Fatal(err)
 		}
+		conns = append(conns, c)
 		if _, err := c.Write([]byte("x")); err != nil { // make sure the tunnel is up
 			b.Fatal(err)
 		}
-		conns = append(conns, c)
 	}
 	time.Sleep(500 * time.Millisecond) // let every tunnel settle on both ends
-	after, _ := strconv.ParseFloat(p.child.line(b, "mem"), 64)
-	for _, c := range conns {
-		c.Close()
+	after, rss1 := p.zt.memInUse(b), procRSS(b, pid)
+	<-p.profile(b, "idle", 0)
+	if got := p.zt.sum(b, "istio_tcp_connections_opened_total") - opened; got < 2*n {
+		b.Fatalf("ztunnel counted %v connections opened for %d at both ends", got, n)
 	}
 	fmt.Printf("bench: ztunnel_idle_conn_kib %.1f\n", (after-before)/n/2/1024)
+	fmt.Printf("bench: ztunnel_idle_conn_rss_kib %.1f\n", float64(rss1-rss0)/n/2/1024)
+}
+
+// manyPods restarts ztunnel with the two pods, then enrolls manyPods more,
+// each in a namespace of its own with a Workload (and service account) of
+// its own, and reports the growth of ztunnel's RSS and of its heap and
+// stacks in use per pod. The pods are removed and their namespaces deleted
+// at the end.
+func (p *podPair) manyPods(b *testing.B) {
+	p.zt.stop()
+	p.zt = startZtunnel(b, p.node, p.bin, p.dir, p.agent)
+	pid := p.zt.pid()
+	time.Sleep(2 * time.Second)
+	rss0, mem0 := procRSS(b, pid), p.zt.memInUse(b)
+	var names []string
+	var uids, addrs []string
+	defer func() {
+		for _, uid := range uids {
+			p.agent.remove(uid)
+		}
+		p.cp.publish(b, nil, addrs)
+		for _, name := range names {
+			if err := netns.Delete(name); err != nil {
+				b.Error(err)
+			}
+		}
+	}()
+	start := time.Now()
+	for i := range manyPods {
+		name := fmt.Sprintf("weft-bench-%d-p%03d", os.Getpid(), i)
+		ns, err := netns.Create(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		names = append(names, name)
+		err = func() error {
+			defer ns.Close()
+			h, err := ns.Netlink()
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			lo, err := h.LinkByName("lo")
+			if err != nil {
+				return err
+			}
+			return h.LinkSetUp(lo)
+		}()
+		if err != nil {
+			b.Fatal(err)
+		}
+		pod := fmt.Sprintf("pod-%03d", i)
+		w := &workloadpb.Workload{
+			Uid: "Kubernetes//Pod/" + benchNS + "/" + pod, Name: pod, Namespace: benchNS, ServiceAccount: pod, Node: benchNode,
+			Addresses:      [][]byte{netip.AddrFrom4([4]byte{10, 251, byte(i >> 8), byte(i + 1)}).AsSlice()},
+			TunnelProtocol: workloadpb.TunnelProtocol_HBONE,
+		}
+		p.cp.publish(b, map[string]*workloadpb.Address{w.Uid: {Type: &workloadpb.Address_Workload{Workload: w}}}, nil)
+		addrs = append(addrs, w.Uid)
+		uid := "uid-" + pod
+		if err := p.agent.enroll(agentPod{uid: uid, ns: netns.Path(name),
+			info: &zdspb.WorkloadInfo{Name: pod, Namespace: benchNS, ServiceAccount: pod}}); err != nil {
+			b.Fatalf("enrolling %s: %v\n%s", pod, err, p.zt.logTail())
+		}
+		uids = append(uids, uid)
+	}
+	enrolled := time.Since(start)
+	time.Sleep(2 * time.Second)
+	if pods, certs := p.zt.servedPods(b); pods != manyPods+2 || certs != manyPods+2 {
+		b.Fatalf("ztunnel serves %d pods with %d certificates, want %d of each", pods, certs, manyPods+2)
+	}
+	rss1, mem1 := procRSS(b, pid), p.zt.memInUse(b)
+	<-p.profile(b, "pods", 0)
+	fmt.Printf("bench: ztunnel_enroll_%d_pods_s %.2f\n", manyPods, enrolled.Seconds())
+	fmt.Printf("bench: ztunnel_2pod_rss_mb %.1f\n", float64(rss0)/(1<<20))
+	fmt.Printf("bench: ztunnel_%dpod_rss_mb %.1f\n", manyPods+2, float64(rss1)/(1<<20))
+	fmt.Printf("bench: ztunnel_rss_per_pod_kib %.1f\n", float64(rss1-rss0)/manyPods/1024)
+	fmt.Printf("bench: ztunnel_mem_per_pod_kib %.1f\n", (mem1-mem0)/manyPods/1024)
 }
 
 func procCPU(b *testing.B, pid int) time.Duration {
@@ -525,92 +569,14 @@ func median(v []float64) float64 {
 	return s[len(s)/2]
 }
 
-// runChild runs ztunnel's proxies for both pods until stdin closes. It
-// answers on stdout: "mem" with heap + stack in use after a collection,
-// "waypoint on" and "waypoint off" (binding the server's Service to the
-// waypoint, or not) with "ok".
-func runChild(spec string) error {
-	paths := strings.Split(spec, ",")
-	ca, err := loadCA(os.Getenv(caEnv))
-	if err != nil {
-		return err
-	}
-	store := state.NewStore()
-	pods := []struct{ path, name string }{{paths[0], "client"}, {paths[1], "server"}}
-	if err := store.ApplyAddresses(meshAddresses(false), nil); err != nil {
-		return err
-	}
-	metrics := proxy.NewMetrics(prometheus.NewRegistry())
-	quiet := slog.New(slog.DiscardHandler)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for _, p := range pods {
-		ns, err := netns.Open(p.path)
-		if err != nil {
-			return err
-		}
-		id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, p.name)
-		svid, err := ca.IssueSVID(id, time.Hour)
-		if err != nil {
-			return err
-		}
-		px, err := proxy.NewPod(proxy.PodConfig{
-			Namespace: benchNS, Name: p.name, ServiceAccount: p.name, Node: "node", Store: store,
-			Sockets: inpod.Sockets{NS: ns}, OrigDst: inpod.OrigDst,
-			Credentials: staticCreds{spiffe.StaticCertificate(svid), ca.Roots()},
-			Metrics:     metrics, Logger: quiet, AccessLog: quiet,
-		})
-		if err != nil {
-			return err
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); px.Run(ctx) }()
-		<-px.Ready()
-	}
-	if path := os.Getenv("WEFT_BENCH_CPUPROFILE"); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			return err
-		}
-		pprof.StartCPUProfile(f)
-		defer pprof.StopCPUProfile()
-	}
-	fmt.Println("ready")
-	sc := bufio.NewScanner(os.Stdin)
-	for sc.Scan() {
-		switch cmd := sc.Text(); cmd {
-		case "mem":
-			fmt.Println(memInUse())
-		case "waypoint on", "waypoint off":
-			if err := store.ApplyAddresses(meshAddresses(cmd == "waypoint on"), nil); err != nil {
-				fmt.Println("error:", err)
-				continue
-			}
-			fmt.Println("ok")
-		}
-	}
-	return nil
-}
-
-// memInUse is heap + stack in use after a collection.
-func memInUse() uint64 {
-	var ms runtime.MemStats
-	runtime.GC()
-	runtime.GC()
-	runtime.ReadMemStats(&ms)
-	return ms.HeapInuse + ms.StackInuse
-}
-
-// meshAddresses is the control plane's view the ztunnel child holds: the
+// meshAddresses is what the control plane publishes to ztunnel: the
 // client and server pods, the server's Service, and the waypoint with its
 // Service. With waypoint, the server's Service is bound to the waypoint.
 // Pod-IP traffic (BenchmarkZtunnel's) routes the same either way.
 func meshAddresses(waypoint bool) map[string]*workloadpb.Address {
 	workload := func(name, ip string, svc string, port, target uint32) *workloadpb.Address {
 		w := &workloadpb.Workload{
-			Uid: "Kubernetes//Pod/" + benchNS + "/" + name, Name: name, Namespace: benchNS, ServiceAccount: name, Node: "node",
+			Uid: "Kubernetes//Pod/" + benchNS + "/" + name, Name: name, Namespace: benchNS, ServiceAccount: name, Node: benchNode,
 			Addresses: [][]byte{netip.MustParseAddr(ip).AsSlice()}, TunnelProtocol: workloadpb.TunnelProtocol_HBONE,
 		}
 		if svc != "" {
@@ -648,11 +614,3 @@ func meshAddresses(waypoint bool) map[string]*workloadpb.Address {
 	}
 	return addrs
 }
-
-type staticCreds struct {
-	cert  func() (*tls.Certificate, error)
-	roots *x509.CertPool
-}
-
-func (c staticCreds) Certificate() (*tls.Certificate, error) { return c.cert() }
-func (c staticCreds) Roots() *x509.CertPool                  { return c.roots }

@@ -1,6 +1,7 @@
 package ambient
 
 import (
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -14,6 +15,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
+	"github.com/weftmesh/weft/internal/podnet"
 )
 
 func workloadEntry(name, addr string, labels map[string]string, mod func(*networkingv1.WorkloadEntry)) *networkingv1.WorkloadEntry {
@@ -313,4 +315,42 @@ func TestIndexWorkloadEntryAll(t *testing.T) {
 	if a := w.ix.addresses["Kubernetes/networking.istio.io/WorkloadEntry/shop/vm-2"]; a != nil {
 		t.Errorf("a hostname entry published %v", a)
 	}
+}
+
+// FuzzWorkloadEntryWorkload: whatever an entry holds, building its
+// Workload never panics, and a published Workload has exactly one address,
+// never one ztunnel must not dial, and only service ports of the
+// selecting Service with target ports 1-65535.
+func FuzzWorkloadEntryWorkload(f *testing.F) {
+	f.Add("192.0.2.10", "http", uint32(8080), "eu/a/b", "api")
+	f.Add("::ffff:169.254.169.254", "api", uint32(0), "//", "")
+	f.Add("fe80::1%eth0", "", uint32(70000), "a/b/c/d", "http")
+	f.Add("0.0.0.0", "grpc-api", uint32(1), "", "grpc-api")
+	svc := newService("shop", "cart", func(s *corev1.Service) { s.Spec.Selector = map[string]string{"app": "cart"} })
+	f.Fuzz(func(t *testing.T, addr, portName string, port uint32, locality, targetName string) {
+		svc := svc.DeepCopy()
+		svc.Spec.Ports[1].TargetPort = intstr.FromString(targetName)
+		we := workloadEntry("vm-1", addr, map[string]string{"app": "cart"}, func(we *networkingv1.WorkloadEntry) {
+			we.Spec.Ports = map[string]uint32{portName: port}
+			we.Spec.Locality = locality
+		})
+		w, _ := testCfg.WorkloadEntryWorkload(WorkloadEntryInput{Entry: we, Services: WorkloadEntryServices(we, []*corev1.Service{svc})})
+		if w == nil {
+			return
+		}
+		if len(w.GetAddresses()) != 1 {
+			t.Fatalf("%d addresses", len(w.GetAddresses()))
+		}
+		a, ok := netip.AddrFromSlice(w.GetAddresses()[0])
+		if !ok || a.Is4In6() || !podnet.EndpointAddr(a) {
+			t.Fatalf("address %q published as %v", addr, a)
+		}
+		for _, pl := range w.GetServices() {
+			for _, p := range pl.GetPorts() {
+				if p.GetServicePort() != 80 && p.GetServicePort() != 9000 || p.GetTargetPort() == 0 || p.GetTargetPort() > 65535 {
+					t.Fatalf("port %v", p)
+				}
+			}
+		}
+	})
 }

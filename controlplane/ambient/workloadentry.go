@@ -252,9 +252,21 @@ func (ix *index) workloadEntryChanged(key string, u *Update) {
 		in.Policies = append(ix.selectorPolicies(ns, labels), ix.peerAuthKeys(ns, labels)...)
 		var refused *Refusal
 		res, refused = ix.cfg.WorkloadEntryWorkload(in)
-		ix.refused(ref, we, refused, u)
+		ix.refused(ref, typed(we, refused), refused, u)
 	} else {
 		ix.unbind(ref)
 	}
 	publishAddress(ix, WorkloadEntryUID(ix.cfg.ClusterID, ns, name), res, u, wrapWorkload)
+}
+
+// typed returns we with its kind set when a refusal is reported on it: an
+// Event's recorder finds the kind of a Pod or Service in its scheme, not
+// an Istio kind's.
+func typed(we *networkingv1.WorkloadEntry, r *Refusal) *networkingv1.WorkloadEntry {
+	if r == nil {
+		return we
+	}
+	c := we.DeepCopy()
+	c.APIVersion, c.Kind = networkingv1.SchemeGroupVersion.String(), kindWorkloadEntry
+	return c
 }

@@ -12,6 +12,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/reference"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
@@ -353,4 +355,35 @@ func FuzzWorkloadEntryWorkload(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestIndexWorkloadEntryDenied: an entry bound to a waypoint whose owner
+// does not admit its namespace gets no waypoint, and the refusal is
+// reported once, on an object an Event can refer to.
+func TestIndexWorkloadEntryDenied(t *testing.T) {
+	w := newWorld(t)
+	w.set(kindNamespace, ns("shop", nil), ns("infra", nil))
+	gw := gateway("istio-waypoint", map[string]string{"istio.io/waypoint-for": "workload"},
+		gwv1.GatewayStatusAddress{Type: ptr(gwv1.HostnameAddressType), Value: "waypoint.infra.svc.cluster.local"})
+	gw.Namespace = "infra"
+	w.set(kindGateway, gw)
+	w.ix.process(w.ix.all())
+	we := workloadEntry("vm-1", "192.0.2.10", map[string]string{"istio.io/use-waypoint": "waypoint", "istio.io/use-waypoint-namespace": "infra"}, nil)
+	u := w.ix.process(w.set(kindWorkloadEntry, we))
+	if w.workload(vmUID).GetWaypoint() != nil {
+		t.Error("bound to a waypoint that does not admit the entry's namespace")
+	}
+	if len(u.Denied) != 1 || u.Denied[0].Kind != "WorkloadEntry" || u.Denied[0].Key != "shop/vm-1" {
+		t.Fatalf("denied %+v, want the entry once", u.Denied)
+	}
+	ref, err := reference.GetReference(scheme.Scheme, u.Denied[0].Object)
+	if err != nil || ref.Kind != "WorkloadEntry" || ref.APIVersion != "networking.istio.io/v1" || ref.Name != "vm-1" {
+		t.Errorf("Event reference %+v, %v", ref, err)
+	}
+	if we.Kind != "" {
+		t.Error("the informer's object was changed")
+	}
+	if u := w.ix.process(w.set(kindWorkloadEntry, we)); len(u.Denied) != 0 {
+		t.Errorf("the same refusal reported again: %+v", u.Denied)
+	}
 }

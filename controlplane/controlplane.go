@@ -418,10 +418,17 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	switch res, err := servedResources(cp.clients.Kube, "networking.istio.io/v1"); {
 	case err != nil:
 		return nil, err
-	case res["serviceentries"]:
-		s.ambient.ServiceEntries = s.istio.Networking().V1().ServiceEntries().Informer()
 	default:
-		cp.log.Info("the ServiceEntry CRD (networking.istio.io/v1) is not installed; ServiceEntries are not read (kubectl apply --server-side -f charts/weft/crds/)")
+		if res["serviceentries"] {
+			s.ambient.ServiceEntries = s.istio.Networking().V1().ServiceEntries().Informer()
+		} else {
+			cp.log.Info("the ServiceEntry CRD (networking.istio.io/v1) is not installed; ServiceEntries are not read (kubectl apply --server-side -f charts/weft/crds/)")
+		}
+		if res["workloadentries"] {
+			s.ambient.WorkloadEntries = s.istio.Networking().V1().WorkloadEntries().Informer()
+		} else {
+			cp.log.Info("the WorkloadEntry CRD (networking.istio.io/v1) is not installed; WorkloadEntries are not read (kubectl apply --server-side -f charts/weft/crds/)")
+		}
 	}
 	if !*cp.cfg.Waypoints || cp.clients.Gateway == nil {
 		return s, nil

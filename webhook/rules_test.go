@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -55,7 +56,51 @@ const (
 	authzKind   = "security.istio.io/v1/AuthorizationPolicy"
 	peerKind    = "security.istio.io/v1/PeerAuthentication"
 	seKind      = "networking.istio.io/v1/ServiceEntry"
+	weKind      = "networking.istio.io/v1/WorkloadEntry"
 )
+
+// weAddresses are WorkloadEntry addresses that try to get ztunnel to
+// connect where it must not, in other encodings too: each is refused.
+var weAddresses = map[string]string{
+	"loopback":            "127.0.0.1",
+	"loopback-other":      "127.9.9.9",
+	"loopback6":           "::1",
+	"loopback-mapped":     "::ffff:127.0.0.1",
+	"mapped":              "::ffff:10.0.0.1",
+	"unspecified":         "0.0.0.0",
+	"unspecified6":        "::",
+	"this-network":        "0.1.2.3",
+	"broadcast":           "255.255.255.255",
+	"multicast":           "224.0.0.1",
+	"multicast6":          "ff02::1",
+	"link-local-metadata": "169.254.169.254",
+	"link-local6":         "FE80::1",
+	"zone":                "fe80::1%eth0",
+	"leading-zero":        "10.0.0.01",
+	"cidr":                "10.0.0.1/32",
+	"with-port":           "10.0.0.1:80",
+	"decimal":             "167772161",
+}
+
+func init() {
+	for name, addr := range weAddresses {
+		ruleCases = append(ruleCases, ruleCase{name: "we-address-" + name, kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: "` + addr + `"}`})
+	}
+}
+
+// manyPorts is n entries of a YAML port map.
+func manyPorts(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "p%d: %d", i, 10000+i)
+	}
+	return b.String()
+}
 
 // review builds the AdmissionReview the API server would send.
 func (c ruleCase) review(t testing.TB) []byte {
@@ -772,6 +817,69 @@ metadata: {name: vm-1, labels: {team: b}}
 spec: {address: 10.0.0.1}`, old: `
 metadata: {name: vm-1}
 spec: {address: 10.0.0.1}`},
+	{name: "we-valid", kind: weKind, ns: "shop", object: `
+metadata:
+  name: vm-1
+  labels: {app: cart, istio.io/use-waypoint: wl-waypoint}
+  annotations: {ambient.istio.io/redirection: enabled}
+spec:
+  address: 2001:db8::10
+  ports: {http: 8080, grpc-api: 9000}
+  labels: {version: v2, example.com/tier: db}
+  serviceAccount: cart-vm
+  locality: eu-west1/eu-west1-b/rack-2`},
+	{name: "we-address-missing", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {labels: {app: vm}}`},
+	{name: "we-address-hostname", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: vm-1.example.com}`},
+	{name: "we-address-unix", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: "unix:///var/run/app.sock"}`},
+	{name: "we-network-other", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, network: remote}`},
+	{name: "we-ports-invalid", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, ports: {Not_A_Label: 80, zero: 0, big: 70000, "": 81, http: 8080}}`},
+	{name: "we-ports-too-many", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, ports: {` + manyPorts(admit.MaxEntryPorts+1) + `}}`},
+	{name: "we-ports-at-limit", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, ports: {` + manyPorts(admit.MaxEntryPorts) + `}}`},
+	{name: "we-labels-invalid", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec:
+  address: 10.0.0.1
+  labels: {"bad key!": "x", app: "bad value!", istio.io/use-waypoint: wl-waypoint, "": "y", "example.com/": "z", ok: "v1"}`},
+	{name: "we-service-account-invalid", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, serviceAccount: "../default"}`},
+	{name: "we-weight-locality", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1, weight: 3, locality: a/b/c/d}`},
+	{name: "we-redirection-invalid", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1, annotations: {ambient.istio.io/redirection: "yes"}}
+spec: {address: 10.0.0.1}`},
+	{name: "we-waypoint-for-service", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1, labels: {istio.io/use-waypoint: waypoint}}
+spec: {address: 10.0.0.1}`},
+	{name: "we-waypoint-other-namespace", kind: weKind, ns: "shop", user: "bob", object: `
+metadata: {name: vm-1, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}
+spec: {address: 10.0.0.1}`},
+	{name: "we-namespace-waypoint", kind: weKind, ns: "bound", object: `
+metadata: {name: vm-1}
+spec: {address: 10.0.0.1}`},
+	{name: "we-update-being-deleted", kind: weKind, ns: "shop", op: admissionv1.Update, object: `
+metadata: {name: vm-1, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: []}
+spec: {address: 127.0.0.1}`, old: `
+metadata: {name: vm-1, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: [example.com/cleanup]}
+spec: {address: 127.0.0.1}`},
+	{name: "we-undecodable", kind: weKind, ns: "shop", object: `
+metadata: {name: vm-1}
+spec: {address: [10.0.0.1]}`},
 	// Istio kinds Weft does not apply: each refused with what to use.
 	{name: "virtualservice-create", kind: "networking.istio.io/v1/VirtualService", ns: "shop", object: `
 metadata: {name: reviews}

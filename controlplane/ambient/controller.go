@@ -71,6 +71,8 @@ type Informers struct {
 	GatewayClasses cache.SharedIndexInformer
 	// ServiceEntries watches networking.istio.io ServiceEntries; optional.
 	ServiceEntries cache.SharedIndexInformer
+	// WorkloadEntries watches networking.istio.io WorkloadEntries; optional.
+	WorkloadEntries cache.SharedIndexInformer
 }
 
 func (inf Informers) stores() Stores {
@@ -93,6 +95,9 @@ func (inf Informers) stores() Stores {
 	}
 	if inf.ServiceEntries != nil {
 		s.ServiceEntries = inf.ServiceEntries.GetIndexer()
+	}
+	if inf.WorkloadEntries != nil {
+		s.WorkloadEntries = inf.WorkloadEntries.GetIndexer()
 	}
 	return s
 }
@@ -276,7 +281,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		{kindPod, c.inf.Pods}, {kindService, c.inf.Services}, {kindEndpointSlice, c.inf.EndpointSlices},
 		{kindNamespace, c.inf.Namespaces}, {kindPolicy, c.inf.Policies}, {kindPeerAuth, c.inf.PeerAuths},
 		{kindGateway, c.inf.Gateways}, {kindGatewayClass, c.inf.GatewayClasses}, {kindNode, c.inf.Nodes},
-		{kindServiceEntry, c.inf.ServiceEntries},
+		{kindServiceEntry, c.inf.ServiceEntries}, {kindWorkloadEntry, c.inf.WorkloadEntries},
 	}
 	var synced []cache.InformerSynced
 	for _, w := range watch {

@@ -44,6 +44,31 @@
 // each host itself, is a Workload with that hostname and no address:
 // ztunnel resolves it when it connects.
 //
+// # WorkloadEntries
+//
+// A networking.istio.io WorkloadEntry (a VM or other host outside the
+// cluster) is a Workload named
+// "<cluster>/networking.istio.io/WorkloadEntry/<namespace>/<name>", built
+// as istiod builds it: its labels are spec.labels overridden by
+// metadata.labels; its address is its one IP (an entry whose address is a
+// hostname, a Unix socket, none, or one ztunnel never connects to —
+// loopback, unspecified, multicast, link-local, 0.0.0.0/8, broadcast — or
+// whose network is not the mesh's publishes nothing: the webhook refuses
+// them); its service account is spec.serviceAccount, empty when unset (no
+// identity, as istiod); its locality spec.locality ("region/zone/subzone");
+// its tunnel protocol HBONE only when annotated
+// ambient.istio.io/redirection=enabled; its waypoint binding, canonical
+// name and revision and selector policies as a pod's. Its services map
+// lists every Service of its namespace whose selector (not empty) matches
+// its labels, each port's target port resolved from the entry's ports: a
+// named target port by that name (the port is left out when the entry has
+// none), a numeric one replaced by the entry's port of the service port's
+// name. Unlike istiod's, the Workload is HOST_NETWORK: ztunnel reaches it
+// only as a Service's endpoint and never takes it for the pod or node that
+// holds the same IP. A change of a namespace, or of a Service, policy or
+// PeerAuthentication in it (any entry for the root namespace), rebuilds
+// the namespace's entries.
+//
 // # Waypoints
 //
 // A Gateway of class istio-waypoint is a waypoint. The label

@@ -35,6 +35,7 @@ const (
 	kindPeerAuth      = "PeerAuthentication"
 	kindNode          = "Node"
 	kindServiceEntry  = "ServiceEntry"
+	// kindWorkloadEntry is in workloadentry.go.
 	// kindSliceWorkloads marks an EndpointSlice whose endpoints that are not
 	// pods must be rebuilt (its own change, or its Service's).
 	kindSliceWorkloads = "EndpointSliceWorkloads"
@@ -60,6 +61,9 @@ type Stores struct {
 	// ServiceEntries holds the networking.istio.io ServiceEntries; nil:
 	// none is read.
 	ServiceEntries cache.Indexer
+	// WorkloadEntries holds the networking.istio.io WorkloadEntries; nil:
+	// none is read.
+	WorkloadEntries cache.Indexer
 }
 
 // Update is the outcome of one batch: the resources to publish and remove,
@@ -229,6 +233,7 @@ func (ix *index) all() batch {
 	add(kindService, ix.stores.Services)
 	add(kindPod, ix.stores.Pods)
 	add(kindServiceEntry, ix.stores.ServiceEntries)
+	add(kindWorkloadEntry, ix.stores.WorkloadEntries)
 	return b
 }
 
@@ -269,6 +274,10 @@ func (ix *index) process(b batch) *Update {
 	ix.claimEntryAddresses(b[kindServiceEntry])
 	for _, key := range sortedKeys(b[kindServiceEntry]) {
 		ix.serviceEntryChanged(key, u)
+	}
+	ix.markEntries(b)
+	for key := range b[kindWorkloadEntry] {
+		ix.workloadEntryChanged(key, u)
 	}
 	if len(b[kindPolicy])+len(b[kindGateway])+len(b[kindService])+len(b[kindNamespace])+len(b[kindServiceEntry]) > 0 {
 		ix.waypointPolicies(b[kindPolicy], u)
@@ -812,12 +821,18 @@ func (ix *index) podServices(podKey string) map[string][]*workloadpb.Port {
 // podPolicies lists the workload-selector policies, of the pod's namespace
 // and of the root namespace, that select it.
 func (ix *index) podPolicies(pod *corev1.Pod) []string {
+	return ix.selectorPolicies(pod.Namespace, pod.Labels)
+}
+
+// selectorPolicies lists the workload-selector policies, of namespace ns
+// and of the root namespace, that select a workload of ns with labels.
+func (ix *index) selectorPolicies(ns string, labels map[string]string) []string {
 	var out []string
 	for key, e := range ix.policies {
-		if e.selector == nil || (e.namespace != pod.Namespace && e.namespace != ix.cfg.RootNamespace) {
+		if e.selector == nil || (e.namespace != ns && e.namespace != ix.cfg.RootNamespace) {
 			continue
 		}
-		if _, sent := ix.authz[key]; sent && SelectorMatches(e.selector, pod.Labels) {
+		if _, sent := ix.authz[key]; sent && SelectorMatches(e.selector, labels) {
 			out = append(out, key)
 		}
 	}

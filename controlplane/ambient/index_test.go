@@ -43,7 +43,7 @@ func newWorld(t *testing.T) *world {
 		Nodes: newStore(nil), GatewayClasses: newStore(nil),
 		EndpointSlices: newStore(cache.Indexers{IndexServiceName: SliceServiceIndex}),
 		Gateways:       newStore(nil), Policies: newStore(nil), PeerAuths: newStore(nil),
-		ServiceEntries: newStore(nil),
+		ServiceEntries: newStore(nil), WorkloadEntries: newStore(nil),
 	}
 	return &world{t: t, stores: s, ix: newIndex(testCfg, s, slog.New(slog.DiscardHandler))}
 }
@@ -70,6 +70,8 @@ func (w *world) store(kind string) cache.Indexer {
 		return w.stores.GatewayClasses
 	case kindServiceEntry:
 		return w.stores.ServiceEntries
+	case kindWorkloadEntry:
+		return w.stores.WorkloadEntries
 	}
 	panic(kind)
 }

@@ -117,8 +117,14 @@ func (ix *index) peerAuthsFor(ns string, labels map[string]string) []*securityv1
 // podPeerAuthKeys lists the policies a pod names for its effective
 // PeerAuthentication mode.
 func (ix *index) podPeerAuthKeys(pod *corev1.Pod) []string {
+	return ix.peerAuthKeys(pod.Namespace, pod.Labels)
+}
+
+// peerAuthKeys lists the policies a workload of namespace ns with labels
+// names for its effective PeerAuthentication mode.
+func (ix *index) peerAuthKeys(ns string, labels map[string]string) []string {
 	if ix.peerAuthCount == 0 {
 		return nil
 	}
-	return peerauth.Keys(ix.cfg.RootNamespace, peerauth.Select(ix.cfg.RootNamespace, ix.peerAuthsFor(pod.Namespace, pod.Labels)))
+	return peerauth.Keys(ix.cfg.RootNamespace, peerauth.Select(ix.cfg.RootNamespace, ix.peerAuthsFor(ns, labels)))
 }

@@ -112,6 +112,9 @@ type Config struct {
 	// ClusterDomain is the DNS suffix of Services, under which no
 	// ServiceEntry host may be; default cluster.local.
 	ClusterDomain string
+	// Network is the mesh's network, the only one a WorkloadEntry may
+	// name; default "" (none).
+	Network string
 }
 
 // DefaultClusterDomain is the DNS suffix of Services when
@@ -207,7 +210,8 @@ func (a *Admitter) validators() map[groupKind]func(*review) {
 		authzPolicyGK: a.validateAuthorizationPolicy,
 		peerAuthGK:    a.validatePeerAuthentication,
 
-		serviceEntryGK: a.validateServiceEntry,
+		serviceEntryGK:  a.validateServiceEntry,
+		workloadEntryGK: a.validateWorkloadEntry,
 	}
 	for gk := range unsupportedKinds {
 		v[gk] = a.refuseUnsupported

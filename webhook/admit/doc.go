@@ -131,18 +131,39 @@
 //	               Service (use-waypoint, waypoint-*): the entry's hosts go through
 //	               the waypoint (egress)
 //
-// Istio kinds Weft does not apply (WorkloadEntry, WorkloadGroup,
-// VirtualService, DestinationRule, networking.istio.io Gateway, Sidecar,
-// EnvoyFilter, ProxyConfig, RequestAuthentication, Telemetry, WasmPlugin;
-// every version):
+// WorkloadEntries (networking.istio.io v1, v1beta1 and v1alpha3), checked as
+// istiod checks them, and refused where Weft would not apply them:
+//
+//	we-address          one IPv4 or IPv6 address: not empty, no hostname (not yet:
+//	                    use a ServiceEntry of resolution DNS), no Unix socket, no
+//	                    zone, CIDR, port or IPv4-mapped form; not loopback,
+//	                    unspecified, 0.0.0.0/8, broadcast, multicast or link-local
+//	                    (ztunnel never connects there for a workload)
+//	we-network          network absent or the mesh's ([Config.Network])
+//	we-port             port map keys DNS labels, values 1-65535, at most
+//	                    [MaxEntryPorts] entries
+//	we-labels           spec.labels keys and values valid label keys and values;
+//	                    istio.io/use-waypoint(-namespace) only in metadata.labels
+//	we-service-account  a DNS subdomain (a service account name); empty: no identity
+//	we-weight           no weight (not applied yet)
+//	we-locality         region/zone/subzone, each part a label value
+//	we-redirection      ambient.istio.io/redirection enabled (HBONE to the entry's
+//	                    ztunnel) or disabled
+//	use-waypoint, ...   the waypoint binding of metadata.labels, checked as a pod's
+//	we-service-waypoint warning: the namespace uses a waypoint, whose Services'
+//	                    traffic does not reach WorkloadEntries yet
+//
+// Istio kinds Weft does not apply (WorkloadGroup, VirtualService,
+// DestinationRule, networking.istio.io Gateway, Sidecar, EnvoyFilter,
+// ProxyConfig, RequestAuthentication, Telemetry, WasmPlugin; every version):
 //
 //	kind-unsupported  every CREATE and UPDATE, with what to use instead: stored,
-//	                  the object would do nothing. The chart ships only
-//	                  WorkloadEntry's CRD; the others are refused where a cluster
-//	                  has Istio's.
+//	                  the object would do nothing. They are refused where a
+//	                  cluster has Istio's CRDs.
 //
-// An UPDATE of an object of these kinds or of a ServiceEntry being deleted
-// passes, so that its finalizers can always be removed.
+// An UPDATE of an object of these kinds or of a ServiceEntry or
+// WorkloadEntry being deleted passes, so that its finalizers can always be
+// removed.
 //
 // Everywhere: every consumed free-form value is at most [MaxValueBytes] and
 // has no control, bidirectional-formatting or invalid UTF-8 characters. An

@@ -298,10 +298,9 @@ func (a *Admitter) checkEntryWaypoint(rv *review, se *networkingv1.ServiceEntry)
 
 // unsupportedKinds are the Istio kinds Weft does not apply, each with what
 // to use instead. An object of one is refused: accepted, it would be stored
-// and silently do nothing. The chart ships only WorkloadEntry's CRD; the
-// others are refused where a cluster has Istio's CRDs.
+// and silently do nothing. They are refused where a cluster has Istio's
+// CRDs (the chart ships none of them).
 var unsupportedKinds = map[groupKind]string{
-	workloadEntryGK:                                "WorkloadEntries (VMs) are not yet supported; for an external address use a ServiceEntry with resolution STATIC and endpoints",
 	{"networking.istio.io", "WorkloadGroup"}:       "WorkloadGroups (VMs) are not yet supported; for an external address use a ServiceEntry with resolution STATIC and endpoints",
 	{"networking.istio.io", "VirtualService"}:      "VirtualServices are not applied; route with an HTTPRoute, GRPCRoute or TCPRoute whose parentRef is the Service (kind Service, group \"\"), which the Service's waypoint applies",
 	{"networking.istio.io", "DestinationRule"}:     "DestinationRules are not yet applied; split traffic with HTTPRoute weights, and keep endpoints close with the Service's trafficDistribution",

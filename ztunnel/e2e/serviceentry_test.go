@@ -67,12 +67,12 @@ func TestServiceEntry(t *testing.T) {
 	// What Weft would not apply is refused at admission, saying what to
 	// write instead, never stored for nothing: an entry with the default
 	// resolution (NONE) and no addresses to pass through, and a
-	// WorkloadEntry.
+	// WorkloadEntry with a hostname address.
 	for _, refused := range []struct{ manifest, want string }{
 		{"apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: passthrough, namespace: " + ns +
 			"}\nspec:\n  hosts: [any.weft.test]\n  ports: [{number: 80, name: http}]\n", "list them in addresses"},
 		{"apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: vm, namespace: " + ns +
-			"}\nspec: {address: 192.0.2.7}\n", "use a ServiceEntry with resolution STATIC"},
+			"}\nspec: {address: vm.weft.test}\n", "a ServiceEntry of resolution DNS"},
 	} {
 		if err := c.Apply(ctx, refused.manifest); err == nil || !strings.Contains(err.Error(), refused.want) {
 			t.Errorf("applying\n%s: %v; want a refusal saying %q", refused.manifest, err, refused.want)

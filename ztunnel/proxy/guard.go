@@ -31,6 +31,16 @@ import (
 // from inside the pod would reach the pod's localhost-only ports, or
 // ztunnel's own listeners, outside any policy.
 
+// A next hop that xDS chose (a Service's endpoint, a peer's ztunnel, a
+// waypoint) is also never link-local: no pod or Service endpoint has such
+// an address (the API server refuses them in EndpointSlices), so one comes
+// from a WorkloadEntry or ServiceEntry endpoint that slipped past the
+// webhook, and would send the pod's traffic to the node's link-local
+// services (cloud metadata at 169.254.169.254) under the Service's name.
+// A pod that dials a link-local address itself (passthrough) still
+// reaches it, and so does a ServiceEntry host that ztunnel resolves by DNS
+// (the name is the entry's own, as a client's lookup would be).
+
 // ownPort reports whether port is one of ztunnel's listeners in a pod.
 func ownPort(port uint16) bool {
 	switch port {
@@ -55,6 +65,13 @@ func (p *Pod) unroutable(a netip.Addr) bool {
 		a == broadcast4 || a.Is4() && a.As4()[0] == 0 // 0.0.0.0/8 is "this network"
 }
 
+// linkLocal reports a link-local unicast or multicast address, in any
+// form.
+func linkLocal(a netip.Addr) bool {
+	a = a.Unmap()
+	return a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast()
+}
+
 // checkTarget refuses an unroutable target, and one on a ztunnel port when
 // ports is set.
 func (p *Pod) checkTarget(dst netip.AddrPort, ports bool) error {
@@ -74,6 +91,9 @@ func (p *Pod) checkOutbound(src *state.Workload, dst netip.AddrPort, route *stat
 	self := func(a netip.Addr) bool { return slices.Contains(src.IPs, a.Unmap()) }
 	if route == nil {
 		return p.checkTarget(dst, self(dst.Addr()))
+	}
+	if route.Kind != state.Passthrough && route.Host == "" && linkLocal(route.Addr.Addr()) {
+		return fmt.Errorf("next hop %s refused: a link-local address", route.Addr)
 	}
 	switch route.Kind {
 	case state.Passthrough, state.Plain:

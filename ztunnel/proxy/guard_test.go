@@ -431,6 +431,20 @@ func TestCheckOutboundRoutes(t *testing.T) {
 		{"waypoint for a service port 15008", state.Route{Kind: state.Waypoint, Addr: ap("10.244.3.3:15008"), Authority: ap("10.96.0.9:15008"), Service: svc}, false},
 		{"waypoint for a workload's 15006", state.Route{Kind: state.Waypoint, Addr: ap("10.244.3.3:15008"), Authority: ap("10.244.2.9:15006")}, true},
 		{"waypoint at loopback", state.Route{Kind: state.Waypoint, Addr: ap("127.0.0.1:15008"), Authority: ap("10.96.0.9:80"), Service: svc}, true},
+		// A WorkloadEntry or ServiceEntry endpoint at a link-local address
+		// that slipped past the webhook: never dialled, in any form.
+		{"plain to link-local (metadata)", state.Route{Kind: state.Plain, Addr: ap("169.254.169.254:80")}, true},
+		{"plain to link-local, mapped", state.Route{Kind: state.Plain, Addr: ap("[::ffff:169.254.169.254]:80")}, true},
+		{"plain to IPv6 link-local", state.Route{Kind: state.Plain, Addr: ap("[fe80::1]:80")}, true},
+		{"tunnel to link-local", state.Route{Kind: state.Tunnel, Addr: ap("169.254.1.1:15008"), Authority: ap("169.254.1.1:8080")}, true},
+		{"waypoint at link-local", state.Route{Kind: state.Waypoint, Addr: ap("169.254.1.1:15008"), Authority: ap("10.96.0.9:80"), Service: svc}, true},
+		{"plain to a WorkloadEntry", state.Route{Kind: state.Plain, Addr: ap("192.0.2.10:8080")}, false},
+		{"plain to the pod itself on 15001", state.Route{Kind: state.Plain, Addr: ap("10.244.1.5:15001")}, true},
+		{"plain to the pod itself, mapped, on 15053", state.Route{Kind: state.Plain, Addr: ap("[::ffff:10.244.1.5]:15053")}, true},
+		{"plain to unspecified", state.Route{Kind: state.Plain, Addr: ap("0.0.0.0:8080")}, true},
+		// The pod dialling the metadata service itself still reaches it.
+		{"passthrough to link-local", state.Route{Kind: state.Passthrough, Addr: ap("169.254.169.254:80")}, false},
+		{"a DNS ServiceEntry host that resolves link-local", state.Route{Kind: state.Plain, Host: "metadata.example", Addr: ap("169.254.169.254:80")}, false},
 	} {
 		err := p.checkOutbound(self, ap("10.96.0.9:80"), &tt.route)
 		if (err != nil) != tt.refused {

@@ -51,6 +51,9 @@ type Config struct {
 	ServiceName string
 	// ClusterDomain is the DNS suffix of Services; default cluster.local.
 	ClusterDomain string
+	// Network is the mesh's network, the only one a WorkloadEntry may
+	// name; default "" (none).
+	Network string
 	// ValidatingConfiguration and MutatingConfiguration name the two
 	// webhook configurations to keep patched. Required.
 	ValidatingConfiguration, MutatingConfiguration string
@@ -170,6 +173,7 @@ func parse(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.PodName, "pod-name", e.String("POD_NAME", hostname), "this replica's name in audit records (env POD_NAME)")
 	fs.StringVar(&c.ServiceName, "service-name", e.String("SERVICE_NAME", ""), "the webhook's Service (env SERVICE_NAME)")
 	fs.StringVar(&c.ClusterDomain, "cluster-domain", e.String("CLUSTER_DOMAIN", "cluster.local"), "DNS suffix of Services (env CLUSTER_DOMAIN)")
+	fs.StringVar(&c.Network, "network", e.String("NETWORK", ""), "the mesh's network, the only one a WorkloadEntry may name (env NETWORK)")
 	fs.StringVar(&c.ValidatingConfiguration, "validating-configuration", e.String("VALIDATING_CONFIGURATION", ""), "ValidatingWebhookConfiguration to patch (env VALIDATING_CONFIGURATION)")
 	fs.StringVar(&c.MutatingConfiguration, "mutating-configuration", e.String("MUTATING_CONFIGURATION", ""), "MutatingWebhookConfiguration to patch (env MUTATING_CONFIGURATION)")
 	fs.StringVar(&c.FailurePolicy, "failure-policy", e.String("FAILURE_POLICY", "Fail"), "failurePolicy once the webhook has proven it rejects: Fail or Ignore (env FAILURE_POLICY)")
@@ -297,6 +301,7 @@ func run(cfg Config, log *slog.Logger) error {
 		RootNamespace:    cfg.RootNamespace,
 		WaypointUserRole: cfg.WaypointUserRole,
 		ClusterDomain:    cfg.ClusterDomain,
+		Network:          cfg.Network,
 	})
 	if err != nil {
 		return err

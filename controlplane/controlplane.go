@@ -448,8 +448,9 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	s.waypoints = waypointxds.Informers{
 		Gateways: inf.Gateways, Services: inf.Services, EndpointSlices: inf.EndpointSlices, Pods: inf.Pods,
 		Namespaces: inf.Namespaces, Policies: inf.Policies, ServiceEntries: inf.ServiceEntries,
-		HTTPRoutes: s.gateway.Gateway().V1().HTTPRoutes().Informer(),
-		GRPCRoutes: s.gateway.Gateway().V1().GRPCRoutes().Informer(),
+		WorkloadEntries: inf.WorkloadEntries,
+		HTTPRoutes:      s.gateway.Gateway().V1().HTTPRoutes().Informer(),
+		GRPCRoutes:      s.gateway.Gateway().V1().GRPCRoutes().Informer(),
 	}
 	s.waypoints.GatewayClasses = inf.GatewayClasses
 	// TCPRoute is in Gateway API's experimental channel: without its CRD,
@@ -576,7 +577,7 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 	}
 	p.wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
 		Mesh: waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace,
-			PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization)},
+			PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization), Network: cfg.Network},
 		Logger: log.With("part", "waypoint-config"), Registerer: cp.reg, Status: p.routeStatus,
 	}, wi, p.xds)
 	if err != nil {

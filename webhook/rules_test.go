@@ -869,9 +869,6 @@ spec: {address: 10.0.0.1}`},
 	{name: "we-waypoint-other-namespace", kind: weKind, ns: "shop", user: "bob", object: `
 metadata: {name: vm-1, labels: {istio.io/use-waypoint: shared, istio.io/use-waypoint-namespace: infra}}
 spec: {address: 10.0.0.1}`},
-	{name: "we-namespace-waypoint", kind: weKind, ns: "bound", object: `
-metadata: {name: vm-1}
-spec: {address: 10.0.0.1}`},
 	{name: "we-update-being-deleted", kind: weKind, ns: "shop", op: admissionv1.Update, object: `
 metadata: {name: vm-1, deletionTimestamp: "2026-01-01T00:00:00Z", finalizers: []}
 spec: {address: 127.0.0.1}`, old: `

@@ -34,6 +34,9 @@ type Informers struct {
 	// ServiceEntries (networking.istio.io/v1) bound to a waypoint are
 	// served by it (egress); optional.
 	ServiceEntries cache.SharedIndexInformer
+	// WorkloadEntries (networking.istio.io/v1) are endpoints of the
+	// Services that select them; optional.
+	WorkloadEntries cache.SharedIndexInformer
 	// GatewayClasses give their Gateways a default istio.io/waypoint-for;
 	// optional.
 	GatewayClasses cache.SharedIndexInformer
@@ -41,7 +44,7 @@ type Informers struct {
 
 func (inf Informers) all() []cache.SharedIndexInformer {
 	return []cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
-		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries}
+		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries, inf.WorkloadEntries}
 }
 
 func indexer(i cache.SharedIndexInformer) cache.Indexer {
@@ -116,7 +119,7 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Control
 		st: Stores{Services: indexer(inf.Services), EndpointSlices: indexer(inf.EndpointSlices), Pods: indexer(inf.Pods),
 			Namespaces: indexer(inf.Namespaces), HTTPRoutes: indexer(inf.HTTPRoutes), GRPCRoutes: indexer(inf.GRPCRoutes),
 			TCPRoutes: indexer(inf.TCPRoutes), Policies: indexer(inf.Policies), ReferenceGrants: indexer(inf.ReferenceGrants),
-			ServiceEntries: indexer(inf.ServiceEntries)},
+			ServiceEntries: indexer(inf.ServiceEntries), WorkloadEntries: indexer(inf.WorkloadEntries)},
 		changed: debounce.New(cfg.Debounce, 10*cfg.Debounce),
 		built:   map[string]map[string]map[string]proto.Message{},
 		notes:   map[string]string{},

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 	"istio.io/api/annotation"
 	"istio.io/api/label"
+	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	securityv1 "istio.io/client-go/pkg/apis/security/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -60,6 +61,9 @@ type Mesh struct {
 	RootNamespace string
 	// PathNormalization of every HTTP chain. Default PathBase.
 	PathNormalization PathNormalization
+	// Network is the mesh's network: a WorkloadEntry on another is not
+	// reached. Default none.
+	Network string
 }
 
 func (m Mesh) withDefaults() Mesh {
@@ -89,6 +93,9 @@ type Stores struct {
 	// ServiceEntries (networking.istio.io/v1) bound to the waypoint are
 	// served like Services; nil: none.
 	ServiceEntries cache.Indexer
+	// WorkloadEntries (networking.istio.io/v1) are endpoints of the
+	// Services that select them, as ztunnel sees them; nil: none.
+	WorkloadEntries cache.Indexer
 }
 
 // Resources are one waypoint's resources: by type URL, then by name.
@@ -538,10 +545,53 @@ func (b *builder) endpoints(name string, ref clusterRef) *endpointv3.ClusterLoad
 			}
 		}
 	}
+	lbs = append(lbs, b.entryEndpoints(ref, seen)...)
 	if len(lbs) > 0 {
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
 	}
 	return cla
+}
+
+// entryEndpoints are the endpoints of a Service port among the
+// WorkloadEntries the Service selects (of its namespace, by a selector
+// that is not empty), at the port the entry maps it to, as ztunnel's
+// Workloads carry them; seen are the addresses already listed.
+func (b *builder) entryEndpoints(ref clusterRef, seen map[string]bool) []*endpointv3.LbEndpoint {
+	if b.st.WorkloadEntries == nil || len(ref.svc.Spec.Selector) == 0 {
+		return nil
+	}
+	objs := byNamespace(b.st.WorkloadEntries, ref.svc.Namespace)
+	sort.Slice(objs, func(i, j int) bool { return keyOf(objs[i]) < keyOf(objs[j]) })
+	var lbs []*endpointv3.LbEndpoint
+	for _, o := range objs {
+		we := o.(*networkingv1.WorkloadEntry)
+		ip := ambient.WorkloadEntryAddress(we, b.mesh.Network)
+		if !ip.IsValid() || !ambient.SelectorMatches(ref.svc.Spec.Selector, ambient.WorkloadEntryLabels(we)) {
+			continue
+		}
+		for _, p := range ambient.WorkloadEntryPorts(&corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{ref.port}}}, we.Spec.GetPorts()) {
+			key := netip.AddrPortFrom(ip, uint16(p.TargetPort)).String()
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			e := b.lbEndpoint(ip, int32(p.TargetPort), true, nil)
+			fields := map[string]*structpb.Value{
+				"workload":      structpb.NewStringValue(we.Name),
+				"namespace":     structpb.NewStringValue(we.Namespace),
+				"workload_name": structpb.NewStringValue(we.Name),
+			}
+			if sa := we.Spec.GetServiceAccount(); sa != "" {
+				fields["identity"] = structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + we.Namespace + "/sa/" + sa)
+				if we.Annotations[annotation.AmbientRedirection.Name] == apinames.RedirectionEnabled {
+					fields["tunnel"] = structpb.NewStringValue("HBONE")
+				}
+			}
+			e.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataKey: {Fields: fields}}}
+			lbs = append(lbs, e)
+		}
+	}
+	return lbs
 }
 
 func (b *builder) lbEndpoint(a netip.Addr, port int32, healthy bool, pod *corev1.Pod) *endpointv3.LbEndpoint {

@@ -150,8 +150,6 @@
 //	we-redirection      ambient.istio.io/redirection enabled (HBONE to the entry's
 //	                    ztunnel) or disabled
 //	use-waypoint, ...   the waypoint binding of metadata.labels, checked as a pod's
-//	we-service-waypoint warning: the namespace uses a waypoint, whose Services'
-//	                    traffic does not reach WorkloadEntries yet
 //
 // Istio kinds Weft does not apply (WorkloadGroup, VirtualService,
 // DestinationRule, networking.istio.io Gateway, Sidecar, EnvoyFilter,

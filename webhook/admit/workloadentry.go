@@ -71,20 +71,6 @@ func (a *Admitter) validateWorkloadEntry(rv *review) {
 		s.old = &old.ObjectMeta
 	}
 	a.checkBinding(rv, &s, "metadata.labels")
-	a.warnServiceWaypoint(rv, s.home)
-}
-
-// warnServiceWaypoint warns when the entry's namespace sends its Services'
-// traffic to a waypoint, which does not reach WorkloadEntries yet.
-func (a *Admitter) warnServiceWaypoint(rv *review, ns string) {
-	n, err := a.cfg.Namespaces.Namespace(ns)
-	if err != nil { // missing or unreadable: nothing to warn about
-		return
-	}
-	if v := n.Labels[label.IoIstioUseWaypoint.Name]; v != "" && v != apinames.WaypointNone {
-		rv.rep.warn("we-service-waypoint", "metadata", "the namespace waypoint misses WorkloadEntries; label their Services %s=none",
-			label.IoIstioUseWaypoint.Name)
-	}
 }
 
 // checkEntryAddress requires one unicast IP a workload may have.

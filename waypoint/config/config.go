@@ -3,6 +3,11 @@
 // waypoint xDS contract) into an immutable Snapshot. Anything outside the
 // subset is an error naming the resource and the field, which the xDS
 // client turns into a NACK.
+//
+// Cluster types: EDS (endpoints from ClusterLoadAssignments), ORIGINAL_DST
+// (the passthrough cluster), and STRICT_DNS and LOGICAL_DNS with an inline
+// load_assignment of host names or IPs, which the Store resolves while it
+// runs (dns.go) and publishes as the cluster's Assignment.
 package config
 
 import (

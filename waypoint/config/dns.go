@@ -57,6 +57,9 @@ const (
 	// maxDNSTargets bounds the names of one cluster: each is looked up
 	// every refresh.
 	maxDNSTargets = 64
+	// maxDNSAnswer bounds the addresses kept of one answer (a DNS answer
+	// over TCP can hold thousands).
+	maxDNSAnswer = 256
 	// dnsLookupTimeout bounds one lookup.
 	dnsLookupTimeout = 5 * time.Second
 )
@@ -304,6 +307,9 @@ type targetState struct {
 	addrs   []netip.Addr // the last good answer's usable addresses
 	failure string       // the last lookup's error, "" after a success
 	dropped string       // the addresses the guard dropped from the last answer
+	// answerLen is the length of the last answer, to log a too long one
+	// once.
+	answerLen int
 }
 
 // current is the assignment the cluster serves.
@@ -390,8 +396,10 @@ func (s *Store) resolveLoop(ctx context.Context, d *dnsCluster) {
 }
 
 // resolveOnce resolves every target once and returns the endpoints: the
-// union of the targets' usable addresses, a target whose lookup failed
-// keeping its last good ones.
+// union of the targets' usable addresses. As in Envoy (whose resolver
+// takes NXDOMAIN and NODATA for an empty answer), a name that does not
+// exist or has no address of the family has none; a lookup that fails
+// otherwise (timeout, SERVFAIL, no server) keeps the last good ones.
 func (s *Store) resolveOnce(ctx context.Context, d *dnsCluster) []Endpoint {
 	var eps []Endpoint
 	for i, t := range d.spec.Targets {
@@ -400,17 +408,26 @@ func (s *Store) resolveOnce(ctx context.Context, d *dnsCluster) []Endpoint {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err != nil {
-			if msg := err.Error(); msg != st.failure {
-				st.failure = msg
-				s.log.Warn("resolving a DNS cluster's host failed; keeping its last addresses",
-					"cluster", d.name, "host", t.Host, "error", msg, "kept", len(st.addrs))
-			}
-		} else {
+		var dnsErr *net.DNSError
+		switch {
+		case err == nil:
 			if st.failure != "" {
 				s.log.Info("a DNS cluster's host resolves again", "cluster", d.name, "host", t.Host, "addresses", len(addrs))
 			}
 			st.failure, st.addrs = "", addrs
+		case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
+			if msg := err.Error(); msg != st.failure {
+				s.log.Warn("a DNS cluster's host has no address; it has no endpoints until it does",
+					"cluster", d.name, "host", t.Host, "error", msg)
+				st.failure = msg
+			}
+			st.addrs = nil
+		default:
+			if msg := err.Error(); msg != st.failure {
+				s.log.Warn("resolving a DNS cluster's host failed; keeping its last addresses",
+					"cluster", d.name, "host", t.Host, "error", msg, "kept", len(st.addrs))
+				st.failure = msg
+			}
 		}
 		for _, a := range st.addrs {
 			eps = append(eps, Endpoint{Addr: netip.AddrPortFrom(a, t.Port), Healthy: true})
@@ -438,9 +455,15 @@ func (s *Store) resolveTarget(ctx context.Context, d *dnsCluster, t DNSTarget, s
 		if err != nil {
 			return nil, fmt.Errorf("looking up %s: %w", t.Host, err)
 		}
-		if len(answer) == 0 {
-			return nil, fmt.Errorf("looking up %s: no addresses", t.Host)
+	}
+	if len(answer) > maxDNSAnswer {
+		if len(answer) != st.answerLen {
+			s.log.Warn("a DNS answer has more addresses than the waypoint keeps; the first ones are kept",
+				"cluster", d.name, "host", t.Host, "addresses", len(answer), "kept", maxDNSAnswer)
 		}
+		st.answerLen, answer = len(answer), answer[:maxDNSAnswer]
+	} else {
+		st.answerLen = len(answer)
 	}
 	var ok []netip.Addr
 	var bad []string
@@ -478,6 +501,6 @@ func (s *Store) setDNSResult(d *dnsCluster, eps []Endpoint) {
 	for _, e := range eps[:min(len(eps), 16)] {
 		addrs = append(addrs, e.Addr.String())
 	}
-	s.log.Info("DNS cluster endpoints changed", "cluster", d.name, "endpoints", len(eps), "first", strings.Join(addrs, " "))
+	s.log.Debug("DNS cluster endpoints changed", "cluster", d.name, "endpoints", len(eps), "first", strings.Join(addrs, " "))
 	s.publish()
 }

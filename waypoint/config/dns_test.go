@@ -284,6 +284,13 @@ func (f *fakeResolver) set(host string, addrs ...string) {
 	delete(f.errs, host)
 }
 
+func (f *fakeResolver) remove(host string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.answers, host)
+	delete(f.errs, host)
+}
+
 func (f *fakeResolver) fail(host string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -446,6 +453,19 @@ func TestStrictDNSResolution(t *testing.T) {
 		if n := logs.count("resolves again"); n != 1 {
 			t.Errorf("logged the recovery %d times, want once", n)
 		}
+
+		// A name that no longer exists (NXDOMAIN, NODATA) is an empty
+		// answer, as in Envoy: its addresses go, the other names' stay.
+		r.remove("httpbin.example")
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		want = []string{"192.0.2.1:8080", "198.51.100.7:80", "[2001:db8::1]:8080"}
+		if diff := cmp.Diff(want, endpoints(s, name)); diff != "" {
+			t.Fatalf("after NXDOMAIN (-want +got):\n%s", diff)
+		}
+		if n := logs.count("has no address"); n != 1 {
+			t.Errorf("logged the missing name %d times, want once", n)
+		}
 	})
 }
 
@@ -492,6 +512,31 @@ func TestDNSGuard(t *testing.T) {
 		synctest.Wait()
 		if diff := cmp.Diff([]string{"192.0.2.1:80"}, endpoints(s, "l")); diff != "" {
 			t.Fatalf("LOGICAL_DNS (-want +got):\n%s", diff)
+		}
+	})
+}
+
+// TestDNSLongAnswer: of an answer with more addresses than maxDNSAnswer,
+// the first ones are kept, and that is logged once.
+func TestDNSLongAnswer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, logs := newFake(), &logRecorder{}
+		var addrs []string
+		for i := range 300 {
+			addrs = append(addrs, fmt.Sprintf("10.0.%d.%d", i/250, i%250+1))
+		}
+		r.set("many.example", addrs...)
+		s, stop := dnsStore(t, r, logs)
+		defer stop()
+		applyClusters(t, s, nil, strictDNS("c", socket("many.example", 80)))
+		synctest.Wait()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := endpoints(s, "c"); len(got) != maxDNSAnswer {
+			t.Errorf("%d endpoints, want %d", len(got), maxDNSAnswer)
+		}
+		if n := logs.count("more addresses than the waypoint keeps"); n != 1 {
+			t.Errorf("logged %d times, want once", n)
 		}
 	})
 }
@@ -661,9 +706,10 @@ func TestDNSBeforeAndAfterRun(t *testing.T) {
 // dnsServer is a DNS server on loopback UDP answering A and AAAA queries
 // from a table the test can change.
 type dnsServer struct {
-	pc      net.PacketConn
-	mu      sync.Mutex
-	records map[string][]netip.Addr // absolute lower-case name
+	pc       net.PacketConn
+	mu       sync.Mutex
+	records  map[string][]netip.Addr // absolute lower-case name
+	servfail map[string]bool         // names answered SERVFAIL
 }
 
 func newDNSServer(t *testing.T) *dnsServer {
@@ -671,7 +717,7 @@ func newDNSServer(t *testing.T) *dnsServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &dnsServer{pc: pc, records: map[string][]netip.Addr{}}
+	d := &dnsServer{pc: pc, records: map[string][]netip.Addr{}, servfail: map[string]bool{}}
 	done := make(chan struct{})
 	go func() { defer close(done); d.serve() }()
 	t.Cleanup(func() { pc.Close(); <-done })
@@ -712,9 +758,13 @@ func (d *dnsServer) answer(req []byte) ([]byte, error) {
 	}
 	d.mu.Lock()
 	addrs, ok := d.records[strings.ToLower(q.Name.String())]
+	fail := d.servfail[strings.ToLower(q.Name.String())]
 	d.mu.Unlock()
 	rh := dnsmessage.Header{ID: h.ID, Response: true, Authoritative: true, RecursionDesired: h.RecursionDesired, RecursionAvailable: true}
-	if !ok {
+	switch {
+	case fail:
+		rh.RCode, addrs = dnsmessage.RCodeServerFailure, nil
+	case !ok:
 		rh.RCode = dnsmessage.RCodeNameError
 	}
 	b := dnsmessage.NewBuilder(nil, rh)
@@ -774,12 +824,25 @@ func TestDNSRealResolver(t *testing.T) {
 	}
 	srv.set("httpbin.example.", "192.0.2.9")
 	waitEndpoints(t, s, "c", []string{"192.0.2.9:80", "[2001:db8::7]:443"})
-	// NXDOMAIN keeps the last good answer.
+	// SERVFAIL keeps the last good answer; NXDOMAIN empties it.
 	srv.mu.Lock()
-	delete(srv.records, "httpbin.example.")
+	srv.servfail["httpbin.example."] = true
 	srv.mu.Unlock()
 	time.Sleep(300 * time.Millisecond)
 	waitEndpoints(t, s, "c", []string{"192.0.2.9:80", "[2001:db8::7]:443"})
+	if n := logs.count("failed; keeping its last addresses"); n != 1 {
+		t.Errorf("SERVFAIL logged %d times, want once", n)
+	}
+	srv.mu.Lock()
+	delete(srv.records, "httpbin.example.")
+	delete(srv.servfail, "httpbin.example.")
+	srv.mu.Unlock()
+	waitEndpoints(t, s, "c", []string{"[2001:db8::7]:443"})
+
+	// localhost (from the hosts file, or else not found) never yields an
+	// endpoint.
+	applyClusters(t, s, nil, strictDNS("l", socket("localhost", 80), socket("LOCALHOST.", 81)))
+	waitEndpoints(t, s, "l", []string{})
 }
 
 func waitEndpoints(t *testing.T, s *Store, name string, want []string) {

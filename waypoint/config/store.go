@@ -80,8 +80,8 @@ func NewStoreWith(c StoreConfig) *Store {
 }
 
 // Run resolves the DNS clusters' names until ctx ends, and returns after
-// every resolution has stopped. Before Run, and after, DNS clusters have
-// no endpoints. Call it once.
+// every resolution has stopped. Before Run, DNS clusters have no
+// Assignment; after, they keep their last. Call it once.
 func (s *Store) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.runCtx != nil {

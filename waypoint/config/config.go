@@ -3,6 +3,11 @@
 // waypoint xDS contract) into an immutable Snapshot. Anything outside the
 // subset is an error naming the resource and the field, which the xDS
 // client turns into a NACK.
+//
+// Cluster types: EDS (endpoints from ClusterLoadAssignments), ORIGINAL_DST
+// (the passthrough cluster), and STRICT_DNS and LOGICAL_DNS with an inline
+// load_assignment of host names or IPs, which the Store resolves while it
+// runs (dns.go) and publishes as the cluster's Assignment.
 package config
 
 import (
@@ -150,6 +155,9 @@ type Cluster struct {
 	ConnectTimeout                                      time.Duration
 	MaxConnections, MaxPending, MaxRequests, MaxRetries int
 	HTTP2                                               bool
+	// DNS is set for a STRICT_DNS or LOGICAL_DNS cluster: its endpoints
+	// come from resolving names (dns.go), not from EDS.
+	DNS *DNS
 }
 
 // Endpoint is one upstream endpoint.
@@ -188,7 +196,7 @@ var (
 	httpFilterFields      = pbcheck.Fields[*hcmv3.HttpFilter]("name", "typed_config")
 	httpRBACFields        = pbcheck.Fields[*rbacfilter.RBAC]("rules", "shadow_rules", "shadow_rules_stat_prefix")
 	routerFields          = pbcheck.Fields[*routerv3.Router]()
-	clusterFields         = pbcheck.Fields[*clusterv3.Cluster]("name", "type", "eds_cluster_config", "lb_policy", "connect_timeout", "circuit_breakers", "typed_extension_protocol_options", "alt_stat_name")
+	clusterFields         = pbcheck.Fields[*clusterv3.Cluster]("name", "type", "eds_cluster_config", "lb_policy", "connect_timeout", "circuit_breakers", "typed_extension_protocol_options", "alt_stat_name", "load_assignment", "dns_refresh_rate", "dns_lookup_family")
 	breakersFields        = pbcheck.Fields[*clusterv3.CircuitBreakers]("thresholds")
 	thresholdsFields      = pbcheck.Fields[*clusterv3.CircuitBreakers_Thresholds]("priority", "max_connections", "max_pending_requests", "max_requests", "max_retries")
 	protocolOptionsFields = pbcheck.Fields[*httpopts.HttpProtocolOptions]("explicit_http_config")
@@ -506,8 +514,17 @@ func CompileCluster(c *clusterv3.Cluster) (*Cluster, error) {
 	if c.GetConnectTimeout() != nil {
 		out.ConnectTimeout = c.GetConnectTimeout().AsDuration()
 	}
+	if err := dnsOnlyFields(c, w); err != nil {
+		return nil, err
+	}
 	switch c.GetType() {
 	case clusterv3.Cluster_EDS:
+	case clusterv3.Cluster_STRICT_DNS, clusterv3.Cluster_LOGICAL_DNS:
+		d, err := compileDNS(c, w)
+		if err != nil {
+			return nil, err
+		}
+		out.DNS = d
 	case clusterv3.Cluster_ORIGINAL_DST:
 		if c.GetLbPolicy() != clusterv3.Cluster_CLUSTER_PROVIDED {
 			return nil, fmt.Errorf("%s.lb_policy must be CLUSTER_PROVIDED for ORIGINAL_DST", w)

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
@@ -17,22 +21,84 @@ import (
 
 // Store accumulates xDS resources per type and publishes a new Snapshot
 // after every accepted update. A rejected update changes nothing.
+//
+// While Run runs, the store also resolves the names of its STRICT_DNS and
+// LOGICAL_DNS clusters (dns.go) and publishes a new Snapshot when their
+// endpoints change; a DNS cluster's Assignment is always the resolved one,
+// never an EDS assignment of the same name.
 type Store struct {
+	resolver  Resolver
+	allowAddr func(netip.Addr) bool
+	log       *slog.Logger
+
 	mu        sync.Mutex
 	listeners map[string]*Listener
 	routes    map[string]*route.Table
 	clusters  map[string]*Cluster
 	cla       map[string]*Assignment
+	dns       map[string]*dnsCluster
+	runCtx    context.Context // set by Run
+	stopped   bool            // Run is returning: start no resolution
+
+	wg        sync.WaitGroup // resolve goroutines
+	resolving atomic.Int32   // resolve goroutines running (tests)
 
 	cur     atomic.Pointer[Snapshot]
 	applied chan struct{}
 	once    sync.Once
 }
 
-// NewStore returns an empty store.
-func NewStore() *Store {
-	return &Store{listeners: map[string]*Listener{}, routes: map[string]*route.Table{}, clusters: map[string]*Cluster{},
-		cla: map[string]*Assignment{}, applied: make(chan struct{})}
+// StoreConfig configures how a Store resolves DNS clusters.
+type StoreConfig struct {
+	// Resolver looks names up; default net.DefaultResolver.
+	Resolver Resolver
+	// AllowAddr reports whether a resolved address may become an
+	// endpoint; default SafeDNSAddr.
+	AllowAddr func(netip.Addr) bool
+	// Logger logs resolution changes and failures; default none.
+	Logger *slog.Logger
+}
+
+// NewStore returns an empty store with the default StoreConfig.
+func NewStore() *Store { return NewStoreWith(StoreConfig{}) }
+
+// NewStoreWith returns an empty store.
+func NewStoreWith(c StoreConfig) *Store {
+	s := &Store{resolver: c.Resolver, allowAddr: c.AllowAddr, log: c.Logger,
+		listeners: map[string]*Listener{}, routes: map[string]*route.Table{}, clusters: map[string]*Cluster{},
+		cla: map[string]*Assignment{}, dns: map[string]*dnsCluster{}, applied: make(chan struct{})}
+	if s.resolver == nil {
+		s.resolver = net.DefaultResolver
+	}
+	if s.allowAddr == nil {
+		s.allowAddr = SafeDNSAddr
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	return s
+}
+
+// Run resolves the DNS clusters' names until ctx ends, and returns after
+// every resolution has stopped. Before Run, DNS clusters have no
+// Assignment; after, they keep their last. Call it once.
+func (s *Store) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.runCtx != nil {
+		s.mu.Unlock()
+		return errors.New("config: Store.Run called twice")
+	}
+	s.runCtx = ctx
+	for _, d := range s.dns {
+		s.startDNS(d)
+	}
+	s.mu.Unlock()
+	<-ctx.Done()
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.wg.Wait()
+	return nil
 }
 
 // Snapshot returns the current configuration (never nil).
@@ -46,8 +112,16 @@ func (s *Store) Snapshot() *Snapshot {
 // Applied is closed after the first accepted update.
 func (s *Store) Applied() <-chan struct{} { return s.applied }
 
+// publish makes a Snapshot of the store's state. Called with s.mu held.
 func (s *Store) publish() {
+	s.reconcileDNS()
 	snap := &Snapshot{Routes: clone(s.routes), Clusters: clone(s.clusters), Assignments: clone(s.cla)}
+	for name, d := range s.dns {
+		delete(snap.Assignments, name)
+		if a := d.current(); a != nil {
+			snap.Assignments[name] = a
+		}
+	}
 	if l, ok := s.listeners["waypoint"]; ok {
 		snap.Listener = l
 	} else {

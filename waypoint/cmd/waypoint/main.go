@@ -211,7 +211,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	store := config.NewStore()
+	store := config.NewStoreWith(config.StoreConfig{Logger: log})
 	var creds credentials
 	var xds *xdsclient.Client
 	if cfg.Bootstrap != "" {
@@ -262,6 +262,7 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if xds != nil {
 		g.Go(func() error { return xds.Run(ctx) })
 	}
+	g.Go(func() error { return store.Run(ctx) }) // resolves the DNS clusters
 	g.Go(func() error { return p.Serve(ctx, ln) })
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})

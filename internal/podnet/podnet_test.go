@@ -36,6 +36,9 @@ func TestEndpointAddr(t *testing.T) {
 		"127.0.0.1": false, "127.8.9.1": false, "::1": false, "::ffff:127.0.0.1": false,
 		"0.0.0.0": false, "0.1.2.3": false, "::": false, "224.0.0.1": false, "ff02::1": false,
 		"169.254.169.254": false, "fe80::1": false, "255.255.255.255": false, "fe80::1%eth0": false,
+		"8.8.8.8": true, "64:ff9b::7f00:1": true, // NAT64: the translator's, not ours
+		"127.255.255.254": false, "::ffff:7f00:2": false, "::ffff:0.0.0.0": false, "239.255.255.250": false,
+		"::ffff:224.0.0.1": false, "::ffff:169.254.169.254": false,
 	} {
 		if got := EndpointAddr(netip.MustParseAddr(addr)); got != want {
 			t.Errorf("EndpointAddr(%s) = %v, want %v", addr, got, want)

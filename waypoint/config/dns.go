@@ -85,6 +85,7 @@ func dnsOnlyFields(c *clusterv3.Cluster, w string) error {
 	switch {
 	case c.GetLoadAssignment() != nil:
 		field = "load_assignment"
+	//lint:ignore SA1019 the field Istio's clusters set (Envoy still reads it)
 	case c.GetDnsRefreshRate() != nil:
 		field = "dns_refresh_rate"
 	case c.GetDnsLookupFamily() != clusterv3.Cluster_AUTO:
@@ -101,6 +102,7 @@ func compileDNS(c *clusterv3.Cluster, w string) (*DNS, error) {
 		return nil, fmt.Errorf("%s.eds_cluster_config is not supported for type %v: its endpoints come from load_assignment", w, c.GetType())
 	}
 	d := &DNS{Logical: c.GetType() == clusterv3.Cluster_LOGICAL_DNS, Refresh: DefaultDNSRefresh, Family: c.GetDnsLookupFamily()}
+	//lint:ignore SA1019 the field Istio's clusters set (Envoy still reads it)
 	if r := c.GetDnsRefreshRate(); r != nil {
 		d.Refresh = r.AsDuration()
 		if !r.IsValid() || d.Refresh <= minDNSRefresh {
@@ -245,25 +247,6 @@ type Resolver interface {
 }
 
 var _ Resolver = (*net.Resolver)(nil)
-
-// SafeDNSAddr reports whether a resolved address may become an endpoint.
-// It may not if, IPv4-mapped forms unmapped, it is unspecified or in
-// 0.0.0.0/8, loopback, multicast, the IPv4 broadcast address, or link-local
-// (169.254.0.0/16, fe80::/10): a name outside the waypoint's control must
-// not send it to its own local ports (metrics, readiness, debug), to a
-// node-local service or to a cloud metadata server (169.254.169.254), which
-// a policy allowing the name would then allow too.
-func SafeDNSAddr(a netip.Addr) bool {
-	a = a.Unmap()
-	switch {
-	case !a.IsValid(), a.IsUnspecified(), a.IsLoopback(), a.IsMulticast(), a.IsLinkLocalUnicast():
-		return false
-	case a.Is4():
-		b := a.As4()
-		return b[0] != 0 && a != netip.AddrFrom4([4]byte{255, 255, 255, 255})
-	}
-	return true
-}
 
 // lookup resolves host for family with Envoy's semantics: AUTO asks for
 // IPv6 and falls back to IPv4 when there is none, V4_PREFERRED the other

@@ -16,6 +16,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/waypoint/route"
 )
 
@@ -53,7 +54,7 @@ type StoreConfig struct {
 	// Resolver looks names up; default net.DefaultResolver.
 	Resolver Resolver
 	// AllowAddr reports whether a resolved address may become an
-	// endpoint; default SafeDNSAddr.
+	// endpoint; default podnet.EndpointAddr.
 	AllowAddr func(netip.Addr) bool
 	// Logger logs resolution changes and failures; default none.
 	Logger *slog.Logger
@@ -71,7 +72,7 @@ func NewStoreWith(c StoreConfig) *Store {
 		s.resolver = net.DefaultResolver
 	}
 	if s.allowAddr == nil {
-		s.allowAddr = SafeDNSAddr
+		s.allowAddr = podnet.EndpointAddr
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

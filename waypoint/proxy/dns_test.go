@@ -1,3 +1,5 @@
+//lint:file-ignore SA1019 the deprecated Cluster fields are those Istio sends and Envoy still reads
+
 package proxy
 
 import (
@@ -18,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/weftmesh/weft/internal/podnet"
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
@@ -134,7 +137,7 @@ func TestStrictDNSEgress(t *testing.T) {
 	port := twoLoopbackBackends(t)
 	names := &nameTable{addrs: map[string][]netip.Addr{}}
 	names.set("httpbin.example", netip.MustParseAddr("127.0.0.1"))
-	m := dnsMesh(t, names, func(a netip.Addr) bool { return a.Unmap().IsLoopback() || config.SafeDNSAddr(a) })
+	m := dnsMesh(t, names, func(a netip.Addr) bool { return a.Unmap().IsLoopback() || podnet.EndpointAddr(a) })
 	m.applyDNSCluster(port)
 	m.waitBody(t, "200 v1")
 	for range 5 {

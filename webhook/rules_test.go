@@ -745,6 +745,40 @@ spec:
   resolution: STATIC
   ports: [{number: 80, name: http}]
   workloadSelector: {labels: {app: vm}}`},
+	{name: "se-internal-selector", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.internal.example]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  workloadSelector: {labels: {app: api}}
+  subjectAltNames: [spiffe://cluster.local/ns/shop/sa/api]`},
+	{name: "se-selector-invalid", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.internal.example]
+  location: MESH_INTERNAL
+  resolution: DNS
+  ports: [{number: 80, name: http}]
+  workloadSelector: {labels: {"": x, "app*": api, tier: "*"}}
+  endpoints: [{address: 192.0.2.1}]
+  subjectAltNames: [api, "spiffe://", "https://cluster.local/ns/shop/sa/api"]`},
+	{name: "se-selector-everything", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.internal.example]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: [{number: 80, name: http}]
+  workloadSelector: {}`},
+	{name: "se-external-sans", kind: seKind, ns: "shop", object: `
+metadata: {name: api}
+spec:
+  hosts: [api.example.com]
+  resolution: DNS
+  ports: [{number: 80, name: http}]
+  subjectAltNames: [spiffe://cluster.local/ns/shop/sa/api]`},
 	{name: "se-export-to-namespace", kind: seKind, ns: "shop", object: `
 metadata: {name: api}
 spec:

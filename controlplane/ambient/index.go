@@ -186,6 +186,9 @@ type index struct {
 	// entryBindings is the istio.io/WaypointBound condition of each
 	// ServiceEntry that asks for a waypoint, by key.
 	entryBindings map[string]*BindingStatus
+	// selecting holds the keys of the ServiceEntries with a
+	// workloadSelector, as last seen.
+	selecting map[string]bool
 }
 
 func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
@@ -210,6 +213,7 @@ func newIndex(cfg Config, stores Stores, log *slog.Logger) *index {
 		entryVIPs:      map[string]map[string]netip.Addr{},
 		vipOwner:       map[netip.Addr]string{},
 		entryBindings:  map[string]*BindingStatus{},
+		selecting:      map[string]bool{},
 	}
 }
 
@@ -268,6 +272,7 @@ func (ix *index) process(b batch) *Update {
 	for key := range b[kindSliceWorkloads] {
 		ix.sliceWorkloadsChanged(key, u)
 	}
+	ix.markSelected(b)
 	for key := range b[kindPod] {
 		ix.podChanged(key, u)
 	}
@@ -615,6 +620,12 @@ func (ix *index) podChanged(key string, u *Update) {
 		in.Waypoint = ix.waypoints[in.Binding.Key]
 		in.IsWaypoint = ix.waypoints[ns+"/"+pod.Labels[label.IoK8sNetworkingGatewayGatewayName.Name]] != nil
 		in.Services = ix.podServices(key)
+		for k, ports := range EntrySelectedPorts(ix.namespaceEntries(ns), ns, pod.Labels, nil) {
+			if in.Services == nil {
+				in.Services = map[string][]*workloadpb.Port{}
+			}
+			in.Services[k] = ports
+		}
 		in.Policies = append(ix.podPolicies(pod), ix.podPeerAuthKeys(pod)...)
 		in.Locality = ix.localities[pod.Spec.NodeName]
 		var refused *Refusal
@@ -986,4 +997,38 @@ func (ix *index) entryStatus(se *networkingv1.ServiceEntry, vips map[string]neti
 		return
 	}
 	u.Entries = append(u.Entries, want)
+}
+
+// markSelected marks dirty the pods and WorkloadEntries of the namespace
+// of each changed ServiceEntry that selects workloads, or did: they carry
+// its hosts (EntrySelectedPorts). It runs before the pods are processed.
+func (ix *index) markSelected(b batch) {
+	for key := range b[kindServiceEntry] {
+		se := getObj[networkingv1.ServiceEntry](ix.stores.ServiceEntries, key)
+		now := se != nil && se.Spec.GetWorkloadSelector() != nil
+		if !now && !ix.selecting[key] {
+			continue
+		}
+		if now {
+			ix.selecting[key] = true
+		} else {
+			delete(ix.selecting, key)
+		}
+		ns, _, _ := cache.SplitMetaNamespaceKey(key)
+		for _, p := range ix.byNamespace(ix.stores.Pods, ns) {
+			b.add(kindPod, keyOf(p))
+		}
+		for _, w := range ix.byNamespace(ix.stores.WorkloadEntries, ns) {
+			b.add(kindWorkloadEntry, keyOf(w))
+		}
+	}
+}
+
+// namespaceEntries lists the ServiceEntries of ns.
+func (ix *index) namespaceEntries(ns string) []*networkingv1.ServiceEntry {
+	var out []*networkingv1.ServiceEntry
+	for _, o := range ix.byNamespace(ix.stores.ServiceEntries, ns) {
+		out = append(out, o.(*networkingv1.ServiceEntry))
+	}
+	return out
 }

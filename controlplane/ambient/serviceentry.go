@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	networkingv1alpha3 "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 
@@ -95,10 +96,19 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 			}
 			s.Ports = append(s.Ports, &workloadpb.Port{ServicePort: p.GetNumber(), TargetPort: target, AppProtocol: seAppProtocol(p.GetProtocol())})
 		}
+		if spec.GetLocation() == networkingv1alpha3.ServiceEntry_MESH_INTERNAL {
+			for _, san := range spec.GetSubjectAltNames() {
+				if _, err := spiffeid.FromString(san); err == nil { // ztunnel refuses a Service with another
+					s.SubjectAltNames = append(s.SubjectAltNames, san)
+				}
+			}
+		}
 		svcs = append(svcs, s)
 		portsByHost[host] = s.Ports
 	}
-	if none {
+	if none || spec.GetWorkloadSelector() != nil {
+		// Passed through, or the selected workloads carry the hosts
+		// (EntrySelectedPorts).
 		return svcs, nil
 	}
 	endpoints := spec.GetEndpoints()
@@ -161,13 +171,17 @@ func (c Config) ServiceEntryResources(se *networkingv1.ServiceEntry, vips map[st
 }
 
 // ServiceEntrySupported reports whether Weft applies a ServiceEntry: one
-// the webhook admits (MESH_EXTERNAL, resolution STATIC, DNS or NONE, no
-// workloadSelector, no wildcard host).
+// the webhook admits (resolution STATIC, DNS or NONE; a workloadSelector
+// only with STATIC and no endpoints; MESH_INTERNAL only with one; no
+// wildcard host).
 func ServiceEntrySupported(se *networkingv1.ServiceEntry) bool {
 	spec := &se.Spec
 	r := spec.GetResolution()
-	if spec.GetLocation() == networkingv1alpha3.ServiceEntry_MESH_INTERNAL || spec.GetWorkloadSelector() != nil ||
-		(r != networkingv1alpha3.ServiceEntry_STATIC && r != networkingv1alpha3.ServiceEntry_DNS && r != networkingv1alpha3.ServiceEntry_NONE) {
+	sel := spec.GetWorkloadSelector() != nil
+	switch {
+	case r != networkingv1alpha3.ServiceEntry_STATIC && r != networkingv1alpha3.ServiceEntry_DNS && r != networkingv1alpha3.ServiceEntry_NONE,
+		spec.GetLocation() == networkingv1alpha3.ServiceEntry_MESH_INTERNAL && !sel,
+		sel && (r != networkingv1alpha3.ServiceEntry_STATIC || len(spec.GetEndpoints()) > 0):
 		return false
 	}
 	for _, h := range spec.GetHosts() {
@@ -256,4 +270,38 @@ type istioCondition struct{ status, reason, message string }
 // none of their own, and are not passed through by address (NONE).
 func allocates(se *networkingv1.ServiceEntry) bool {
 	return len(se.Spec.GetAddresses()) == 0 && se.Spec.GetResolution() != networkingv1alpha3.ServiceEntry_NONE
+}
+
+// EntrySelectedPorts is what a workload of namespace ns with labels serves
+// for the hosts of the ServiceEntries among entries whose workloadSelector
+// selects it (of its namespace, applied by Weft), by "<ns>/<host>": each
+// entry port to its target port, or to the workload's own port of the
+// port's name (a WorkloadEntry's ports; nil for a pod), as istiod maps
+// them.
+func EntrySelectedPorts(entries []*networkingv1.ServiceEntry, ns string, labels map[string]string, own map[string]uint32) map[string][]*workloadpb.Port {
+	var out map[string][]*workloadpb.Port
+	for _, se := range entries {
+		sel := se.Spec.GetWorkloadSelector()
+		if se.Namespace != ns || sel == nil || !ServiceEntrySupported(se) || !SelectorMatches(sel.GetLabels(), labels) {
+			continue
+		}
+		var ports []*workloadpb.Port
+		for _, p := range se.Spec.GetPorts() {
+			target := p.GetTargetPort()
+			if target == 0 {
+				target = p.GetNumber()
+			}
+			if v, ok := own[p.GetName()]; ok && v != 0 && v <= 65535 {
+				target = v
+			}
+			ports = append(ports, &workloadpb.Port{ServicePort: p.GetNumber(), TargetPort: target, AppProtocol: seAppProtocol(p.GetProtocol())})
+		}
+		for _, h := range se.Spec.GetHosts() {
+			if out == nil {
+				out = map[string][]*workloadpb.Port{}
+			}
+			out[ServiceKey(ns, NormalHost(h))] = ports
+		}
+	}
+	return out
 }

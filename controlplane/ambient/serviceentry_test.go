@@ -104,7 +104,10 @@ func TestServiceEntryResources(t *testing.T) {
 	for name, spec := range map[string]*networkingv1alpha3.ServiceEntry{
 		"internal": {Hosts: []string{"a.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS, Location: networkingv1alpha3.ServiceEntry_MESH_INTERNAL},
 		"wildcard": {Hosts: []string{"*.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS},
-		"selector": {Hosts: []string{"a.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_STATIC,
+		"selector with endpoints": {Hosts: []string{"a.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_STATIC,
+			WorkloadSelector: &networkingv1alpha3.WorkloadSelector{Labels: map[string]string{"app": "a"}},
+			Endpoints:        []*networkingv1alpha3.WorkloadEntry{{Address: "192.0.2.1"}}},
+		"selector with DNS": {Hosts: []string{"a.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_DNS,
 			WorkloadSelector: &networkingv1alpha3.WorkloadSelector{Labels: map[string]string{"app": "a"}}},
 	} {
 		if svcs, ws := c.ServiceEntryResources(serviceEntry(name, spec), nil); svcs != nil || ws != nil {
@@ -319,5 +322,51 @@ func TestEntryStatus(t *testing.T) {
 	setEntryStatus(&se.Status, none, t0)
 	if !EntryShows(se, none) || len(se.Status.Conditions) != 1 {
 		t.Errorf("after clearing: %v", se.Status.String())
+	}
+}
+
+// TestIndexServiceEntrySelector: an entry's workloadSelector makes the
+// pods and WorkloadEntries of its namespace that it selects carry its
+// hosts (a WorkloadEntry's own port of a port's name first); changing the
+// selector or deleting the entry takes the hosts away again.
+func TestIndexServiceEntrySelector(t *testing.T) {
+	w := newWorld(t)
+	pod := newPod("shop", "api-1", withLabel("app", "api"))
+	other := newPod("shop", "web-1", withLabel("app", "web"), withIPs("10.1.0.2"))
+	w.ix.process(w.set(kindPod, pod, other))
+	vm := &networkingv1.WorkloadEntry{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "vm", Labels: map[string]string{"app": "api"}}}
+	vm.Spec.Address, vm.Spec.Ports = "192.0.2.30", map[string]uint32{"http": 9090}
+	w.ix.process(w.set(kindWorkloadEntry, vm))
+	se := serviceEntry("api", &networkingv1alpha3.ServiceEntry{
+		Hosts: []string{"api.internal.example"}, Ports: sePorts, Resolution: networkingv1alpha3.ServiceEntry_STATIC,
+		Location:         networkingv1alpha3.ServiceEntry_MESH_INTERNAL,
+		WorkloadSelector: &networkingv1alpha3.WorkloadSelector{Labels: map[string]string{"app": "api"}},
+	})
+	w.ix.process(w.set(kindServiceEntry, se))
+	const key = "shop/api.internal.example"
+	if s := w.ix.addresses[key].GetService(); s == nil || len(s.GetAddresses()) != 1 {
+		t.Fatalf("service %v, want the host at an allocated address", s)
+	}
+	ports := func(uid string) []*workloadpb.Port { return w.workload(uid).GetServices()[key].GetPorts() }
+	if p := ports("Kubernetes//Pod/shop/api-1"); len(p) != 2 || p[1].TargetPort != 8080 {
+		t.Errorf("selected pod's ports %v, want 443->443 and 80->8080", p)
+	}
+	if p := ports("Kubernetes/networking.istio.io/WorkloadEntry/shop/vm"); len(p) != 2 || p[1].TargetPort != 9090 {
+		t.Errorf("selected WorkloadEntry's ports %v, want 80 at its own http port 9090", p)
+	}
+	if p := ports("Kubernetes//Pod/shop/web-1"); p != nil {
+		t.Errorf("a pod the selector does not match carries the host: %v", p)
+	}
+
+	moved := se.DeepCopy()
+	moved.Spec.WorkloadSelector.Labels = map[string]string{"app": "web"}
+	w.ix.process(w.set(kindServiceEntry, moved))
+	if ports("Kubernetes//Pod/shop/api-1") != nil || ports("Kubernetes/networking.istio.io/WorkloadEntry/shop/vm") != nil ||
+		ports("Kubernetes//Pod/shop/web-1") == nil {
+		t.Error("after the selector moved to app=web, the hosts did not follow it")
+	}
+	w.ix.process(w.del(kindServiceEntry, moved))
+	if ports("Kubernetes//Pod/shop/web-1") != nil || w.ix.addresses[key] != nil {
+		t.Error("after the delete, the host is still published or carried")
 	}
 }

@@ -70,6 +70,9 @@ type WorkloadEntryInput struct {
 	// Services are the Services of the entry's namespace whose selector
 	// selects it (WorkloadEntryServices).
 	Services []*corev1.Service
+	// EntryPorts are the ServiceEntry hosts whose workloadSelector selects
+	// it, with their ports (EntrySelectedPorts).
+	EntryPorts map[string][]*workloadpb.Port
 	// Policies are the resource names of the workload-selector policies
 	// that select the entry, then its PeerAuthentication keys.
 	Policies []string
@@ -122,6 +125,12 @@ func (c Config) WorkloadEntryWorkload(in WorkloadEntryInput) (w *workloadpb.Work
 		}
 		w.Services[ServiceKey(svc.Namespace, Hostname(svc.Name, svc.Namespace, c.ClusterDomain))] =
 			&workloadpb.PortList{Ports: WorkloadEntryPorts(svc, we.Spec.GetPorts())}
+	}
+	for k, ports := range in.EntryPorts {
+		if w.Services == nil {
+			w.Services = map[string]*workloadpb.PortList{}
+		}
+		w.Services[k] = &workloadpb.PortList{Ports: ports}
 	}
 	return w, refused
 }
@@ -249,6 +258,7 @@ func (ix *index) workloadEntryChanged(key string, u *Update) {
 			svcs = append(svcs, o.(*corev1.Service))
 		}
 		in.Services = WorkloadEntryServices(we, svcs)
+		in.EntryPorts = EntrySelectedPorts(ix.namespaceEntries(ns), ns, labels, we.Spec.GetPorts())
 		in.Policies = append(ix.selectorPolicies(ns, labels), ix.peerAuthKeys(ns, labels)...)
 		var refused *Refusal
 		res, refused = ix.cfg.WorkloadEntryWorkload(in)

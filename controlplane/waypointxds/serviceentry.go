@@ -148,7 +148,7 @@ func (b *builder) entryCluster(c *clusterv3.Cluster, e entryRef, port corev1.Ser
 		b.res.add(resource.ClusterType, c.Name, c)
 		return
 	}
-	cla := entryEndpoints(c.Name, e, port)
+	cla := b.entryEndpoints(c.Name, e, port)
 	if e.se.Spec.GetResolution() != networkingv1alpha3.ServiceEntry_DNS {
 		b.res.add(resource.ClusterType, c.Name, c)
 		b.res.add(resource.EndpointType, c.Name, cla)
@@ -163,11 +163,15 @@ func (b *builder) entryCluster(c *clusterv3.Cluster, e entryRef, port corev1.Ser
 }
 
 // entryEndpoints are the endpoints of a ServiceEntry host's port: the
-// entry's (an endpoint's own port for the port's name first), or for a DNS
-// entry without endpoints the host itself. They are reached in plain TCP:
-// an external endpoint has no mesh identity.
-func entryEndpoints(name string, e entryRef, port corev1.ServicePort) *endpointv3.ClusterLoadAssignment {
+// workloads its workloadSelector selects, else the entry's endpoints (an
+// endpoint's own port for the port's name first), or for a DNS entry
+// without endpoints the host itself. The entry's own endpoints are reached
+// in plain TCP: an external endpoint has no mesh identity.
+func (b *builder) entryEndpoints(name string, e entryRef, port corev1.ServicePort) *endpointv3.ClusterLoadAssignment {
 	spec := &e.se.Spec
+	if sel := spec.GetWorkloadSelector(); sel != nil {
+		return b.selectedEndpoints(name, e, port, sel.GetLabels())
+	}
 	dns := spec.GetResolution() == networkingv1alpha3.ServiceEntry_DNS
 	eps := spec.GetEndpoints()
 	if dns && len(eps) == 0 {
@@ -200,7 +204,6 @@ func entryEndpoints(name string, e entryRef, port corev1.ServicePort) *endpointv
 					Address: addr, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: p},
 				}},
 			}}},
-			HealthStatus: corev3.HealthStatus_HEALTHY,
 		})
 	}
 	if len(lbs) > 0 {
@@ -319,4 +322,68 @@ func (o *outcomes) entryParent(src *source, rep *routeReport, i int, ref gwv1.Pa
 		return no(none, "ServiceEntry %s is not bound to its waypoint: %s", key, r.Message)
 	}
 	return no(none, "waypoint %s has not taken ServiceEntry %s yet (a host without an address, or a port whose protocol the route does not apply to)", bind.Key, key)
+}
+
+// selectedEndpoints are the endpoints of a ServiceEntry host's port among
+// the pods and WorkloadEntries of the entry's namespace that its
+// workloadSelector selects, as ztunnel's Workloads carry them
+// (ambient.EntrySelectedPorts): a pod at the port's target port, over
+// HBONE when it is enrolled; an entry at its own port of the port's name.
+func (b *builder) selectedEndpoints(name string, e entryRef, port corev1.ServicePort, sel map[string]string) *endpointv3.ClusterLoadAssignment {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	ns := e.se.Namespace
+	var lbs []*endpointv3.LbEndpoint
+	seen := map[string]bool{}
+	add := func(ip netip.Addr, p uint32, mk func() *endpointv3.LbEndpoint) {
+		key := netip.AddrPortFrom(ip, uint16(p)).String()
+		if !seen[key] && p != 0 && p <= 65535 {
+			seen[key] = true
+			lbs = append(lbs, mk())
+		}
+	}
+	target := uint32(port.TargetPort.IntValue())
+	pods := byNamespace(b.st.Pods, ns)
+	sort.Slice(pods, func(i, j int) bool { return keyOf(pods[i]) < keyOf(pods[j]) })
+	for _, o := range pods {
+		pod := o.(*corev1.Pod)
+		if pod.Spec.HostNetwork || pod.DeletionTimestamp != nil || !ambient.SelectorMatches(sel, pod.Labels) {
+			continue
+		}
+		for _, pip := range pod.Status.PodIPs {
+			ip, err := netip.ParseAddr(pip.IP)
+			if err != nil || !podnet.EndpointAddr(ip) {
+				continue
+			}
+			ip = ip.Unmap()
+			add(ip, target, func() *endpointv3.LbEndpoint { return b.lbEndpoint(ip, int32(target), podReady(pod), pod) })
+		}
+	}
+	entries := byNamespace(b.st.WorkloadEntries, ns)
+	sort.Slice(entries, func(i, j int) bool { return keyOf(entries[i]) < keyOf(entries[j]) })
+	for _, o := range entries {
+		we := o.(*networkingv1.WorkloadEntry)
+		ip := ambient.WorkloadEntryAddress(we, b.mesh.Network)
+		if !ip.IsValid() || !ambient.SelectorMatches(sel, ambient.WorkloadEntryLabels(we)) {
+			continue
+		}
+		p := target
+		if v, ok := we.Spec.GetPorts()[port.Name]; ok && v != 0 {
+			p = v
+		}
+		add(ip, p, func() *endpointv3.LbEndpoint { return b.weEndpoint(we, ip, p) })
+	}
+	if len(lbs) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
+	}
+	return cla
+}
+
+// podReady reports whether a pod is Ready.
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }

@@ -545,18 +545,18 @@ func (b *builder) endpoints(name string, ref clusterRef) *endpointv3.ClusterLoad
 			}
 		}
 	}
-	lbs = append(lbs, b.entryEndpoints(ref, seen)...)
+	lbs = append(lbs, b.workloadEntryEndpoints(ref, seen)...)
 	if len(lbs) > 0 {
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
 	}
 	return cla
 }
 
-// entryEndpoints are the endpoints of a Service port among the
+// workloadEntryEndpoints are the endpoints of a Service port among the
 // WorkloadEntries the Service selects (of its namespace, by a selector
 // that is not empty), at the port the entry maps it to, as ztunnel's
 // Workloads carry them; seen are the addresses already listed.
-func (b *builder) entryEndpoints(ref clusterRef, seen map[string]bool) []*endpointv3.LbEndpoint {
+func (b *builder) workloadEntryEndpoints(ref clusterRef, seen map[string]bool) []*endpointv3.LbEndpoint {
 	if b.st.WorkloadEntries == nil || len(ref.svc.Spec.Selector) == 0 {
 		return nil
 	}
@@ -575,23 +575,29 @@ func (b *builder) entryEndpoints(ref clusterRef, seen map[string]bool) []*endpoi
 				continue
 			}
 			seen[key] = true
-			e := b.lbEndpoint(ip, int32(p.TargetPort), true, nil)
-			fields := map[string]*structpb.Value{
-				"workload":      structpb.NewStringValue(we.Name),
-				"namespace":     structpb.NewStringValue(we.Namespace),
-				"workload_name": structpb.NewStringValue(we.Name),
-			}
-			if sa := we.Spec.GetServiceAccount(); sa != "" {
-				fields["identity"] = structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + we.Namespace + "/sa/" + sa)
-				if we.Annotations[annotation.AmbientRedirection.Name] == apinames.RedirectionEnabled {
-					fields["tunnel"] = structpb.NewStringValue("HBONE")
-				}
-			}
-			e.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataKey: {Fields: fields}}}
-			lbs = append(lbs, e)
+			lbs = append(lbs, b.weEndpoint(we, ip, p.TargetPort))
 		}
 	}
 	return lbs
+}
+
+// weEndpoint is a WorkloadEntry's endpoint at ip and port, with its
+// identity, over HBONE when it is annotated for redirection.
+func (b *builder) weEndpoint(we *networkingv1.WorkloadEntry, ip netip.Addr, port uint32) *endpointv3.LbEndpoint {
+	e := b.lbEndpoint(ip, int32(port), true, nil)
+	fields := map[string]*structpb.Value{
+		"workload":      structpb.NewStringValue(we.Name),
+		"namespace":     structpb.NewStringValue(we.Namespace),
+		"workload_name": structpb.NewStringValue(we.Name),
+	}
+	if sa := we.Spec.GetServiceAccount(); sa != "" {
+		fields["identity"] = structpb.NewStringValue("spiffe://" + b.mesh.TrustDomain + "/ns/" + we.Namespace + "/sa/" + sa)
+		if we.Annotations[annotation.AmbientRedirection.Name] == apinames.RedirectionEnabled {
+			fields["tunnel"] = structpb.NewStringValue("HBONE")
+		}
+	}
+	e.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataKey: {Fields: fields}}}
+	return e
 }
 
 func (b *builder) lbEndpoint(a netip.Addr, port int32, healthy bool, pod *corev1.Pod) *endpointv3.LbEndpoint {

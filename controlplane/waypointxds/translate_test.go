@@ -140,8 +140,9 @@ func dump(t *testing.T, res Resources, notes []string) []byte {
 	return []byte(sb.String())
 }
 
-// TestGolden translates every testdata/*.yaml and compares with the
-// .golden file (go test -update rewrites them).
+// TestGolden translates every testdata/*.yaml, checks that the waypoint
+// compiles every resource, and compares with the .golden file (go test
+// -update rewrites them).
 func TestGolden(t *testing.T) {
 	inputs, _ := filepath.Glob("testdata/*.yaml")
 	if len(inputs) == 0 {
@@ -153,6 +154,7 @@ func TestGolden(t *testing.T) {
 			var out []byte
 			for _, gw := range f.gateways {
 				res, rep := Build(testMesh, ambient.NewWaypoint(gw, ""), f.st)
+				compiled(t, res) // the waypoint takes every resource
 				out = append(out, dump(t, res, rep.Notes)...)
 			}
 			golden := strings.TrimSuffix(in, ".yaml") + ".golden"

@@ -106,27 +106,34 @@
 // ServiceEntries (networking.istio.io v1, v1beta1 and v1alpha3), refused
 // where Weft would accept and then not apply them:
 //
-//	se-location    location MESH_EXTERNAL (or unset); MESH_INTERNAL is not supported yet
-//	se-resolution  resolution STATIC or DNS; NONE (the default), DNS_ROUND_ROBIN and
+//	se-location    location MESH_EXTERNAL (or unset), or MESH_INTERNAL with a
+//	               workloadSelector (MESH_INTERNAL endpoints are not supported yet)
+//	se-resolution  resolution STATIC, DNS, or NONE (the default) with addresses and no
+//	               endpoints (passed through by address); DNS_ROUND_ROBIN and
 //	               DYNAMIC_DNS are not supported yet; a lower-case name is refused here
 //	               with what to write, not reported undecodable
 //	se-host        at least one host; each a DNS name (a trailing dot and any case
-//	               allowed), once: no wildcard (it needs resolution NONE), no IP, nothing
+//	               allowed), once: no wildcard (not yet), no IP, nothing
 //	               under the cluster domain ([Config.ClusterDomain]), whose names are
 //	               Services'
-//	se-address     single IPv4 or IPv6 addresses: no CIDR block (not yet), zone or
-//	               IPv4-mapped IPv6 form; none is fine (one is allocated per host);
+//	se-address     single IPv4 or IPv6 addresses: no CIDR block (not yet), zone,
+//	               IPv4-mapped IPv6 form, nor an address the mesh never connects to
+//	               (podnet.EndpointAddr: loopback, unspecified, link-local, multicast,
+//	               broadcast); none is fine (one is allocated per host);
 //	               warning: addresses shared by several hosts
 //	se-port        at least one port; numbers 1-65535, each once; targetPort 0-65535;
 //	               names DNS labels, each once
-//	se-endpoint    with STATIC at least one endpoint, each address an IP; with DNS an
+//	se-endpoint    with STATIC at least one endpoint (or a workloadSelector), each
+//	               address an IP the mesh connects to; with DNS an
 //	               IP or a hostname (no endpoints: the hosts are resolved); no Unix
 //	               socket; no network, locality or weight (not applied yet); port map
 //	               keys name ports of the entry, values 1-65535; labels and
 //	               serviceAccount pass; warning: an address listed twice
-//	se-selector    no workloadSelector (not yet: list the workloads as endpoints)
+//	se-selector    a workloadSelector with resolution STATIC and no endpoints, its
+//	               labels exact (no '*', no empty key); warning: no labels (every
+//	               pod and WorkloadEntry of the namespace)
 //	se-export      exportTo absent or ["*"]: every entry is visible mesh-wide
-//	se-san         no subjectAltNames (they apply to MESH_INTERNAL only)
+//	se-san         subjectAltNames only with MESH_INTERNAL, each a SPIFFE ID
 //	(labels)       istio.io/use-waypoint and istio.io/use-waypoint-namespace as on a
 //	               Service (use-waypoint, waypoint-*): the entry's hosts go through
 //	               the waypoint (egress)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	networking "istio.io/api/networking/v1alpha3"
 	networkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,8 +45,10 @@ func (a *Admitter) validateServiceEntry(rv *review) {
 	switch loc := spec.GetLocation(); loc {
 	case networking.ServiceEntry_MESH_EXTERNAL:
 	case networking.ServiceEntry_MESH_INTERNAL:
-		rep.deny("se-location", "spec.location",
-			"MESH_INTERNAL is not yet supported: Weft applies ServiceEntries for services outside the mesh only; remove location or set MESH_EXTERNAL")
+		if spec.GetWorkloadSelector() == nil {
+			rep.deny("se-location", "spec.location",
+				"MESH_INTERNAL with endpoints is not yet supported: select the mesh's workloads with workloadSelector, or remove location (MESH_EXTERNAL) for services outside the mesh")
+		}
 	default:
 		rep.deny("se-location", "spec.location", "location %d is unknown; remove it or set MESH_EXTERNAL", int32(loc))
 	}
@@ -93,20 +96,16 @@ func (a *Admitter) validateServiceEntry(rv *review) {
 	}
 
 	portNames := checkServicePorts(rep, spec.GetPorts())
-	checkEndpoints(rep, res, spec.GetEndpoints(), portNames)
+	checkEndpoints(rep, res, spec.GetEndpoints(), portNames, spec.GetWorkloadSelector() != nil)
 
-	if spec.GetWorkloadSelector() != nil {
-		rep.deny("se-selector", "spec.workloadSelector",
-			"selecting workloads is not yet supported; remove workloadSelector and list the workloads' addresses as endpoints instead")
+	if sel := spec.GetWorkloadSelector(); sel != nil {
+		checkEntrySelector(rep, sel, res, len(spec.GetEndpoints()) > 0)
 	}
 	if ex := spec.GetExportTo(); len(ex) > 0 && (len(ex) != 1 || ex[0] != "*") {
 		rep.deny("se-export", "spec.exportTo",
 			"limiting where an entry is visible is not yet supported: every ServiceEntry is visible mesh-wide; remove exportTo or set it to [\"*\"]")
 	}
-	if len(spec.GetSubjectAltNames()) > 0 {
-		rep.deny("se-san", "spec.subjectAltNames",
-			"subjectAltNames apply only to MESH_INTERNAL entries, which are not yet supported; remove them")
-	}
+	checkSANs(rep, spec)
 
 	a.checkEntryWaypoint(rv, &se)
 }
@@ -204,12 +203,12 @@ func checkServicePorts(rep *report, ports []*networking.ServicePort) map[string]
 // least one, each an IP; with DNS an IP or a hostname, or none (the hosts
 // are resolved). Fields Weft does not apply (network, locality, weight)
 // are refused; labels are metadata and pass.
-func checkEndpoints(rep *report, res networking.ServiceEntry_Resolution, eps []*networking.WorkloadEntry, portNames map[string]bool) {
+func checkEndpoints(rep *report, res networking.ServiceEntry_Resolution, eps []*networking.WorkloadEntry, portNames map[string]bool, selector bool) {
 	static := res == networking.ServiceEntry_STATIC
 	dns := res == networking.ServiceEntry_DNS
-	if static && len(eps) == 0 {
+	if static && len(eps) == 0 && !selector {
 		rep.deny("se-endpoint", "spec.endpoints",
-			"resolution STATIC needs at least one endpoint; list the IP addresses to connect to, or use resolution DNS")
+			"resolution STATIC needs at least one endpoint; list the IP addresses to connect to, select the mesh's workloads with workloadSelector, or use resolution DNS")
 	}
 	seen := map[string]int{}
 	for i, ep := range eps {
@@ -413,4 +412,60 @@ func portNameList(names map[string]bool) string {
 		quoted = append(quoted, strconv.Quote(n))
 	}
 	return clip(strings.Join(quoted, ", "), 200)
+}
+
+// checkEntrySelector checks a workloadSelector: it finds the entry's
+// endpoints (the pods and WorkloadEntries of the entry's namespace with
+// these labels), so resolution is STATIC and there are no endpoints; label
+// keys and values as a policy selector's; a warning when it selects every
+// workload of the namespace.
+func checkEntrySelector(rep *report, sel *networking.WorkloadSelector, res networking.ServiceEntry_Resolution, endpoints bool) {
+	if res != networking.ServiceEntry_STATIC {
+		rep.deny("se-selector", "spec.resolution",
+			"%s with a workloadSelector: the selected workloads are the endpoints, at their own addresses; set resolution: STATIC", res)
+	}
+	if endpoints {
+		rep.deny("se-selector", "spec.endpoints",
+			"endpoints and workloadSelector exclude each other: the selected workloads are the endpoints; remove one")
+	}
+	labels := sel.GetLabels()
+	if len(labels) == 0 {
+		rep.warn("se-selector", "spec.workloadSelector", "no labels: selects every pod and WorkloadEntry of the namespace; add labels")
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		field := labelField("spec.workloadSelector.labels", k)
+		if !checkValue(rep, "se-selector", field, k) || !checkValue(rep, "se-selector", field, labels[k]) {
+			continue
+		}
+		switch v := labels[k]; {
+		case k == "":
+			rep.deny("se-selector", field, "a label key is empty; name the label")
+		case strings.Contains(k, "*") || strings.Contains(v, "*"):
+			rep.deny("se-selector", field, "%s=%s: a selector matches labels exactly, '*' is not a wildcard; remove it", q(k), q(v))
+		}
+	}
+}
+
+// checkSANs checks subjectAltNames: the identities ztunnel accepts from
+// the entry's endpoints, which only mesh workloads have (MESH_INTERNAL),
+// each a SPIFFE ID.
+func checkSANs(rep *report, spec *networking.ServiceEntry) {
+	sans := spec.GetSubjectAltNames()
+	if len(sans) == 0 {
+		return
+	}
+	if spec.GetLocation() != networking.ServiceEntry_MESH_INTERNAL {
+		rep.deny("se-san", "spec.subjectAltNames",
+			"subjectAltNames are identities of mesh workloads, which a MESH_EXTERNAL entry's endpoints do not have; remove them, or select the workloads with location: MESH_INTERNAL and a workloadSelector")
+		return
+	}
+	for i, san := range sans {
+		field := fmt.Sprintf("spec.subjectAltNames[%d]", i)
+		if !checkValue(rep, "se-san", field, san) {
+			continue
+		}
+		if _, err := spiffeid.FromString(san); err != nil {
+			rep.deny("se-san", field, "%s is not a SPIFFE ID (%v); write spiffe://<trust domain>/ns/<namespace>/sa/<service account>", q(san), err)
+		}
+	}
 }

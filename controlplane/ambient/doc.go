@@ -30,19 +30,25 @@
 //
 // # ServiceEntries
 //
-// A networking.istio.io ServiceEntry that Weft applies (MESH_EXTERNAL,
-// resolution STATIC or DNS, no workloadSelector, no wildcard host; the
-// webhook refuses the others) is a Service per host, named
-// "<namespace>/<host>", with the entry's addresses or, without any, one
-// allocated from 240.240.0.0/16 (AutoVIP: a hash of namespace, name and
-// host, moved on past an address another host holds, and kept while the
-// entry names the host), and a Workload per endpoint,
-// "<cluster>/networking.istio.io/ServiceEntry/<namespace>/<name>/<address>",
+// A networking.istio.io ServiceEntry that Weft applies (resolution STATIC,
+// DNS or NONE; a workloadSelector only with STATIC; MESH_INTERNAL only
+// with a selector; no wildcard host; the webhook refuses the others) is a
+// Service per host, named "<namespace>/<host>", with the entry's
+// addresses or, without any, one allocated from 240.240.0.0/16 (AutoVIP:
+// a hash of namespace, name and host, moved on past an address another
+// host holds, kept while the entry names the host, and recorded in the
+// entry's status.addresses, which is read back first), and a Workload per
+// endpoint, "<cluster>/networking.istio.io/ServiceEntry/<namespace>/<name>/<address>",
 // HOST_NETWORK and without a tunnel protocol, so that ztunnel reaches it in
 // plain TCP, carrying every host's ports (an endpoint's own port mapping
 // first). A DNS entry's endpoint that is a hostname, and with no endpoints
-// each host itself, is a Workload with that hostname and no address:
-// ztunnel resolves it when it connects.
+// each host itself (serving that host only), is a Workload with that
+// hostname and no address: ztunnel resolves it when it connects. NONE
+// gives passthrough Services at the entry's addresses and no Workloads; a
+// workloadSelector gives no Workloads either, the selected pods and
+// WorkloadEntries carry the hosts (EntrySelectedPorts). An entry bound to
+// a waypoint gives its Services that waypoint; its status carries
+// istio.io/WaypointBound.
 //
 // # WorkloadEntries
 //

@@ -15,7 +15,13 @@
 // filter chain for every Service that ztunnel sends to it. A waypoint that
 // serves workload traffic also gets one chain per bound pod, named
 // workload/<namespace>/<pod>, that passes the connection to its original
-// destination.
+// destination. A ServiceEntry bound the same way (egress) is served host
+// by host as a Service of the entry's name at the address its status
+// records (serviceentry.go): routes and targetRefs name it by kind
+// ServiceEntry (group networking.istio.io), backendRefs by kind Hostname
+// or ServiceEntry, and its clusters are STRICT_DNS (resolution DNS), EDS
+// (STATIC: its endpoints, or the workloads its workloadSelector selects)
+// or ORIGINAL_DST (NONE).
 //
 // # Ports
 //

@@ -200,7 +200,7 @@ func (c *Client) RoundTrip(ctx context.Context, snap *config.Snapshot, cluster s
 	if picked == nil {
 		picked = new(Picked)
 	}
-	if cluster == config.PassthroughCluster {
+	if passthrough(snap, cluster) {
 		return c.roundTripPassthrough(ctx, snap, req, h2, target, picked)
 	}
 	pl := c.pool(snap, cluster)

@@ -210,3 +210,33 @@ func TestEndpointUpdateDuringRequests(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestOriginalDstCluster: any ORIGINAL_DST cluster, not only the one named
+// passthrough (a ServiceEntry of resolution NONE is one of its own), sends
+// a request and a relay to the target, the original destination.
+func TestOriginalDstCluster(t *testing.T) {
+	addr := upstreamtest.HTTPBackend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "original") })
+	snap := upstreamtest.Snapshot("outbound|8080||partner.example", config.Cluster{Passthrough: true, MaxConnections: 8, MaxPending: 8, MaxRequests: 8, MaxRetries: 3})
+	c := upstreamtest.NewClient(t, snap)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequest("GET", "http://partner.example/", nil)
+	var picked upstream.Picked
+	resp, err := c.RoundTrip(ctx, snap, "outbound|8080||partner.example", req, false, addr, &picked)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "original" || picked.Addr != addr {
+		t.Errorf("answered %q from %v, want the original destination %v", b, picked.Addr, addr)
+	}
+	conn, to, err := c.Dial(ctx, snap, "outbound|8080||partner.example", addr)
+	if err != nil {
+		t.Fatalf("relay: %v", err)
+	}
+	conn.Close()
+	if to != addr {
+		t.Errorf("relay to %v, want %v", to, addr)
+	}
+}

@@ -149,11 +149,11 @@ func (c *Client) TakeRetry(snap *config.Snapshot, cluster string) func() {
 }
 
 // Dial opens a connection to an endpoint of cluster for a TCP relay (to
-// target for the passthrough cluster) and returns it with the endpoint's
+// target for an ORIGINAL_DST cluster) and returns it with the endpoint's
 // address. The connection holds one of the cluster's connections until
 // closed.
 func (c *Client) Dial(ctx context.Context, snap *config.Snapshot, cluster string, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {
-	if cluster == config.PassthroughCluster {
+	if passthrough(snap, cluster) {
 		return c.dialPassthrough(ctx, snap, target)
 	}
 	pl := c.pool(snap, cluster)
@@ -184,6 +184,17 @@ func (c *Client) Dial(ctx context.Context, snap *config.Snapshot, cluster string
 	}
 	b.connFreed()
 	return nil, netip.AddrPort{}, last
+}
+
+// passthrough reports whether cluster sends to the original destination:
+// the passthrough cluster, or any other ORIGINAL_DST cluster (a
+// ServiceEntry of resolution NONE).
+func passthrough(snap *config.Snapshot, cluster string) bool {
+	if cluster == config.PassthroughCluster {
+		return true
+	}
+	cl := snap.Clusters[cluster]
+	return cl != nil && cl.Passthrough
 }
 
 func (c *Client) dialPassthrough(ctx context.Context, snap *config.Snapshot, target netip.AddrPort) (net.Conn, netip.AddrPort, error) {

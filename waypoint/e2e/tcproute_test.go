@@ -104,11 +104,12 @@ func (m *mesh) tcpAnswers(t *testing.T, addr string, n int) map[string]int {
 	return got
 }
 
-// logWaypoint logs the tail of the waypoint's log, for a failure.
-func (m *mesh) logWaypoint(t *testing.T) {
+// logWaypoint logs the tail of the log of appNS's waypoint name, for a
+// failure.
+func (m *mesh) logWaypoint(t *testing.T, name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pods, err := m.c.WaitPods(ctx, appNS, "gateway.networking.k8s.io/gateway-name=waypoint-tcp", 1)
+	pods, err := m.c.WaitPods(ctx, appNS, "gateway.networking.k8s.io/gateway-name="+name, 1)
 	if err != nil {
 		return
 	}
@@ -132,7 +133,7 @@ func TestTCPRouteSplit(t *testing.T) {
 	gw := m.gw
 	t.Cleanup(func() {
 		if t.Failed() {
-			m.logWaypoint(t)
+			m.logWaypoint(t, "waypoint-tcp")
 		}
 	})
 	wait := func(ns, name string, want map[string]string) {

@@ -46,6 +46,11 @@ type controller struct {
 	queue     *kubequeue.Queue[string] // of "<ns>/<name>"; its workers call reconcile
 	synced    chan struct{}            // closed after the initial sync
 	syncOnce  sync.Once
+
+	// arrivals wakes the CNI events waiting for their pod to reach the
+	// cache, by "<ns>/<name>" (podForEvent).
+	arrivalsMu sync.Mutex
+	arrivals   map[string][]chan struct{}
 }
 
 func (c *controller) key(obj any) (string, bool) {
@@ -66,7 +71,52 @@ func (c *controller) podHandler() cache.ResourceEventHandler {
 			c.queue.Add(k)
 		}
 	}
-	return cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, obj any) { enqueue(obj) }, DeleteFunc: enqueue}
+	arrived := func(obj any) {
+		enqueue(obj)
+		if k, ok := c.key(obj); ok {
+			c.arrived(k)
+		}
+	}
+	return cache.ResourceEventHandlerFuncs{AddFunc: arrived, UpdateFunc: func(_, obj any) { arrived(obj) }, DeleteFunc: enqueue}
+}
+
+// awaitArrival returns a channel closed when the pod key next reaches the
+// cache (added or updated), and a function that stops waiting.
+func (c *controller) awaitArrival(key string) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	c.arrivalsMu.Lock()
+	if c.arrivals == nil {
+		c.arrivals = map[string][]chan struct{}{}
+	}
+	c.arrivals[key] = append(c.arrivals[key], ch)
+	c.arrivalsMu.Unlock()
+	return ch, func() {
+		c.arrivalsMu.Lock()
+		defer c.arrivalsMu.Unlock()
+		waiting := c.arrivals[key]
+		for i, w := range waiting {
+			if w == ch {
+				waiting = append(waiting[:i], waiting[i+1:]...)
+				break
+			}
+		}
+		if len(waiting) == 0 {
+			delete(c.arrivals, key)
+		} else {
+			c.arrivals[key] = waiting
+		}
+	}
+}
+
+// arrived wakes those waiting for the pod key.
+func (c *controller) arrived(key string) {
+	c.arrivalsMu.Lock()
+	waiting := c.arrivals[key]
+	delete(c.arrivals, key)
+	c.arrivalsMu.Unlock()
+	for _, ch := range waiting {
+		close(ch)
+	}
 }
 
 func (c *controller) namespaceHandler() cache.ResourceEventHandler {
@@ -273,22 +323,31 @@ func (c *controller) handleCNIAdd(ctx context.Context, ev *event.Add) error {
 }
 
 // podForEvent finds the event's pod: from the cache, which may lag the
-// API by a moment, else from the API. It must be bound to this node.
+// API by a moment (it is woken the moment the pod arrives there), else
+// from the API. It must be bound to this node.
 func (c *controller) podForEvent(ctx context.Context, ns, name string) (*corev1.Pod, error) {
-	deadline := time.Now().Add(2 * time.Second)
+	deadline := time.NewTimer(2 * time.Second)
+	defer deadline.Stop()
+	key := ns + "/" + name
 	for {
+		// Wait first, then look, so that an arrival between the look and
+		// the wait is never missed.
+		arrival, stop := c.awaitArrival(key)
 		pod, err := c.pods.Pods(ns).Get(name)
 		if err == nil && pod.Spec.NodeName == c.cfg.NodeName {
+			stop()
 			return pod, nil
-		}
-		if time.Now().After(deadline) {
-			break
 		}
 		select {
 		case <-ctx.Done():
+			stop()
 			return nil, fmt.Errorf("waiting for pod %s/%s: %w", ns, name, ctx.Err())
-		case <-time.After(50 * time.Millisecond):
+		case <-arrival:
+			continue
+		case <-deadline.C:
+			stop()
 		}
+		break
 	}
 	pod, err := c.kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {

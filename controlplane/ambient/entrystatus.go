@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,14 +29,12 @@ import (
 // from any goroutine; the writes happen in Run, only when the entry does
 // not show the status already.
 type EntryStatusWriter struct {
-	client networkingclient.ServiceEntriesGetter
-	store  cache.Indexer
-	queue  *kubequeue.Queue[string]
-	writes *prometheus.CounterVec
-	now    func() time.Time
-
-	mu      sync.Mutex
-	pending map[string]EntryStatus // guarded by mu; by "<ns>/<name>"
+	client  networkingclient.ServiceEntriesGetter
+	store   cache.Indexer
+	queue   *kubequeue.Queue[string]
+	pending *kubequeue.Pending[EntryStatus] // by "<ns>/<name>"
+	writes  *prometheus.CounterVec
+	now     func() time.Time
 }
 
 // NewEntryStatusWriter returns a writer that reads ServiceEntries from
@@ -47,7 +44,7 @@ func NewEntryStatusWriter(client networkingclient.ServiceEntriesGetter, store ca
 		return nil, errors.New("creating ServiceEntry status writer: the client and the ServiceEntry store are required")
 	}
 	w := &EntryStatusWriter{
-		client: client, store: store, now: time.Now, pending: map[string]EntryStatus{},
+		client: client, store: store, now: time.Now,
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_serviceentry_status_writes_total",
 			Help: "ServiceEntry status writes (allocated addresses and the istio.io/WaypointBound condition), by result.",
@@ -59,17 +56,12 @@ func NewEntryStatusWriter(client networkingclient.ServiceEntriesGetter, store ca
 		}
 	}
 	w.queue = kubequeue.New(kubequeue.Config{Name: "serviceentry-status", KeyAttr: "serviceentry", Logger: log}, w.sync)
+	w.pending = kubequeue.NewPending(w.queue, entryStatusEqual)
 	return w, nil
 }
 
 // SetEntryStatus records what an entry's status should show.
-func (w *EntryStatusWriter) SetEntryStatus(s EntryStatus) {
-	key := s.Namespace + "/" + s.Name
-	w.mu.Lock()
-	w.pending[key] = s
-	w.mu.Unlock()
-	w.queue.Add(key)
-}
+func (w *EntryStatusWriter) SetEntryStatus(s EntryStatus) { w.pending.Set(s.Namespace+"/"+s.Name, s) }
 
 // Run writes until ctx is done.
 func (w *EntryStatusWriter) Run(ctx context.Context) error {
@@ -80,9 +72,7 @@ func (w *EntryStatusWriter) Run(ctx context.Context) error {
 // sync writes one entry's status if it differs; the queue retries an
 // error.
 func (w *EntryStatusWriter) sync(ctx context.Context, key string) error {
-	w.mu.Lock()
-	want, ok := w.pending[key]
-	w.mu.Unlock()
+	want, ok := w.pending.Get(key)
 	if !ok {
 		return nil
 	}
@@ -92,7 +82,7 @@ func (w *EntryStatusWriter) sync(ctx context.Context, key string) error {
 	}
 	se, _ := obj.(*networkingv1.ServiceEntry)
 	if !exists || se == nil || EntryShows(se, want) {
-		w.forget(key, want)
+		w.pending.Done(key, want)
 		return nil
 	}
 	next := se.DeepCopy()
@@ -108,17 +98,8 @@ func (w *EntryStatusWriter) sync(ctx context.Context, key string) error {
 	default:
 		w.writes.WithLabelValues("ok").Inc()
 	}
-	w.forget(key, want)
+	w.pending.Done(key, want)
 	return nil
-}
-
-// forget drops the pending status of key if it is still want.
-func (w *EntryStatusWriter) forget(key string, want EntryStatus) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if cur, ok := w.pending[key]; ok && entryStatusEqual(cur, want) {
-		delete(w.pending, key)
-	}
 }
 
 func entryStatusEqual(a, b EntryStatus) bool {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -38,14 +37,12 @@ const ServiceStatusManager = "weft-controlplane"
 // cache) does not show the condition already. The condition keeps its
 // lastTransitionTime while its status is unchanged.
 type ServiceStatusWriter struct {
-	client typedcorev1.ServicesGetter
-	store  cache.Indexer
-	queue  *kubequeue.Queue[string]
-	writes *prometheus.CounterVec
-	now    func() time.Time
-
-	mu      sync.Mutex
-	pending map[string]*BindingStatus // guarded by mu; by "<ns>/<name>"; nil removes
+	client  typedcorev1.ServicesGetter
+	store   cache.Indexer
+	queue   *kubequeue.Queue[string]
+	pending *kubequeue.Pending[*BindingStatus] // by "<ns>/<name>"; nil removes
+	writes  *prometheus.CounterVec
+	now     func() time.Time
 }
 
 // NewServiceStatusWriter returns a writer that reads Services from store
@@ -55,7 +52,7 @@ func NewServiceStatusWriter(client typedcorev1.ServicesGetter, store cache.Index
 		return nil, errors.New("creating service status writer: the client and the Service store are required")
 	}
 	w := &ServiceStatusWriter{
-		client: client, store: store, now: time.Now, pending: map[string]*BindingStatus{},
+		client: client, store: store, now: time.Now,
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_service_status_writes_total",
 			Help: "Service status writes (the istio.io/WaypointBound condition), by result.",
@@ -67,17 +64,14 @@ func NewServiceStatusWriter(client typedcorev1.ServicesGetter, store cache.Index
 		}
 	}
 	w.queue = kubequeue.New(kubequeue.Config{Name: "service-status", KeyAttr: "service", Logger: log}, w.sync)
+	w.pending = kubequeue.NewPending(w.queue, bindingEqual)
 	return w, nil
 }
 
 // SetServiceCondition records the condition a Service should show (nil:
 // none).
 func (w *ServiceStatusWriter) SetServiceCondition(namespace, name string, c *BindingStatus) {
-	key := namespace + "/" + name
-	w.mu.Lock()
-	w.pending[key] = c
-	w.mu.Unlock()
-	w.queue.Add(key)
+	w.pending.Set(namespace+"/"+name, c)
 }
 
 // Run writes until ctx is done.
@@ -89,9 +83,7 @@ func (w *ServiceStatusWriter) Run(ctx context.Context) error {
 // sync writes one Service's condition if it differs; the queue retries an
 // error.
 func (w *ServiceStatusWriter) sync(ctx context.Context, key string) error {
-	w.mu.Lock()
-	want, ok := w.pending[key]
-	w.mu.Unlock()
+	want, ok := w.pending.Get(key)
 	if !ok {
 		return nil
 	}
@@ -100,12 +92,12 @@ func (w *ServiceStatusWriter) sync(ctx context.Context, key string) error {
 		return err
 	}
 	if !exists {
-		w.forget(key, want)
+		w.pending.Done(key, want)
 		return nil
 	}
 	write := w.write(obj.(*corev1.Service), want)
 	if write == nil {
-		w.forget(key, want)
+		w.pending.Done(key, want)
 		return nil
 	}
 	err = write(ctx)
@@ -119,7 +111,7 @@ func (w *ServiceStatusWriter) sync(ctx context.Context, key string) error {
 	default:
 		w.writes.WithLabelValues("ok").Inc()
 	}
-	w.forget(key, want)
+	w.pending.Done(key, want)
 	return nil
 }
 
@@ -167,15 +159,6 @@ func removePatch(svc *corev1.Service) []byte {
 		}
 	}
 	return nil
-}
-
-// forget drops the pending entry if it is still want.
-func (w *ServiceStatusWriter) forget(key string, want *BindingStatus) {
-	w.mu.Lock()
-	if cur, ok := w.pending[key]; ok && bindingEqual(cur, want) {
-		delete(w.pending, key)
-	}
-	w.mu.Unlock()
 }
 
 // serviceApply returns the apply configuration that gives svc the condition

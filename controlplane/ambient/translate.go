@@ -236,7 +236,7 @@ func (c Config) Workload(in PodInput) (w *workloadpb.Workload, refused *Refusal)
 	if p.Spec.HostNetwork {
 		w.NetworkMode = workloadpb.NetworkMode_HOST_NETWORK
 	}
-	if !podReady(p) || p.DeletionTimestamp != nil {
+	if !PodReady(p) || p.DeletionTimestamp != nil {
 		w.Status = workloadpb.WorkloadStatus_UNHEALTHY
 	}
 	w.CanonicalName, w.CanonicalRevision = canonical(p.Labels, w.WorkloadName)
@@ -283,7 +283,8 @@ func podIPs(p *corev1.Pod) [][]byte {
 	return out
 }
 
-func podReady(p *corev1.Pod) bool {
+// PodReady reports whether a pod's Ready condition is true.
+func PodReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == corev1.PodReady {
 			return c.Status == corev1.ConditionTrue

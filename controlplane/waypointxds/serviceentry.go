@@ -355,7 +355,7 @@ func (b *builder) selectedEndpoints(name string, e entryRef, port corev1.Service
 				continue
 			}
 			ip = ip.Unmap()
-			add(ip, target, func() *endpointv3.LbEndpoint { return b.lbEndpoint(ip, int32(target), podReady(pod), pod) })
+			add(ip, target, func() *endpointv3.LbEndpoint { return b.lbEndpoint(ip, int32(target), ambient.PodReady(pod), pod) })
 		}
 	}
 	entries := byNamespace(b.st.WorkloadEntries, ns)
@@ -376,14 +376,4 @@ func (b *builder) selectedEndpoints(name string, e entryRef, port corev1.Service
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
 	}
 	return cla
-}
-
-// podReady reports whether a pod is Ready.
-func podReady(pod *corev1.Pod) bool {
-	for _, c := range pod.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
 }

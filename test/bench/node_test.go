@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -401,18 +400,7 @@ func (z *ztunnelProc) logTail() string {
 	return string(data)
 }
 
-func (z *ztunnelProc) get(url string) ([]byte, error) {
-	resp, err := z.admin.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("%s: %s %s", url, resp.Status, body)
-	}
-	return body, err
-}
+func (z *ztunnelProc) get(url string) ([]byte, error) { return adminGet(z.admin, url) }
 
 // metrics reads the unlabelled samples of ztunnel's Prometheus endpoint
 // whose names are in names.

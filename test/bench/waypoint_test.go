@@ -601,8 +601,12 @@ func startWaypoint(b *testing.B, p *podPair, bin string) *waypointProc {
 func (wp *waypointProc) pid() int { return wp.cmd.Process.Pid }
 
 // get fetches one of the waypoint's admin URLs.
-func (wp *waypointProc) get(url string) ([]byte, error) {
-	resp, err := wp.admin.Get(url)
+func (wp *waypointProc) get(url string) ([]byte, error) { return adminGet(wp.admin, url) }
+
+// adminGet fetches an admin URL of a proxy under test: its body, an error
+// for any status but 200.
+func adminGet(c *http.Client, url string) ([]byte, error) {
+	resp, err := c.Get(url)
 	if err != nil {
 		return nil, err
 	}

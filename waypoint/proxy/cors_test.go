@@ -182,3 +182,38 @@ func TestBackendResponseHeaders(t *testing.T) {
 		t.Errorf("another route's response got the backend's changes: %v", r.Header)
 	}
 }
+
+// TestCORSHTTP2: over HTTP/2, where field names arrive in lower case, a
+// preflight is answered the same and an actual response gets its headers;
+// two origin fields are still no origin.
+func TestCORSHTTP2(t *testing.T) {
+	m, seen := corsMesh(t, true)
+	c := m.h2client(vip)
+	pre := request("OPTIONS", "/cors/x", "origin", "https://app.example.com", "access-control-request-method", "PUT")
+	resp, err := c.RoundTrip(pre)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body(resp)
+	if resp.StatusCode != 200 || resp.Header.Get("Access-Control-Allow-Origin") != "https://app.example.com" || seen.Load() != 0 {
+		t.Errorf("preflight: %d %v, upstream saw %d; want 200 from the waypoint", resp.StatusCode, resp.Header, seen.Load())
+	}
+	for _, tc := range []struct {
+		origins []string
+		want    string
+	}{
+		{[]string{"https://app.example.com"}, "https://app.example.com"},
+		{[]string{"https://app.example.com", "https://app.example.com"}, "https://upstream.example"},
+	} {
+		req := get("/cors/x")
+		req.Header["Origin"] = tc.origins
+		resp, err := c.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body(resp)
+		if got := resp.Header.Get("Access-Control-Allow-Origin"); got != tc.want {
+			t.Errorf("origins %q: Access-Control-Allow-Origin %q, want %q", tc.origins, got, tc.want)
+		}
+	}
+}

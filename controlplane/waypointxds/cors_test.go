@@ -3,6 +3,7 @@ package waypointxds
 import (
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -147,4 +148,91 @@ func FuzzOriginMatcher(f *testing.F) {
 			t.Errorf("pattern %q allows %q, another origin", pattern, origin)
 		}
 	})
+}
+
+// TestCORSConformanceCases runs the Gateway API conformance suite's
+// HTTPRouteCORS cases (a Gateway test, which the Mesh profile does not
+// run) against the translation of its routes, as the waypoint answers
+// them: the header values the suite accepts, whitespace ignored.
+func TestCORSConformanceCases(t *testing.T) {
+	yes, no := true, false
+	routes := map[string]*route.CORS{
+		"/cors-1": compiledCORS(t, &gwv1.HTTPCORSFilter{AllowOrigins: origins("https://www.foo.com", "https://*.bar.com"),
+			AllowMethods: []gwv1.HTTPMethodWithWildcard{"GET", "OPTIONS"}, AllowHeaders: []gwv1.HTTPHeaderName{"x-header-1", "x-header-2"},
+			ExposeHeaders: []gwv1.HTTPHeaderName{"x-header-3", "x-header-4"}, AllowCredentials: &yes, MaxAge: 3600}),
+		"/cors-2":               compiledCORS(t, &gwv1.HTTPCORSFilter{AllowOrigins: origins("https://www.foo.com"), AllowMethods: []gwv1.HTTPMethodWithWildcard{"*"}}),
+		"/cors-wildcard-origin": compiledCORS(t, &gwv1.HTTPCORSFilter{AllowOrigins: origins("*"), AllowMethods: []gwv1.HTTPMethodWithWildcard{"PUT"}, AllowCredentials: &no}),
+		"/cors-wildcard-methods-headers": compiledCORS(t, &gwv1.HTTPCORSFilter{AllowOrigins: origins("*"), AllowMethods: []gwv1.HTTPMethodWithWildcard{"*"},
+			AllowHeaders: []gwv1.HTTPHeaderName{"*"}, AllowCredentials: &yes}),
+		"/cors-wildcard-methods-headers-unauth": compiledCORS(t, &gwv1.HTTPCORSFilter{AllowOrigins: origins("*"), AllowMethods: []gwv1.HTTPMethodWithWildcard{"*"},
+			AllowHeaders: []gwv1.HTTPHeaderName{"*"}, AllowCredentials: &no}),
+	}
+	const acrm, acrh = "Access-Control-Request-Method", "Access-Control-Request-Headers"
+	for _, tc := range []struct {
+		path, method string
+		req          map[string]string
+		valid        map[string][]string
+		absent       []string
+	}{
+		{"/cors-1", "OPTIONS", map[string]string{"Origin": "https://www.foo.com", acrm: "GET", acrh: "x-header-1, x-header-2"},
+			map[string][]string{"access-control-allow-origin": {"https://www.foo.com"}, "access-control-allow-methods": {"GET,OPTIONS", "OPTIONS,GET"},
+				"access-control-allow-headers": {"x-header-1,x-header-2", "x-header-2,x-header-1"}, "access-control-expose-headers": {"x-header-3,x-header-4", "x-header-4,x-header-3"},
+				"access-control-max-age": {"3600"}, "access-control-allow-credentials": {"true"}}, nil},
+		{"/cors-1", "OPTIONS", map[string]string{"Origin": "https://www.bar.com", acrm: "GET", acrh: "x-header-1, x-header-2"},
+			map[string][]string{"access-control-allow-origin": {"https://www.bar.com"}, "access-control-max-age": {"3600"}}, nil},
+		{"/cors-1", "OPTIONS", map[string]string{"Origin": "https://xpto.www.bar.com", acrm: "GET", acrh: "x-header-1, x-header-2"},
+			map[string][]string{"access-control-allow-origin": {"https://xpto.www.bar.com"}}, nil},
+		{"/cors-1", "OPTIONS", map[string]string{"Origin": "https://foobar.com", acrm: "GET"}, nil, []string{"access-control-allow-origin"}},
+		{"/cors-1", "GET", map[string]string{"Origin": "https://www.foo.com", acrm: "GET", acrh: "x-header-1, x-header-2"},
+			map[string][]string{"access-control-allow-origin": {"https://www.foo.com"}}, nil},
+		{"/cors-1", "GET", map[string]string{"Origin": "https://www.bar.com"}, map[string][]string{"access-control-allow-origin": {"https://www.bar.com"}}, nil},
+		{"/cors-1", "GET", map[string]string{"Origin": "https://foobar.com", acrm: "GET"}, nil, []string{"access-control-allow-origin"}},
+		{"/cors-2", "OPTIONS", map[string]string{"Origin": "https://www.foo.com", acrm: "POST"},
+			map[string][]string{"access-control-allow-methods": {"POST", "*"}, "access-control-allow-origin": {"https://www.foo.com"}},
+			[]string{"access-control-allow-credentials"}},
+		{"/cors-wildcard-origin", "OPTIONS", map[string]string{"Origin": "https://foobar.com", acrm: "PUT"},
+			map[string][]string{"access-control-allow-origin": {"https://foobar.com", "*"}, "access-control-allow-methods": {"PUT"}},
+			[]string{"access-control-allow-credentials"}},
+		{"/cors-wildcard-origin", "OPTIONS", map[string]string{"Origin": "https://foobar.com:12345", acrm: "PUT"},
+			map[string][]string{"access-control-allow-origin": {"https://foobar.com:12345", "*"}, "access-control-allow-methods": {"PUT"}},
+			[]string{"access-control-allow-credentials"}},
+		{"/cors-wildcard-origin", "PUT", map[string]string{"Origin": "https://foobar.com:12345"},
+			map[string][]string{"access-control-allow-origin": {"https://foobar.com:12345", "*"}}, []string{"access-control-allow-credentials"}},
+		{"/cors-wildcard-origin", "PUT", map[string]string{"Origin": "https://foobar.com"},
+			map[string][]string{"access-control-allow-origin": {"https://foobar.com", "*"}}, []string{"access-control-allow-credentials"}},
+		{"/cors-wildcard-methods-headers", "OPTIONS", map[string]string{"Origin": "https://foobar.com", acrm: "PUT", acrh: "x-header-1, x-header-2"},
+			map[string][]string{"access-control-allow-methods": {"PUT"}, "access-control-allow-headers": {"x-header-1,x-header-2", "x-header-2,x-header-1"},
+				"access-control-allow-credentials": {"true"}, "access-control-allow-origin": {"https://foobar.com"}}, nil},
+		{"/cors-wildcard-methods-headers-unauth", "OPTIONS", map[string]string{"Origin": "https://foobar.com", acrm: "PUT", acrh: "x-header-1, x-header-2"},
+			map[string][]string{"access-control-allow-methods": {"PUT", "*"}, "access-control-allow-headers": {"x-header-1,x-header-2", "x-header-2,x-header-1", "*"}},
+			[]string{"access-control-allow-credentials"}},
+		{"/cors-wildcard-methods-headers", "GET", map[string]string{"Origin": "https://foobar.com"},
+			map[string][]string{"access-control-allow-credentials": {"true"}}, nil},
+		{"/cors-wildcard-methods-headers-unauth", "GET", map[string]string{"Origin": "https://foobar.com"}, nil, []string{"access-control-allow-credentials"}},
+	} {
+		c := routes[tc.path]
+		r := &http.Request{Method: tc.method, Header: http.Header{}}
+		for k, v := range tc.req {
+			r.Header.Set(k, v)
+		}
+		h := http.Header{}
+		if route.IsPreflight(r) {
+			if !c.Preflight(r.Header, h) && c.ForwardUnmatched {
+				t.Errorf("%s %s %v: an unmatched preflight would reach the backend", tc.method, tc.path, tc.req)
+			}
+		} else {
+			c.Actual(r.Header, h)
+		}
+		for k, valid := range tc.valid {
+			got := strings.ReplaceAll(h.Get(k), " ", "")
+			if !slices.Contains(valid, got) {
+				t.Errorf("%s %s %v: %s = %q, want one of %q", tc.method, tc.path, tc.req, k, got, valid)
+			}
+		}
+		for _, k := range tc.absent {
+			if v := h.Values(k); v != nil {
+				t.Errorf("%s %s %v: %s = %q, want none", tc.method, tc.path, tc.req, k, v)
+			}
+		}
+	}
 }

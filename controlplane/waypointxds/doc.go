@@ -51,6 +51,13 @@
 // port with routes answers 404 for a request no rule matches. A rule without
 // backends answers 500, as Gateway API asks.
 //
+// A rule's CORS filter becomes its routes' CorsPolicy for the chain's
+// envoy.filters.http.cors, which every HTTP chain has after its RBAC
+// filters (cors.go): a preflight is answered by the waypoint, and is
+// authorized first like any OPTIONS request. A backendRef's header
+// modifiers become its weighted cluster's request and response header
+// changes; its other filters are reported unsupported.
+//
 // # TCP routes
 //
 // A producer TCPRoute (attached as above) applies to the TCP chain of each

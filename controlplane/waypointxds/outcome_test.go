@@ -48,7 +48,11 @@ func TestRouteOutcomes(t *testing.T) {
 		{"HTTPRoute shop/grant-misplaced", want{"True", "Accepted", ""}, want{"False", "RefNotPermitted", "no ReferenceGrant in guest"}},
 		{"HTTPRoute shop/bad-kind", want{"True", "Accepted", ""}, want{"False", "InvalidKind", "backend b is not a Service"}},
 		{"HTTPRoute shop/filter", want{"False", "UnsupportedValue", "filter ExtensionRef is not supported; its rule answers 500"}, want{"True", "ResolvedRefs", ""}},
-		{"HTTPRoute shop/backend-filter", want{"False", "UnsupportedValue", "filter ResponseHeaderModifier is not supported on a backend"}, want{"True", "ResolvedRefs", ""}},
+		// A backend's ResponseHeaderModifier and the CORS filter are
+		// applied; a backend's ExtensionRef is not.
+		{"HTTPRoute shop/backend-filter", want{"True", "Accepted", ""}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/backend-extension", want{"False", "UnsupportedValue", "filter ExtensionRef is not supported on a backend"}, want{"True", "ResolvedRefs", ""}},
+		{"HTTPRoute shop/cors", want{"True", "Accepted", "through waypoint shop/wp"}, want{"True", "ResolvedRefs", ""}},
 		{"HTTPRoute shop/tcp-port", want{"False", "NoMatchingParent", "only TCP ports of Service shop/api"}, want{"True", "ResolvedRefs", ""}},
 		{"HTTPRoute shop/missing-port", want{"False", "NoMatchingParent", "Service shop/api has no port that the parentRef names"}, want{"True", "ResolvedRefs", ""}},
 		{"HTTPRoute shop/to-waypoint", want{"False", "NotAllowedByListeners", "HBONE listener takes no routes"}, want{"True", "ResolvedRefs", ""}},

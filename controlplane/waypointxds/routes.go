@@ -476,6 +476,10 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 			if f.RequestMirror != nil {
 				mirrors = append(mirrors, f.RequestMirror)
 			}
+		case gwv1.HTTPRouteFilterCORS:
+			if f.CORS != nil {
+				r.TypedPerFilterConfig = corsConfig(f.CORS)
+			}
 		default:
 			// An unsupported filter must not be skipped silently: Gateway
 			// API asks for a 500 so that the route is never half-applied.
@@ -508,9 +512,12 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 		}
 		wc := &routev3.WeightedCluster_ClusterWeight{Name: name, Weight: wrapperspb.UInt32(uint32(be.weight))}
 		for _, f := range be.filters {
-			if f.Type == gwv1.HTTPRouteFilterRequestHeaderModifier {
+			switch f.Type {
+			case gwv1.HTTPRouteFilterRequestHeaderModifier:
 				wc.RequestHeadersToAdd, wc.RequestHeadersToRemove = headerOps(f.RequestHeaderModifier)
-			} else {
+			case gwv1.HTTPRouteFilterResponseHeaderModifier:
+				wc.ResponseHeadersToAdd, wc.ResponseHeadersToRemove = headerOps(f.ResponseHeaderModifier)
+			default:
 				b.unsupported(src, "backend %s: filter %s is not supported on a backend and is not applied", be.ref.Name, f.Type)
 			}
 		}
@@ -520,7 +527,7 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 	case len(wcs) == 0:
 		r.Action = directResponse(500)
 		return r
-	case len(wcs) == 1 && wcs[0].RequestHeadersToAdd == nil && wcs[0].RequestHeadersToRemove == nil && !invalid:
+	case len(wcs) == 1 && !changesHeaders(wcs[0]) && !invalid:
 		a.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: wcs[0].Name}
 	default:
 		a.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: wcs}}
@@ -583,6 +590,12 @@ func (b *builder) envoyRoute(src *source, ru *rule, m match) *routev3.Route {
 	}
 	r.Action = &routev3.Route_Route{Route: a}
 	return r
+}
+
+// changesHeaders reports whether a backend changes headers, which keeps
+// its weighted cluster even when it is the only one.
+func changesHeaders(wc *routev3.WeightedCluster_ClusterWeight) bool {
+	return len(wc.RequestHeadersToAdd)+len(wc.RequestHeadersToRemove)+len(wc.ResponseHeadersToAdd)+len(wc.ResponseHeadersToRemove) > 0
 }
 
 func mirrorPercent(f *gwv1.HTTPRequestMirrorFilter) (uint32, bool) {

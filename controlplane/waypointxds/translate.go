@@ -429,7 +429,7 @@ func (b *builder) httpManager(routeName string, filters []*hcmv3.HttpFilter) *li
 		StatPrefix:     routeName,
 		CodecType:      hcmv3.HttpConnectionManager_AUTO,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: routeName}},
-		HttpFilters:    append(append([]*hcmv3.HttpFilter(nil), filters...), router()),
+		HttpFilters:    append(append([]*hcmv3.HttpFilter(nil), filters...), corsFilter(), router()),
 	})
 }
 
@@ -438,7 +438,7 @@ func (b *builder) httpManagerInline(name string, filters []*hcmv3.HttpFilter, rc
 		StatPrefix:     name,
 		CodecType:      hcmv3.HttpConnectionManager_AUTO,
 		RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: rc},
-		HttpFilters:    append(append([]*hcmv3.HttpFilter(nil), filters...), router()),
+		HttpFilters:    append(append([]*hcmv3.HttpFilter(nil), filters...), corsFilter(), router()),
 	})
 }
 

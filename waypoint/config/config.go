@@ -22,6 +22,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	httpinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
@@ -124,7 +125,11 @@ type HTTP struct {
 	RBAC      []*rbac.Filter
 	// ShadowRBAC are the RBAC filters' shadow rules (dry-run policies), in
 	// filter order: evaluated and recorded, never enforced.
-	ShadowRBAC     []*rbac.Filter
+	ShadowRBAC []*rbac.Filter
+	// CORS: the chain has the CORS filter, so that routes' CORS policies
+	// apply. It follows the RBAC filters (Istio's order): a preflight is
+	// authorized as the OPTIONS request it is.
+	CORS           bool
 	RequestTimeout time.Duration
 	IdleTimeout    time.Duration
 	// Path is how request paths are normalized before policy and routing
@@ -196,6 +201,7 @@ var (
 	httpFilterFields      = pbcheck.Fields[*hcmv3.HttpFilter]("name", "typed_config")
 	httpRBACFields        = pbcheck.Fields[*rbacfilter.RBAC]("rules", "shadow_rules", "shadow_rules_stat_prefix")
 	routerFields          = pbcheck.Fields[*routerv3.Router]()
+	corsFields            = pbcheck.Fields[*corsv3.Cors]()
 	clusterFields         = pbcheck.Fields[*clusterv3.Cluster]("name", "type", "eds_cluster_config", "lb_policy", "connect_timeout", "circuit_breakers", "typed_extension_protocol_options", "alt_stat_name", "load_assignment", "dns_refresh_rate", "dns_lookup_family")
 	breakersFields        = pbcheck.Fields[*clusterv3.CircuitBreakers]("thresholds")
 	thresholdsFields      = pbcheck.Fields[*clusterv3.CircuitBreakers_Thresholds]("priority", "max_connections", "max_pending_requests", "max_requests", "max_retries")
@@ -481,12 +487,23 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 			if err := httpRBACFields.Check(fm, fw); err != nil {
 				return nil, err
 			}
+			if h.CORS {
+				return nil, fmt.Errorf("%s: an RBAC filter after the CORS filter is not supported (policies apply before CORS)", fw)
+			}
 			r, shadow, err := compileRBAC(fm.GetRules(), fm.GetShadowRules(), false, fw)
 			if err != nil {
 				return nil, err
 			}
 			h.RBAC = appendFilter(h.RBAC, r)
 			h.ShadowRBAC = appendFilter(h.ShadowRBAC, shadow)
+		case *corsv3.Cors:
+			if err := corsFields.Check(fm, fw); err != nil {
+				return nil, err
+			}
+			if f.GetName() != route.CORSFilter || h.CORS {
+				return nil, fmt.Errorf("%s: the CORS filter must be named %s, once", fw, route.CORSFilter)
+			}
+			h.CORS = true
 		case *routerv3.Router:
 			if i != len(fs)-1 {
 				return nil, fmt.Errorf("%s: the router must be the last HTTP filter", fw)

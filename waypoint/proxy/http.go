@@ -211,16 +211,45 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 		return
 	}
 	info.route = rt.Name
+	cors := corsOf(hc, rt, r)
+	if hc.CORS && rt.CORS != nil && route.IsPreflight(r) && preflight(w, r, rt.CORS) {
+		return
+	}
 	switch {
 	case rt.Direct:
 		rt.Response.Apply(w.Header())
+		cors(w.Header())
 		w.WriteHeader(rt.DirectCode)
 		io.WriteString(w, rt.DirectBody)
 	case rt.Redirect != nil:
+		cors(w.Header())
 		router.Redirect(w, r, rt)
 	default:
-		s.forward(w, r, snap, hc, rt, h2, stream, info)
+		s.forward(w, r, snap, hc, rt, h2, stream, cors, info)
 	}
+}
+
+// corsOf returns what adds rt's CORS headers to the response to r: nothing
+// when the route has no policy or the chain no CORS filter (Envoy's
+// per-filter config needs its filter). It keeps r's Origin: the route's
+// header changes to the upstream request must not change the answer.
+func corsOf(hc *config.HTTP, rt *route.Route, r *http.Request) func(http.Header) {
+	if !hc.CORS || rt.CORS == nil {
+		return func(http.Header) {}
+	}
+	req := http.Header{"Origin": r.Header["Origin"]}
+	return func(h http.Header) { rt.CORS.Actual(req, h) }
+}
+
+// preflight answers a CORS preflight from the route's policy without
+// reaching the upstream, and reports whether it did: one from an origin
+// not allowed goes upstream when the policy forwards those.
+func preflight(w http.ResponseWriter, r *http.Request, c *route.CORS) bool {
+	if !c.Preflight(r.Header, w.Header()) && c.ForwardUnmatched {
+		return false
+	}
+	w.WriteHeader(http.StatusOK)
+	return true
 }
 
 // admit readies r for routing and authorizes it: an HTTP/2 WebSocket made
@@ -268,7 +297,7 @@ func (s *session) admit(w http.ResponseWriter, r *http.Request, h2 bool, hc *con
 
 // forward sends r to a cluster of rt (package router: the cluster's
 // pick, mirrors, retries) and relays the answer.
-func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.Snapshot, hc *config.HTTP, rt *route.Route, h2 bool, stream *wsStream, info *reqInfo) {
+func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.Snapshot, hc *config.HTTP, rt *route.Route, h2 bool, stream *wsStream, cors func(http.Header), info *reqInfo) {
 	ctx := r.Context()
 	if timeout := router.Timeout(rt, hc); timeout > 0 {
 		var cancel context.CancelFunc
@@ -295,18 +324,22 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 	}
 	defer done()
 	defer resp.Body.Close()
-	s.respond(ctx, w, resp, call, stream, info)
+	s.respond(ctx, w, resp, call, stream, cors, info)
 }
 
 // respond relays resp, the upstream's answer to call, to the client: a
-// switch of protocols as a tunnel, anything else as a response.
-func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http.Response, call *router.Call, stream *wsStream, info *reqInfo) {
+// switch of protocols as a tunnel, anything else as a response. The
+// header changes go from the most specific to the least, as Envoy's:
+// the backend's, the route's, then CORS.
+func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http.Response, call *router.Call, stream *wsStream, cors func(http.Header), info *reqInfo) {
 	h := w.Header()
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
 	router.StripHop(h)
+	call.Backend.Response.Apply(h)
 	call.Route.Response.Apply(h)
+	cors(h)
 	h.Del("Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)

@@ -48,9 +48,10 @@ func (m *Headers) Apply(h http.Header) {
 
 // WeightedCluster is one backend of a route.
 type WeightedCluster struct {
-	Name    string
-	Weight  uint32
-	Request Headers
+	Name   string
+	Weight uint32
+	// Request and Response are this backend's own header changes.
+	Request, Response Headers
 }
 
 // Retry is a compiled retry policy.
@@ -89,6 +90,9 @@ type Route struct {
 	Query         []*QueryMatcher
 
 	Request, Response Headers
+	// CORS is the route's CORS policy, or nil; it applies on a chain
+	// with the CORS filter.
+	CORS *CORS
 
 	// Exactly one of Clusters (non-empty), Redirect, Direct is set.
 	Clusters      []WeightedCluster
@@ -114,7 +118,8 @@ var (
 	routeConfigFields = pbcheck.Fields[*routev3.RouteConfiguration]("name", "virtual_hosts", "validate_clusters")
 	virtualHostFields = pbcheck.Fields[*routev3.VirtualHost]("name", "domains", "routes")
 	routeFields       = pbcheck.Fields[*routev3.Route]("name", "match", "route", "redirect", "direct_response",
-		"request_headers_to_add", "request_headers_to_remove", "response_headers_to_add", "response_headers_to_remove")
+		"request_headers_to_add", "request_headers_to_remove", "response_headers_to_add", "response_headers_to_remove",
+		"typed_per_filter_config")
 	routeMatchFields     = pbcheck.Fields[*routev3.RouteMatch]("prefix", "path", "safe_regex", "path_separated_prefix", "case_sensitive", "headers", "query_parameters")
 	queryFields          = pbcheck.Fields[*routev3.QueryParameterMatcher]("name", "string_match", "present_match")
 	directResponseFields = pbcheck.Fields[*routev3.DirectResponseAction]("status", "body")
@@ -124,11 +129,12 @@ var (
 	actionFields         = pbcheck.Fields[*routev3.RouteAction]("cluster", "weighted_clusters", "timeout", "retry_policy", "request_mirror_policies",
 		"prefix_rewrite", "regex_rewrite", "host_rewrite_literal")
 	weightedFields      = pbcheck.Fields[*routev3.WeightedCluster]("clusters", "total_weight")
-	clusterWeightFields = pbcheck.Fields[*routev3.WeightedCluster_ClusterWeight]("name", "weight", "request_headers_to_add", "request_headers_to_remove")
-	retryFields         = pbcheck.Fields[*routev3.RetryPolicy]("retry_on", "num_retries", "per_try_timeout", "retriable_status_codes", "retry_back_off")
-	backOffFields       = pbcheck.Fields[*routev3.RetryPolicy_RetryBackOff]("base_interval", "max_interval")
-	mirrorFields        = pbcheck.Fields[*routev3.RouteAction_RequestMirrorPolicy]("cluster", "runtime_fraction")
-	redirectFields      = pbcheck.Fields[*routev3.RedirectAction]("scheme_redirect", "host_redirect", "port_redirect", "path_redirect", "prefix_rewrite", "response_code", "https_redirect")
+	clusterWeightFields = pbcheck.Fields[*routev3.WeightedCluster_ClusterWeight]("name", "weight", "request_headers_to_add", "request_headers_to_remove",
+		"response_headers_to_add", "response_headers_to_remove")
+	retryFields    = pbcheck.Fields[*routev3.RetryPolicy]("retry_on", "num_retries", "per_try_timeout", "retriable_status_codes", "retry_back_off")
+	backOffFields  = pbcheck.Fields[*routev3.RetryPolicy_RetryBackOff]("base_interval", "max_interval")
+	mirrorFields   = pbcheck.Fields[*routev3.RouteAction_RequestMirrorPolicy]("cluster", "runtime_fraction")
+	redirectFields = pbcheck.Fields[*routev3.RedirectAction]("scheme_redirect", "host_redirect", "port_redirect", "path_redirect", "prefix_rewrite", "response_code", "https_redirect")
 )
 
 // Compile compiles a RouteConfiguration; errors name the configuration and field.
@@ -218,6 +224,9 @@ func compileRoute(r *routev3.Route, where string) (*Route, error) {
 	if out.Response, err = compileHeaders(r.GetResponseHeadersToAdd(), r.GetResponseHeadersToRemove(), where+".response_headers_to_add"); err != nil {
 		return nil, err
 	}
+	if err := compilePerFilter(r, out, where); err != nil {
+		return nil, err
+	}
 	switch a := r.GetAction().(type) {
 	case *routev3.Route_Route:
 		err = compileAction(out, a.Route, where+".route")
@@ -303,7 +312,11 @@ func compileAction(out *Route, a *routev3.RouteAction, where string) error {
 			if err != nil {
 				return err
 			}
-			out.Clusters = append(out.Clusters, WeightedCluster{Name: wc.GetName(), Weight: wc.GetWeight().GetValue(), Request: h})
+			rh, err := compileHeaders(wc.GetResponseHeadersToAdd(), wc.GetResponseHeadersToRemove(), w+".response_headers_to_add")
+			if err != nil {
+				return err
+			}
+			out.Clusters = append(out.Clusters, WeightedCluster{Name: wc.GetName(), Weight: wc.GetWeight().GetValue(), Request: h, Response: rh})
 		}
 		if len(out.Clusters) == 0 {
 			return fmt.Errorf("%s.weighted_clusters.clusters is empty", where)

@@ -78,6 +78,8 @@ type Call struct {
 	Snap    *config.Snapshot
 	Route   *route.Route
 	Cluster string
+	// Backend is the weighted cluster picked, with its own header changes.
+	Backend *route.WeightedCluster
 	// Out is what goes upstream.
 	Out *http.Request
 	// H2: to the upstream over HTTP/2 (else HTTP/1.1, unless the cluster
@@ -102,7 +104,7 @@ type Call struct {
 // runs. A small body is read and kept when the route retries or mirrors;
 // the error is that read's.
 func NewCall(ctx context.Context, snap *config.Snapshot, rt *route.Route, wc *route.WeightedCluster, r *http.Request, h2 bool, upgrade string) (*Call, error) {
-	c := &Call{Snap: snap, Route: rt, Cluster: wc.Name, H2: h2 && upgrade == "", Upgrade: upgrade, h2Down: h2, attempts: 1}
+	c := &Call{Snap: snap, Route: rt, Cluster: wc.Name, Backend: wc, H2: h2 && upgrade == "", Upgrade: upgrade, h2Down: h2, attempts: 1}
 	out := r.WithContext(ctx)
 	out.RequestURI = ""
 	out.Close = false // the upstream connection is ours to keep

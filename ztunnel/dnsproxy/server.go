@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/internal/podnet"
 )
@@ -147,9 +145,13 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 	defer wg.Wait()
 	sem := make(chan struct{}, maxInFlight)
 	var backoff accept.Backoff
-	buf := make([]byte, dns.MaxMsgSize)
+	r, err := newUDPReader(pc)
+	if err != nil {
+		s.Close()
+		return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
+	}
 	for {
-		n, from, err := pc.ReadFrom(buf)
+		raw, from, truncated, err := r.read()
 		if err != nil {
 			if ctx.Err() != nil || accept.Closed(err) {
 				return nil
@@ -164,19 +166,26 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 			return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
 		}
 		backoff.Reset()
+		to := net.UDPAddrFromAddrPort(from)
+		if truncated {
+			// Larger than any query: answered at once, never forwarded.
+			if out := s.cfg.Resolver.formErr(Query{Client: s.cfg.Client, Network: "udp", Raw: raw}); out != nil {
+				pc.WriteTo(out, to)
+			}
+			continue
+		}
 		select {
 		case sem <- struct{}{}:
 		default:
 			continue // over the limit: dropped, the client retries
 		}
-		raw := append([]byte(nil), buf[:n]...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
 			out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "udp", Raw: raw, Exchange: s.exchange})
 			if out != nil {
-				pc.WriteTo(out, from)
+				pc.WriteTo(out, to)
 			}
 		}()
 	}

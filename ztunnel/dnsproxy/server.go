@@ -119,15 +119,24 @@ func (s *Server) Close() {
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.Close)
 	defer stop()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(s.pcs)+len(s.lns))
+	var loops []func() error
 	for _, pc := range s.pcs {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- s.serveUDP(ctx, pc) }()
+		loops = append(loops, func() error { return s.serveUDP(ctx, pc) })
 	}
 	for _, ln := range s.lns {
+		loops = append(loops, func() error { return s.serveTCP(ctx, ln) })
+	}
+	// The last loop runs on this goroutine: a pod's server has no goroutine
+	// that only waits.
+	var wg sync.WaitGroup
+	errs := make(chan error, len(loops))
+	for i, loop := range loops {
+		if i == len(loops)-1 {
+			errs <- loop()
+			break
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); errs <- s.serveTCP(ctx, ln) }()
+		go func() { defer wg.Done(); errs <- loop() }()
 	}
 	wg.Wait()
 	close(errs)

@@ -353,24 +353,36 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	c.loops.Wait()
 }
 
-// serveStream checks one CONNECT and runs the handler.
+// serveStream checks one CONNECT and runs the handler. The handler may
+// relay the stream for its whole life, so this frame stays small: the
+// request is built in a function of its own.
 func (s *Server) serveStream(c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID) {
 	defer s.handlers.Done()
 	defer c.handlerDone(st)
 	defer st.Close()
+	req := newRequest(c, st, f, peer)
+	if req == nil {
+		return
+	}
+	s.cfg.Handler.ServeHBONE(req)
+	if !st.answered.Load() && !isClosed(st.dead) {
+		_ = st.respond(http.StatusServiceUnavailable, nil, true)
+	}
+}
+
+// newRequest returns st's request, or nil when it was refused (and
+// answered so).
+func newRequest(c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID) *Request {
 	req, status := parseRequest(f)
 	if status != 0 {
 		_ = st.respond(status, nil, true)
-		return
+		return nil
 	}
 	req.Peer = peer
 	req.LocalAddr = c.nc.LocalAddr()
 	req.RemoteAddr = c.nc.RemoteAddr()
 	req.s = st
-	s.cfg.Handler.ServeHBONE(req)
-	if !st.answered.Load() && !isClosed(st.dead) {
-		_ = st.respond(http.StatusServiceUnavailable, nil, true)
-	}
+	return req
 }
 
 // parseRequest applies the HBONE request rules: a plain

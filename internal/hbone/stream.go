@@ -684,41 +684,29 @@ func (s *Stream) Write(p []byte) (int, error) {
 func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	var rc syscall.RawConn
 	if sc, ok := r.(syscall.Conn); ok {
-		rc, _ = sc.SyscallConn()
+		if rc, err := sc.SyscallConn(); err == nil {
+			return s.readFromSocket(rc)
+		}
 	}
+	return s.readFromReader(r)
+}
+
+// readFromSocket is ReadFrom from a socket. A relay waits here for as long
+// as its tunnel is idle, so its frames stay small: the stack of a waiting
+// goroutine is shrunk only while it uses less than a quarter of it.
+func (s *Stream) readFromSocket(rc syscall.RawConn) (int64, error) {
 	var total int64
 	for {
-		var buf []byte
-		var n int
-		var rerr error
-		if rc != nil {
-			size := mediumBuf
-			if total >= 1<<20 {
-				size = largeBuf
-			}
-			buf, n, rerr = readWhenReady(rc, min(size, s.maxFrame()))
-		} else {
-			size := smallBuf
-			switch {
-			case total >= 4<<20:
-				size = largeBuf
-			case total >= 128<<10:
-				size = mediumBuf
-			}
-			size = min(size, s.maxFrame())
-			buf = getBuf(frameHeaderLen + size)
-			n, rerr = r.Read(buf[frameHeaderLen : frameHeaderLen+size])
+		size := mediumBuf
+		if total >= 1<<20 {
+			size = largeBuf
 		}
-		if n > 0 {
-			if err := s.sendFrom(buf, n); err != nil {
-				putBuf(buf)
-				return total, err
-			}
-			total += int64(n)
+		buf, n, rerr := readWhenReady(rc, min(size, s.maxFrame()))
+		if err := s.sendRead(buf, n); err != nil {
+			return total, err
 		}
-		putBuf(buf)
+		total += int64(n)
 		if rerr == io.EOF {
 			return total, nil
 		}
@@ -726,6 +714,43 @@ func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 			return total, rerr
 		}
 	}
+}
+
+// readFromReader is ReadFrom from any other reader.
+func (s *Stream) readFromReader(r io.Reader) (int64, error) {
+	var total int64
+	for {
+		size := smallBuf
+		switch {
+		case total >= 4<<20:
+			size = largeBuf
+		case total >= 128<<10:
+			size = mediumBuf
+		}
+		size = min(size, s.maxFrame())
+		buf := getBuf(frameHeaderLen + size)
+		n, rerr := r.Read(buf[frameHeaderLen : frameHeaderLen+size])
+		if err := s.sendRead(buf, n); err != nil {
+			return total, err
+		}
+		total += int64(n)
+		if rerr == io.EOF {
+			return total, nil
+		}
+		if rerr != nil {
+			return total, rerr
+		}
+	}
+}
+
+// sendRead sends the n bytes read into buf (if any) and returns buf to the
+// pool.
+func (s *Stream) sendRead(buf []byte, n int) error {
+	defer putBuf(buf)
+	if n > 0 {
+		return s.sendFrom(buf, n)
+	}
+	return nil
 }
 
 // readWhenReady reads up to size bytes from a socket into a pooled buffer

@@ -143,7 +143,7 @@ func startUpstream(t testing.TB) *upstream {
 	var started sync.WaitGroup
 	started.Add(2)
 	u.servers = []*dns.Server{
-		{PacketConn: pc, Handler: h, NotifyStartedFunc: started.Done},
+		{PacketConn: pc, Handler: h, NotifyStartedFunc: started.Done, UDPSize: dns.MaxMsgSize},
 		{Listener: ln, Handler: h, NotifyStartedFunc: started.Done},
 	}
 	for _, s := range u.servers {
@@ -555,6 +555,103 @@ func TestMalformed(t *testing.T) {
 	if n := len(up.queries()); n != 0 {
 		t.Errorf("%d malformed queries were forwarded", n)
 	}
+}
+
+// paddedQuery is a query for name of exactly size bytes: its OPT record
+// carries padding (RFC 7830), and extra more records follow it.
+func paddedQuery(t *testing.T, name string, size int, extra ...dns.RR) *dns.Msg {
+	t.Helper()
+	m := new(dns.Msg).SetQuestion(name, dns.TypeA).SetEdns0(1232, false)
+	pad := &dns.EDNS0_PADDING{}
+	m.IsEdns0().Option = append(m.IsEdns0().Option, pad)
+	n := m.Len()
+	pad.Padding = make([]byte, size-n)
+	if m.Len() != size {
+		t.Fatalf("query of %d bytes, want %d", m.Len(), size)
+	}
+	m.Extra = append(m.Extra, extra...)
+	return m
+}
+
+// sendUDP sends raw to the proxy from a socket of its own and returns the
+// answer, or nil when none came within wait.
+func sendUDP(t *testing.T, p *testProxy, raw []byte, wait time.Duration) []byte {
+	t.Helper()
+	c, err := net.Dial("udp", p.srv.UDPAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write(raw); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(wait))
+	buf := make([]byte, dns.MaxMsgSize)
+	n, err := c.Read(buf)
+	if err != nil {
+		return nil
+	}
+	return buf[:n]
+}
+
+// A UDP datagram larger than any query is answered with FORMERR and not
+// forwarded, even when what fits of it would parse; one that just fits is
+// forwarded whole.
+func TestOversizedUDPQuery(t *testing.T) {
+	up := startUpstream(t)
+	p := startProxy(t, testStore(t), []netip.AddrPort{up.addr}, time.Second)
+	tail := &dns.A{Hdr: header("known.example.", dns.TypeA), A: net.IPv4(192, 0, 2, 1)}
+	over := paddedQuery(t, "known.example.", maxUDPQuery, tail)
+	overRaw, err := over.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(overRaw) <= maxUDPQuery {
+		t.Fatalf("oversized query is only %d bytes", len(overRaw))
+	}
+	var cut dns.Msg
+	if err := cut.Unpack(overRaw[:maxUDPQuery]); err != nil {
+		t.Fatalf("the cut query does not parse (%v): the test would not tell FORMERR by size from FORMERR by parsing", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		raw   []byte
+		rcode int
+	}{
+		{"fits", mustPack(t, paddedQuery(t, "known.example.", maxUDPQuery)), dns.RcodeSuccess},
+		{"one byte over", overRaw, dns.RcodeFormatError},
+		{"largest datagram", mustPack(t, paddedQuery(t, "known.example.", 65000)), dns.RcodeFormatError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := len(up.queries())
+			out := sendUDP(t, p, tc.raw, 5*time.Second)
+			var m dns.Msg
+			if err := m.Unpack(out); err != nil {
+				t.Fatalf("answer %x does not parse: %v", out, err)
+			}
+			id := uint16(tc.raw[0])<<8 | uint16(tc.raw[1])
+			if m.Rcode != tc.rcode || !m.Response || m.Id != id {
+				t.Errorf("rcode %s response %v id %d; want %s, id %d", dns.RcodeToString[m.Rcode], m.Response, m.Id, dns.RcodeToString[tc.rcode], id)
+			}
+			forwarded := len(up.queries()) - before
+			if want := tc.rcode == dns.RcodeSuccess; (forwarded == 1) != want {
+				t.Errorf("%d queries forwarded; want forwarded %v", forwarded, want)
+			}
+		})
+	}
+	// The server still answers.
+	if got := answers(p.query(t, "udp", new(dns.Msg).SetQuestion("echo.demo.svc.cluster.local.", dns.TypeA))); len(got) == 0 {
+		t.Error("no answer after the oversized queries")
+	}
+}
+
+func mustPack(t *testing.T, m *dns.Msg) []byte {
+	t.Helper()
+	raw, err := m.Pack()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
 
 func TestMetrics(t *testing.T) {

@@ -27,7 +27,8 @@
 // truncated answer leads the client to retry over TCP and get the full
 // one. The upstream queries leave from inside the pod with ztunnel's packet
 // mark, which the pod's rules let through: they are not captured again.
-// When no upstream answers, the client gets SERVFAIL.
+// When no upstream answers, the client gets SERVFAIL. A UDP datagram
+// larger than 4096 bytes (more than any query needs) gets FORMERR.
 package dnsproxy
 
 import (

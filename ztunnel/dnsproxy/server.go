@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/miekg/dns"
-
 	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/internal/podnet"
 )
@@ -121,15 +119,24 @@ func (s *Server) Close() {
 func (s *Server) Serve(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, s.Close)
 	defer stop()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(s.pcs)+len(s.lns))
+	var loops []func() error
 	for _, pc := range s.pcs {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- s.serveUDP(ctx, pc) }()
+		loops = append(loops, func() error { return s.serveUDP(ctx, pc) })
 	}
 	for _, ln := range s.lns {
+		loops = append(loops, func() error { return s.serveTCP(ctx, ln) })
+	}
+	// The last loop runs on this goroutine: a pod's server has no goroutine
+	// that only waits.
+	var wg sync.WaitGroup
+	errs := make(chan error, len(loops))
+	for i, loop := range loops {
+		if i == len(loops)-1 {
+			errs <- loop()
+			break
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); errs <- s.serveTCP(ctx, ln) }()
+		go func() { defer wg.Done(); errs <- loop() }()
 	}
 	wg.Wait()
 	close(errs)
@@ -147,9 +154,13 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 	defer wg.Wait()
 	sem := make(chan struct{}, maxInFlight)
 	var backoff accept.Backoff
-	buf := make([]byte, dns.MaxMsgSize)
+	r, err := newUDPReader(pc)
+	if err != nil {
+		s.Close()
+		return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
+	}
 	for {
-		n, from, err := pc.ReadFrom(buf)
+		raw, from, truncated, err := r.read()
 		if err != nil {
 			if ctx.Err() != nil || accept.Closed(err) {
 				return nil
@@ -164,19 +175,26 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 			return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
 		}
 		backoff.Reset()
+		to := net.UDPAddrFromAddrPort(from)
+		if truncated {
+			// Larger than any query: answered at once, never forwarded.
+			if out := s.cfg.Resolver.formErr(Query{Client: s.cfg.Client, Network: "udp", Raw: raw}); out != nil {
+				pc.WriteTo(out, to)
+			}
+			continue
+		}
 		select {
 		case sem <- struct{}{}:
 		default:
 			continue // over the limit: dropped, the client retries
 		}
-		raw := append([]byte(nil), buf[:n]...)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
 			out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "udp", Raw: raw, Exchange: s.exchange})
 			if out != nil {
-				pc.WriteTo(out, from)
+				pc.WriteTo(out, to)
 			}
 		}()
 	}

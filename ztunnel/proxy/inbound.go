@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/weftmesh/weft/internal/hbone"
-	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/ztunnel/state"
 )
@@ -20,57 +19,64 @@ import (
 // must be this pod, policy must allow the peer, and the app must accept the
 // connection before the tunnel is answered 200.
 func (p *Pod) serveHBONE(r *hbone.Request) {
+	if c := p.openInbound(r); c != nil {
+		defer p.in.release()
+		p.relay(c)
+	}
+}
+
+// openInbound checks r and connects to the app; nil means r was refused
+// (and reported). A connection returned holds a place in p.in.
+func (p *Pod) openInbound(r *hbone.Request) *relayed {
 	start := time.Now()
 	lbl := &connLabels{reporter: "destination", mtls: true, srcPrincipal: r.Peer.String()}
 	dst := r.Authority.AddrPort()
 	if r.Authority.IsIP() {
 		if err := p.checkTarget(dst, true); err != nil {
 			p.refuse(r, lbl, dst, start, rejection{http.StatusBadRequest, flagNone, err})
-			return
+			return nil
 		}
 	}
 	w, err := p.workload()
 	if err != nil {
 		p.refuse(r, lbl, dst, start, rejection{http.StatusServiceUnavailable, flagNone, err})
-		return
+		return nil
 	}
 	lbl.dst, lbl.dstPrincipal = w, w.Identity.String()
 	if !r.Authority.IsIP() || !slices.Contains(w.IPs, dst.Addr()) {
 		p.refuse(r, lbl, dst, start, rejection{http.StatusBadRequest, flagNone, fmt.Errorf("CONNECT target %s is not this pod (%v)", r.Authority, w.IPs)})
-		return
+		return nil
 	}
 	srcAddr := tcpAddrPort(r.RemoteAddr)
 	lbl.src = p.cfg.Store.WorkloadByIP(srcAddr.Addr())
 	peer, err := spiffe.IdentityFromID(r.Peer)
 	if err != nil {
 		p.refuse(r, lbl, dst, start, rejection{http.StatusUnauthorized, flagNone, fmt.Errorf("peer identity: %w", err)})
-		return
+		return nil
 	}
 	if d := p.cfg.Store.Authorize(w, state.Conn{Source: peer, Src: srcAddr, Dst: dst}); !d.Allowed {
 		p.refuse(r, lbl, dst, start, rejection{http.StatusUnauthorized, flagDenied, errors.New(d.Reason)})
-		return
+		return nil
 	}
 	if !p.acquire(&p.in) {
 		p.refuse(r, lbl, dst, start, rejection{http.StatusServiceUnavailable, flagNone, fmt.Errorf("pod at its limit of %d inbound connections", p.cfg.MaxConnections)})
-		return
+		return nil
 	}
-	defer p.in.release()
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.ConnectTimeout)
 	up, err := p.dialApp(ctx, dst, srcAddr)
 	cancel()
 	if err != nil {
+		p.in.release()
 		p.refuse(r, lbl, dst, start, rejection{http.StatusServiceUnavailable, flagConnect, fmt.Errorf("connecting to the app at %s: %w", dst, err)})
-		return
+		return nil
 	}
 	st, err := r.Accept(nil)
 	if err != nil {
+		p.in.release()
 		up.Close()
-		return
+		return nil
 	}
-	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
-	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-	recv, sent, err := relay.Join(up, st, 0)
-	p.done(lbl, start, dst, state.Route{Kind: state.Tunnel, Workload: w}, sent, recv, err)
+	return p.opened(&relayed{a: up, b: st, reversed: true, lbl: lbl, start: start, dst: dst, route: state.Route{Kind: state.Tunnel, Workload: w}})
 }
 
 // servePlaintext handles a connection that reached the pod without HBONE

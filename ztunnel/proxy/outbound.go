@@ -18,27 +18,67 @@ import (
 // serveOutbound carries one connection the pod's app opened (redirected to
 // 15001) to where the control plane's view says it goes.
 func (p *Pod) serveOutbound(c net.Conn) {
+	if r := p.openOutbound(c); r != nil {
+		p.relay(r)
+	}
+}
+
+// relayed is a connection ready to relay: its two ends and what its end
+// is reported with.
+type relayed struct {
+	// a is the end the relaying goroutine itself reads (the app's side,
+	// a socket: the shallowest wait); b is the other.
+	a, b relay.End
+	// reversed is set when the client is b, not a: the bytes sent are
+	// then those copied from b to a.
+	reversed bool
+	lbl      *connLabels
+	start    time.Time
+	dst      netip.AddrPort
+	route    state.Route
+}
+
+// relay relays r's ends until the connection ends and reports it. The
+// setup is done and its frames gone by then: the goroutine waits in the
+// relay with a stack shallow enough to be shrunk.
+func (p *Pod) relay(r *relayed) {
+	ab, ba, err := relay.Join(r.a, r.b, 0)
+	p.relayDone(r, ab, ba, err)
+}
+
+// relayDone reports r's end (on its own, to keep relay's frame small).
+func (p *Pod) relayDone(r *relayed, ab, ba int64, err error) {
+	sent, recv := ab, ba
+	if r.reversed {
+		sent, recv = ba, ab
+	}
+	p.done(r.lbl, r.start, r.dst, r.route, sent, recv, err)
+}
+
+// openOutbound decides where c goes and connects there; nil means c was
+// refused (and reported).
+func (p *Pod) openOutbound(c net.Conn) *relayed {
 	start := time.Now()
 	src, err := p.workload()
 	lbl := &connLabels{reporter: "source", src: src}
 	if err != nil {
 		c.Close()
-		return
+		return nil
 	}
 	lbl.srcPrincipal = p.id.String()
 	dst, err := p.cfg.OrigDst(c)
 	if err != nil {
 		p.fail(c, lbl, netip.AddrPort{}, start, rejection{err: fmt.Errorf("reading the original destination: %w", err)})
-		return
+		return nil
 	}
 	if err := p.checkOutbound(src, dst, nil); err != nil {
 		p.fail(c, lbl, dst, start, rejection{err: err})
-		return
+		return nil
 	}
 	route, err := p.cfg.Store.Route(src, dst, state.RouteOptions{})
 	if err != nil {
 		p.fail(c, lbl, dst, start, rejection{err: err})
-		return
+		return nil
 	}
 	lbl.dst, lbl.svc = route.Workload, route.Service
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
@@ -47,23 +87,23 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		ip, err := p.resolve(ctx, route.Host, src)
 		if err != nil {
 			p.fail(c, lbl, dst, start, rejection{flag: flagConnect, err: err})
-			return
+			return nil
 		}
 		route.Addr = netip.AddrPortFrom(ip, route.Addr.Port())
 	}
 	if err := p.checkOutbound(src, dst, &route); err != nil {
 		p.fail(c, lbl, dst, start, rejection{err: err})
-		return
+		return nil
 	}
 	switch route.Kind {
 	case state.Passthrough, state.Plain:
 		up, err := p.cfg.Sockets.Dial(ctx, route.Addr, netip.AddrPort{})
 		if err != nil {
 			p.fail(c, lbl, dst, start, rejection{flag: flagConnect, err: fmt.Errorf("connecting to %s: %w", route.Addr, err)})
-			return
+			return nil
 		}
 		cancel()
-		p.relayPlain(lbl, c, up, start, dst, route)
+		return p.opened(&relayed{a: c, b: up, lbl: lbl, start: start, dst: dst, route: route})
 	case state.Tunnel, state.Waypoint:
 		if route.Workload != nil {
 			lbl.dstPrincipal = route.Workload.Identity.String()
@@ -78,22 +118,24 @@ func (p *Pod) serveOutbound(c net.Conn) {
 		})
 		if err != nil {
 			p.fail(c, lbl, dst, start, rejection{flag: tunnelFailure(err), err: fmt.Errorf("opening HBONE to %s via %s: %w", route.Authority, route.Addr, err)})
-			return
+			return nil
 		}
 		cancel()
-		p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
-		p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-		sent, recv, err := relay.Join(c, st, 0)
-		p.done(lbl, start, dst, route, sent, recv, err)
+		return p.opened(&relayed{a: c, b: st, lbl: lbl, start: start, dst: dst, route: route})
 	}
+	return nil
+}
+
+// opened counts r as opened and returns it.
+func (p *Pod) opened(r *relayed) *relayed {
+	p.cfg.Metrics.opened.WithLabelValues(r.lbl.values()...).Inc()
+	p.cfg.Metrics.open.WithLabelValues(r.lbl.reporter).Inc()
+	return r
 }
 
 // relayPlain splices the app connection and a plain upstream.
 func (p *Pod) relayPlain(lbl *connLabels, a, b net.Conn, start time.Time, dst netip.AddrPort, route state.Route) {
-	p.cfg.Metrics.opened.WithLabelValues(lbl.values()...).Inc()
-	p.cfg.Metrics.open.WithLabelValues(lbl.reporter).Inc()
-	sent, recv, err := relay.Join(a, b, 0)
-	p.done(lbl, start, dst, route, sent, recv, err)
+	p.relay(p.opened(&relayed{a: a, b: b, lbl: lbl, start: start, dst: dst, route: route}))
 }
 
 // connectHeaders are the CONNECT metadata ztunnel sends: forwarded with the

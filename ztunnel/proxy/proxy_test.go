@@ -254,11 +254,19 @@ func TestOutboundThroughHBONE(t *testing.T) {
 	if n := testutil.CollectAndCount(m.metrics.opened); n < 2 {
 		t.Errorf("istio_tcp_connections_opened_total has %d series", n)
 	}
-	opened := testutil.ToFloat64(m.metrics.opened.WithLabelValues((&connLabels{reporter: "destination", mtls: true,
+	dstLabels := (&connLabels{reporter: "destination", mtls: true,
 		src: m.store.WorkloadByIP(netip.MustParseAddr("127.0.0.10")), srcPrincipal: "spiffe://cluster.local/ns/demo/sa/client",
-		dst: m.store.WorkloadByIP(netip.MustParseAddr("127.0.0.20")), dstPrincipal: "spiffe://cluster.local/ns/demo/sa/echo"}).values()...))
+		dst: m.store.WorkloadByIP(netip.MustParseAddr("127.0.0.20")), dstPrincipal: "spiffe://cluster.local/ns/demo/sa/echo"}).values()
+	opened := testutil.ToFloat64(m.metrics.opened.WithLabelValues(dstLabels...))
 	if opened != 2 {
 		t.Errorf("destination-side opened connections from client to echo = %v, want 2", opened)
+	}
+	// The bytes the client sent and those it got back, each way once.
+	request := len("hello\n") + len("via service\n")
+	response := len("echo from 127.0.0.20: hello\n") + len("echo from 127.0.0.20: via service\n")
+	sent, recv := testutil.ToFloat64(m.metrics.sent.WithLabelValues(dstLabels...)), testutil.ToFloat64(m.metrics.received.WithLabelValues(dstLabels...))
+	if sent != float64(request) || recv != float64(response) {
+		t.Errorf("destination-side bytes sent %v, received %v; want %d, %d", sent, recv, request, response)
 	}
 }
 

@@ -109,6 +109,13 @@ func (c *Client) Stats() Stats {
 	return c.stats
 }
 
+// MaxMessageSize bounds one xDS response the client takes. gRPC's default
+// of 4 MiB would refuse the first response of a mesh of some 25,000
+// workloads, and the client would reconnect and be refused forever; the
+// control plane is the client's trusted, authenticated peer, so the bound
+// is only a backstop (a 50,000-workload mesh is about 8 MiB).
+const MaxMessageSize = 256 << 20
+
 // Run keeps a stream open until ctx ends, reconnecting with exponential
 // backoff and jitter, from MinBackoff again after a stream that was up for
 // reconnect.Healthy. It returns nil when ctx ends.
@@ -117,7 +124,8 @@ func (c *Client) Run(ctx context.Context) error {
 	if c.cfg.TLS != nil {
 		creds = credentials.NewTLS(c.cfg.TLS)
 	}
-	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds))
+	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageSize)))
 	if err != nil {
 		return fmt.Errorf("xds client: %w", err)
 	}

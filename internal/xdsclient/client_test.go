@@ -3,9 +3,11 @@ package xdsclient
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -249,4 +251,35 @@ func startControlPlaneAt(t *testing.T, addr string) *controlPlane {
 	cp.stop = func() { gs.Stop(); cancel() }
 	t.Cleanup(cp.stop)
 	return cp
+}
+
+// TestLargeResponse: a first response larger than gRPC's default 4 MiB
+// (a mesh of tens of thousands of workloads) is taken, not refused and
+// retried forever.
+func TestLargeResponse(t *testing.T) {
+	cp := startControlPlane(t)
+	const n = 3000
+	pad := strings.Repeat("w", 2000)
+	for i := range n {
+		uid := fmt.Sprintf("Kubernetes//Pod/demo/p%d-%s", i, pad)
+		if err := cp.addresses.UpdateResource(uid, wl(uid, "10.244.1.10")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &store{have: map[string]*workloadpb.Address{}, changed: make(chan struct{}, 1)}
+	c, err := New(Config{
+		Address:       cp.addr,
+		Node:          &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
+		Token:         func() (string, error) { return "tok", nil },
+		Subscriptions: []Subscription{{TypeURL: workloadpb.AddressTypeURL, Handle: s.handle}},
+		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	s.wait(t, func(m map[string]*workloadpb.Address) bool { return len(m) == n })
 }

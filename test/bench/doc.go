@@ -11,6 +11,9 @@
 //     process; throughput, added latency, RSS, Go heap, CPU and
 //     idle-connection memory against the same pods without redirection,
 //     and the RSS per enrolled pod with 100 more pods.
+//   - BenchmarkZtunnelScale: the same ztunnel told about 1k, 10k and 50k
+//     workloads elsewhere in the mesh; its RSS and heap at each size and
+//     how long each push takes to show in its config dump.
 //   - BenchmarkWaypoint: the same pods plus a waypoint in a third namespace
 //     and a process of its own; the latency ztunnel + waypoint adds over
 //     ztunnel alone and the waypoint's RSS at 1000 req/s, and its requests/s

@@ -454,6 +454,9 @@ func (z *ztunnelProc) memInUse(b *testing.B) float64 {
 
 // ztunnelDump is the part of ztunnel's /config_dump the benchmarks check.
 type ztunnelDump struct {
+	Workloads []struct {
+		UID string `json:"uid"`
+	} `json:"workloads"`
 	Services []struct {
 		Hostname string          `json:"hostname"`
 		Waypoint json.RawMessage `json:"waypoint"`

@@ -36,13 +36,20 @@ func serviceBinding(in ServiceInput, res *workloadpb.Service, refused *Refusal) 
 	switch {
 	case res == nil || in.IsWaypoint || in.Binding.Key == "":
 		return nil
-	case refused != nil:
-		return &BindingStatus{Reason: refused.Reason, Message: refused.Message}
-	case res.GetWaypoint() == nil:
+	case refused == nil && res.GetWaypoint() == nil:
 		return nil // not reached: a binding is made or refused
 	}
-	return &BindingStatus{Bound: true, Reason: ReasonWaypointAccepted, Waypoint: in.Binding.Key,
-		Message: "Successfully attached to waypoint " + in.Binding.Key}
+	return bindingStatus(in.Binding.Key, refused)
+}
+
+// bindingStatus is the condition of an object that asks for waypoint key:
+// the refusal, else bound, with istiod's words.
+func bindingStatus(key string, refused *Refusal) *BindingStatus {
+	if refused != nil {
+		return &BindingStatus{Reason: refused.Reason, Message: refused.Message}
+	}
+	return &BindingStatus{Bound: true, Reason: ReasonWaypointAccepted, Waypoint: key,
+		Message: "Successfully attached to waypoint " + key}
 }
 
 // policyLookup is what a policy's WaypointAccepted condition is computed

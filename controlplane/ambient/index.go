@@ -929,11 +929,7 @@ func (ix *index) serviceEntryChanged(key string, u *Update) {
 				s.Waypoint = wp
 			}
 			ix.refused(ref, se, refused, u)
-			status = &BindingStatus{Bound: true, Reason: ReasonWaypointAccepted, Waypoint: bind.Key,
-				Message: "Successfully attached to waypoint " + bind.Key}
-			if refused != nil {
-				status = &BindingStatus{Reason: refused.Reason, Message: refused.Message}
-			}
+			status = bindingStatus(bind.Key, refused)
 		} else {
 			ix.refused(ref, se, nil, u)
 		}

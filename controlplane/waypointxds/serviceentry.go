@@ -358,19 +358,12 @@ func (b *builder) selectedEndpoints(name string, e entryRef, port corev1.Service
 			add(ip, target, func() *endpointv3.LbEndpoint { return b.lbEndpoint(ip, int32(target), ambient.PodReady(pod), pod) })
 		}
 	}
-	entries := byNamespace(b.st.WorkloadEntries, ns)
-	sort.Slice(entries, func(i, j int) bool { return keyOf(entries[i]) < keyOf(entries[j]) })
-	for _, o := range entries {
-		we := o.(*networkingv1.WorkloadEntry)
-		ip := ambient.WorkloadEntryAddress(we, b.mesh.Network)
-		if !ip.IsValid() || !ambient.SelectorMatches(sel, ambient.WorkloadEntryLabels(we)) {
-			continue
-		}
+	for _, e := range b.selectedEntries(ns, sel) {
 		p := target
-		if v, ok := we.Spec.GetPorts()[port.Name]; ok && v != 0 {
+		if v, ok := e.we.Spec.GetPorts()[port.Name]; ok && v != 0 {
 			p = v
 		}
-		add(ip, p, func() *endpointv3.LbEndpoint { return b.weEndpoint(we, ip, p) })
+		add(e.ip, p, func() *endpointv3.LbEndpoint { return b.weEndpoint(e.we, e.ip, p) })
 	}
 	if len(lbs) > 0 {
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}

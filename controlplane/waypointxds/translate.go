@@ -557,28 +557,46 @@ func (b *builder) endpoints(name string, ref clusterRef) *endpointv3.ClusterLoad
 // that is not empty), at the port the entry maps it to, as ztunnel's
 // Workloads carry them; seen are the addresses already listed.
 func (b *builder) workloadEntryEndpoints(ref clusterRef, seen map[string]bool) []*endpointv3.LbEndpoint {
-	if b.st.WorkloadEntries == nil || len(ref.svc.Spec.Selector) == 0 {
+	if len(ref.svc.Spec.Selector) == 0 {
 		return nil
 	}
-	objs := byNamespace(b.st.WorkloadEntries, ref.svc.Namespace)
-	sort.Slice(objs, func(i, j int) bool { return keyOf(objs[i]) < keyOf(objs[j]) })
 	var lbs []*endpointv3.LbEndpoint
-	for _, o := range objs {
-		we := o.(*networkingv1.WorkloadEntry)
-		ip := ambient.WorkloadEntryAddress(we, b.mesh.Network)
-		if !ip.IsValid() || !ambient.SelectorMatches(ref.svc.Spec.Selector, ambient.WorkloadEntryLabels(we)) {
-			continue
-		}
-		for _, p := range ambient.WorkloadEntryPorts(&corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{ref.port}}}, we.Spec.GetPorts()) {
-			key := netip.AddrPortFrom(ip, uint16(p.TargetPort)).String()
+	for _, e := range b.selectedEntries(ref.svc.Namespace, ref.svc.Spec.Selector) {
+		for _, p := range ambient.WorkloadEntryPorts(&corev1.Service{Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{ref.port}}}, e.we.Spec.GetPorts()) {
+			key := netip.AddrPortFrom(e.ip, uint16(p.TargetPort)).String()
 			if seen[key] {
 				continue
 			}
 			seen[key] = true
-			lbs = append(lbs, b.weEndpoint(we, ip, p.TargetPort))
+			lbs = append(lbs, b.weEndpoint(e.we, e.ip, p.TargetPort))
 		}
 	}
 	return lbs
+}
+
+// selectedEntry is a WorkloadEntry a selector picked, at its address.
+type selectedEntry struct {
+	we *networkingv1.WorkloadEntry
+	ip netip.Addr
+}
+
+// selectedEntries lists, sorted, the WorkloadEntries of ns that sel
+// selects and that Weft reaches (ambient.WorkloadEntryAddress).
+func (b *builder) selectedEntries(ns string, sel map[string]string) []selectedEntry {
+	if b.st.WorkloadEntries == nil {
+		return nil
+	}
+	objs := byNamespace(b.st.WorkloadEntries, ns)
+	sort.Slice(objs, func(i, j int) bool { return keyOf(objs[i]) < keyOf(objs[j]) })
+	var out []selectedEntry
+	for _, o := range objs {
+		we := o.(*networkingv1.WorkloadEntry)
+		ip := ambient.WorkloadEntryAddress(we, b.mesh.Network)
+		if ip.IsValid() && ambient.SelectorMatches(sel, ambient.WorkloadEntryLabels(we)) {
+			out = append(out, selectedEntry{we, ip})
+		}
+	}
+	return out
 }
 
 // weEndpoint is a WorkloadEntry's endpoint at ip and port, with its

@@ -102,6 +102,24 @@ func (s *store) wait(t *testing.T, cond func(map[string]*workloadpb.Address) boo
 	}
 }
 
+// run starts a client of cfg (a quiet logger unless set) until the test
+// ends.
+func run(t *testing.T, cfg Config) *Client {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
 func TestDeltaSubscribeUpdateRemoveNACK(t *testing.T) {
 	cp := startControlPlane(t)
 	if err := cp.addresses.UpdateResource("Kubernetes//Pod/demo/a", wl("a", "10.244.1.10")); err != nil {
@@ -109,7 +127,7 @@ func TestDeltaSubscribeUpdateRemoveNACK(t *testing.T) {
 	}
 	s := &store{have: map[string]*workloadpb.Address{}, changed: make(chan struct{}, 1), reject: "Kubernetes//Pod/demo/bad"}
 	var policies int
-	c, err := New(Config{
+	c := run(t, Config{
 		Address: cp.addr,
 		Node:    &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
 		Token:   func() (string, error) { return "tok", nil },
@@ -117,15 +135,7 @@ func TestDeltaSubscribeUpdateRemoveNACK(t *testing.T) {
 			{TypeURL: workloadpb.AddressTypeURL, Handle: s.handle},
 			{TypeURL: securitypb.AuthorizationTypeURL, Handle: func(up map[string]*anypb.Any, rm []string) error { policies += len(up); return nil }},
 		},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 
 	select {
 	case <-c.Synced():
@@ -172,19 +182,11 @@ func TestReconnectSendsKnownVersions(t *testing.T) {
 	cp := startControlPlane(t)
 	cp.addresses.UpdateResource("Kubernetes//Pod/demo/a", wl("a", "10.244.1.10"))
 	s := &store{have: map[string]*workloadpb.Address{}, changed: make(chan struct{}, 1)}
-	c, err := New(Config{
+	run(t, Config{
 		Address:       cp.addr,
 		Subscriptions: []Subscription{{TypeURL: workloadpb.AddressTypeURL, Handle: s.handle}},
 		MinBackoff:    time.Millisecond, MaxBackoff: 10 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 	s.wait(t, func(m map[string]*workloadpb.Address) bool { return len(m) == 1 })
 
 	// Restart the server on the same port: the client reconnects and says what it has.
@@ -267,19 +269,11 @@ func TestLargeResponse(t *testing.T) {
 		}
 	}
 	s := &store{have: map[string]*workloadpb.Address{}, changed: make(chan struct{}, 1)}
-	c, err := New(Config{
+	run(t, Config{
 		Address:       cp.addr,
 		Node:          &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
 		Token:         func() (string, error) { return "tok", nil },
 		Subscriptions: []Subscription{{TypeURL: workloadpb.AddressTypeURL, Handle: s.handle}},
-		Logger:        slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() { cancel(); <-done }()
 	s.wait(t, func(m map[string]*workloadpb.Address) bool { return len(m) == n })
 }

@@ -32,6 +32,29 @@ const (
 )
 
 // Values of the label istio.io/dataplane-mode.
+// The ingress Gateway API: a Gateway of class GatewayClass, handled by the
+// controller GatewayController, is an ingress gateway: the waypoint's proxy
+// in gateway mode (ProxyModeGateway), serving the Gateway's listeners on
+// its ports, deployed as objects named after the Gateway with
+// GatewaySuffix (Istio's names).
+const (
+	// GatewayClass is the GatewayClass of ingress gateways (Istio's name).
+	GatewayClass = "istio"
+	// GatewayController is the default controllerName of the ingress
+	// GatewayClass.
+	GatewayController = "weft.dev/gateway-controller"
+	// GatewaySuffix ends the names of an ingress Gateway's Deployment,
+	// Service and ServiceAccount: "<gateway>-istio", as Istio names them.
+	GatewaySuffix = "-istio"
+	// ProxyModeEnv is the waypoint binary's environment variable that
+	// selects its mode: ProxyModeWaypoint (the default: HBONE on
+	// HBONEPort) or ProxyModeGateway (the Listeners' own addresses and
+	// ports, plain TCP or TLS, no HBONE server).
+	ProxyModeEnv      = "PROXY_MODE"
+	ProxyModeWaypoint = "waypoint"
+	ProxyModeGateway  = "gateway"
+)
+
 const (
 	ModeAmbient = "ambient"
 	ModeNone    = "none"

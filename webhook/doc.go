@@ -1,6 +1,6 @@
 // Package webhook is Weft's admission webhook server: the HTTPS endpoint the
 // API server calls with admission.k8s.io/v1 AdmissionReviews for waypoint
-// Gateways, ambient labels on Namespaces, Services, Pods and pod templates,
+// and ingress Gateways, ambient labels on Namespaces, Services, Pods and pod templates,
 // Service-parented routes, AuthorizationPolicies, PeerAuthentications,
 // ServiceEntries and WorkloadEntries.
 //

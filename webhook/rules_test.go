@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weftmesh/weft/webhook/admit"
@@ -165,7 +166,7 @@ metadata: {name: waypoint, labels: {istio.io/waypoint-for: service}}
 spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 15008, protocol: HBONE}]}`},
 	{name: "gateway-other-class", kind: gatewayKind, ns: "shop", object: `
 metadata: {name: ingress}
-spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
+spec: {gatewayClassName: nginx, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
 	{name: "gateway-listener-port", kind: gatewayKind, ns: "shop", object: `
 metadata: {name: waypoint}
 spec: {gatewayClassName: istio-waypoint, listeners: [{name: mesh, port: 8080, protocol: HBONE}]}`},
@@ -219,6 +220,101 @@ spec:
   listeners: [{name: mesh, port: 15008, protocol: HBONE}]
   allowedListeners: {namespaces: {from: Same}}
   tls: {backend: {}}`},
+	// Ingress Gateways (class istio): refused only for what can never
+	// work; what a listener's status reports is admitted with a warning.
+	{name: "ingress-ok", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {namespaces: {from: All}}}
+  - {name: https, port: 443, protocol: HTTPS, hostname: "*.example.com", tls: {certificateRefs: [{name: shop-cert}]}}
+  - {name: https-api, port: 443, protocol: HTTPS, hostname: api.example.com, tls: {mode: Terminate, certificateRefs: [{kind: Secret, group: "", name: api-cert}]}}`},
+	{name: "ingress-name-too-long", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: a-gateway-name-that-fits-a-gateway-but-not-its-service-suffix}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
+	{name: "ingress-service-type-bad", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public, annotations: {networking.istio.io/service-type: ExternalName}}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
+	{name: "ingress-service-type-case", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public, annotations: {networking.istio.io/service-type: clusterip}}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
+	{name: "ingress-service-type-nodeport", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public, annotations: {networking.istio.io/service-type: NodePort}}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP}]}`},
+	{name: "ingress-http-and-https-one-port", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: http, port: 8443, protocol: HTTP}
+  - {name: https, port: 8443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}`},
+	{name: "ingress-https-and-tls-one-host", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: https, port: 443, protocol: HTTPS, hostname: a.example.com, tls: {certificateRefs: [{name: cert}]}}
+  - {name: tls, port: 443, protocol: TLS, hostname: a.example.com, tls: {mode: Passthrough}}`},
+	{name: "ingress-protocol-unsupported", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: http, port: 80, protocol: HTTP}
+  - {name: invalid, port: 1111, protocol: INVALID}`},
+	{name: "ingress-certificate-refs", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    tls:
+      certificateRefs:
+      - {group: wrong.group.example.com, kind: Secret, name: cert}
+      - {group: "", kind: ConfigMap, name: cert}
+      - {name: cert, namespace: certs}
+      - {name: cert, namespace: shop}`},
+	{name: "ingress-https-without-tls", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec: {gatewayClassName: istio, listeners: [{name: https, port: 443, protocol: HTTPS}]}`},
+	{name: "ingress-https-passthrough-options", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: https, port: 443, protocol: HTTPS, tls: {mode: Passthrough, options: {example.com/cipher: x}}}`},
+	{name: "ingress-http-with-tls", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 80, protocol: HTTP, tls: {certificateRefs: [{name: cert}]}}]}`},
+	{name: "ingress-route-kinds", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, allowedRoutes: {kinds: [{kind: HTTPRoute}, {kind: InvalidKind}, {group: example.com, kind: HTTPRoute}]}}`},
+	{name: "ingress-addresses-listener-sets-tls", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+  addresses: [{type: IPAddress, value: 10.0.0.1}]
+  allowedListeners: {namespaces: {from: Same}}
+  tls: {backend: {}}`},
+	{name: "ingress-class-of-another-controller", kind: gatewayKind, ns: "shop",
+		tweak: func(c *cluster) {
+			c.classes["istio"] = &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "istio"}, Spec: gwv1.GatewayClassSpec{ControllerName: "istio.io/gateway-controller"}}
+		}, object: `
+metadata: {name: a-gateway-name-that-fits-a-gateway-but-not-its-service-suffix}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 8443, protocol: HTTP}, {name: https, port: 8443, protocol: HTTPS}]}`},
+	{name: "ingress-class-ours", kind: gatewayKind, ns: "shop",
+		tweak: func(c *cluster) {
+			c.classes["istio"] = &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "istio"}, Spec: gwv1.GatewayClassSpec{ControllerName: "weft.dev/gateway-controller"}}
+		}, object: `
+metadata: {name: public}
+spec: {gatewayClassName: istio, listeners: [{name: http, port: 8443, protocol: HTTP}, {name: https, port: 8443, protocol: HTTPS, tls: {certificateRefs: [{name: c}]}}]}`},
 	{name: "gateway-infrastructure-control-character", kind: gatewayKind, ns: "shop", object: `
 metadata: {name: waypoint}
 spec:

@@ -5,7 +5,8 @@
 // warnings fit in 120 bytes. Each rule has an ID, reported as the Result's
 // Reason (the deciding rule) and Rules (every rule that fired):
 //
-// Waypoint Gateways (gatewayClassName istio-waypoint; other classes pass):
+// Waypoint Gateways (gatewayClassName istio-waypoint; classes other than it
+// and istio pass):
 //
 //	waypoint-listeners       exactly one listener {name: mesh, port: 15008, protocol: HBONE},
 //	                         without hostname or tls (Istio accepts nothing else on a waypoint)
@@ -19,6 +20,30 @@
 //	waypoint-infrastructure  spec.infrastructure labels and annotations are valid and free of
 //	                         control characters (they are copied onto generated objects)
 //	gateway-annotations      gateway.istio.io/service-account names a ServiceAccount
+//
+// Ingress Gateways (gatewayClassName istio, unless its GatewayClass names
+// another controller): refused only for what can never work; what the
+// listener's status reports in Gateway API's terms is warned about, so
+// that Gateway API tools and its conformance suite see the status:
+//
+//	ingress-name                 <name>-istio, the name of its Service and Deployment, is a
+//	                             DNS-1035 label (so the name has at most 57 characters)
+//	ingress-service-type         networking.istio.io/service-type is LoadBalancer, ClusterIP
+//	                             or NodePort
+//	ingress-listener-conflict    listeners on one port share a protocol family (HTTP; HTTPS and
+//	                             TLS; TCP; UDP), and HTTPS and TLS listeners of one port differ
+//	                             in hostname (SNI decides between them)
+//	ingress-listener-tls         HTTPS has tls, in mode Terminate and without options; HTTP has
+//	                             no tls
+//	ingress-listener-sets        no spec.allowedListeners
+//	ingress-gateway-tls          no spec.tls (client certificate validation, backend client
+//	                             certificates)
+//	ingress-listener-protocol    warning: a protocol other than HTTP or HTTPS serves nothing
+//	ingress-certificate-ref      warning: a reference that is not a core Secret, or a Secret in
+//	                             another namespace (used only under a ReferenceGrant)
+//	ingress-route-kinds          warning: allowedRoutes.kinds other than HTTPRoute, GRPCRoute
+//	ingress-addresses            warning: spec.addresses is not supported
+//	waypoint-infrastructure      as for waypoints
 //
 // Defaulting (Mutate) gives a waypoint without listeners the mesh listener,
 // as a JSON Patch "add" of what is missing only; a second call patches

@@ -17,11 +17,19 @@ import (
 
 var waypointForValues = []string{apinames.WaypointForService, apinames.WaypointForWorkload, apinames.WaypointForAll, apinames.WaypointForNone}
 
-// validateGateway checks a Gateway of class istio-waypoint; other classes
-// pass untouched.
+// validateGateway checks a Gateway of class istio-waypoint, or an ingress
+// Gateway (validateIngress); other classes pass untouched.
 func (a *Admitter) validateGateway(rv *review) {
 	var gw gwv1.Gateway
 	if !rv.decodeObject(&gw, nil) {
+		return
+	}
+	if a.ingressClass(string(gw.Spec.GatewayClassName)) {
+		ns := gw.Namespace
+		if rv.req.Namespace != "" {
+			ns = rv.req.Namespace
+		}
+		validateIngress(&rv.rep, &gw, ns)
 		return
 	}
 	if gw.Spec.GatewayClassName != apinames.WaypointClass {

@@ -2,9 +2,17 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,22 +23,36 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/weftmesh/weft/controlplane"
+	"github.com/weftmesh/weft/controlplane/ca"
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
 	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/spiffe"
+	"github.com/weftmesh/weft/test/cluster"
 )
 
-// Scale of the push benchmark.
+// scale is how many objects a benchmark loads: pods, and Services of
+// pods/services pods each, spread evenly over namespaces.
+type scale struct{ pods, services, namespaces int }
+
+func (s scale) podsPerService() int   { return s.pods / s.services }
+func (s scale) servicesPerNS() int    { return s.services / s.namespaces }
+func (s scale) podsPerNamespace() int { return s.pods / s.namespaces }
+
+// podRef is pod i's namespace and name.
+func (s scale) podRef(i int) (ns, name string) {
+	return fmt.Sprintf("bench-%d", i/s.podsPerNamespace()), fmt.Sprintf("pod-%d", i)
+}
+
+// Scale of the push benchmarks.
+var (
+	pushScale  = scale{pods: 5000, services: 1000, namespaces: 50}
+	largeScale = scale{pods: 10000, services: 2000, namespaces: 50}
+)
+
 const (
-	benchNamespaces  = 50
-	benchPods        = 5000
-	benchServices    = 1000
-	benchClients     = 10
-	benchPushRounds  = 15
-	podsPerService   = benchPods / benchServices
-	servicesPerNS    = benchServices / benchNamespaces
-	podsPerNamespace = benchPods / benchNamespaces
+	benchClients    = 10
+	benchPushRounds = 15
 )
 
 // parallel runs f(i) for i in [0, n) on workers goroutines.
@@ -69,17 +91,16 @@ func parallel(n, workers int, f func(i int) error) error {
 	return nil
 }
 
-// loadCluster creates benchPods pods and benchServices Services, each
-// Service with an EndpointSlice of podsPerService pods, through the API
-// server.
-func loadCluster(b *testing.B, c *apitest.Cluster) {
+// loadCluster creates sc's pods and Services, each Service with an
+// EndpointSlice of its pods, through the API server.
+func loadCluster(b *testing.B, c *apitest.Cluster, sc scale) {
 	ctx := context.Background()
-	err := parallel(benchPods, 16, func(i int) error {
-		ns := fmt.Sprintf("bench-%d", i/podsPerNamespace)
-		svc := (i % podsPerNamespace) / podsPerService
+	err := parallel(sc.pods, 16, func(i int) error {
+		ns, name := sc.podRef(i)
+		svc := (i % sc.podsPerNamespace()) / sc.podsPerService()
 		_, err := c.RunPod(ctx, apitest.PodOnNode{
-			Namespace: ns, Name: fmt.Sprintf("pod-%d", i), ServiceAccount: fmt.Sprintf("sa-%d", svc),
-			Node: fmt.Sprintf("node-%d", i%20), IP: fmt.Sprintf("10.%d.%d.%d", 100+i/65536, (i/256)%256, i%256),
+			Namespace: ns, Name: name, ServiceAccount: fmt.Sprintf("sa-%d", svc),
+			Node: fmt.Sprintf("node-%d", i%20), IP: benchPodIP(i),
 			Labels: map[string]string{"app": fmt.Sprintf("svc-%d", svc)},
 		})
 		return err
@@ -87,8 +108,8 @@ func loadCluster(b *testing.B, c *apitest.Cluster) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	err = parallel(benchServices, 16, func(i int) error {
-		ns, local := fmt.Sprintf("bench-%d", i/servicesPerNS), i%servicesPerNS
+	err = parallel(sc.services, 16, func(i int) error {
+		ns, local := fmt.Sprintf("bench-%d", i/sc.servicesPerNS()), i%sc.servicesPerNS()
 		name := fmt.Sprintf("svc-%d", local)
 		if _, err := c.Kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
@@ -103,11 +124,12 @@ func loadCluster(b *testing.B, c *apitest.Cluster) {
 			AddressType: discoveryv1.AddressTypeIPv4,
 			Ports:       []discoveryv1.EndpointPort{{Name: &pname, Port: &port}},
 		}
-		first := (i/servicesPerNS)*podsPerNamespace + local*podsPerService
-		for p := first; p < first+podsPerService; p++ {
+		first := (i/sc.servicesPerNS())*sc.podsPerNamespace() + local*sc.podsPerService()
+		for p := first; p < first+sc.podsPerService(); p++ {
+			_, pod := sc.podRef(p)
 			slice.Endpoints = append(slice.Endpoints, discoveryv1.Endpoint{
-				Addresses: []string{fmt.Sprintf("10.%d.%d.%d", 100+p/65536, (p/256)%256, p%256)},
-				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: fmt.Sprintf("pod-%d", p)},
+				Addresses: []string{benchPodIP(p)},
+				TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: pod},
 			})
 		}
 		_, err := c.Kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, slice, metav1.CreateOptions{})
@@ -117,6 +139,94 @@ func loadCluster(b *testing.B, c *apitest.Cluster) {
 		b.Fatal(err)
 	}
 }
+
+func benchPodIP(i int) string {
+	return fmt.Sprintf("10.%d.%d.%d", 100+i/65536, (i/256)%256, i%256)
+}
+
+// connectClients connects benchClients ztunnel-shaped clients over TLS
+// with a ztunnel pod's token and waits until each holds want workload
+// resources. They run until ctx ends; wait waits for them to stop.
+func connectClients(ctx context.Context, b *testing.B, addr string, tlsCfg *tls.Config, tok string, want int) (clients []*xdstest.Client, wait func()) {
+	var wg sync.WaitGroup
+	for i := range benchClients {
+		cl, err := xdstest.New(xdstest.Config{Address: addr, TLS: tlsCfg, Token: func() (string, error) { return tok, nil },
+			NodeID: fmt.Sprintf("ztunnel~10.99.0.%d~ztunnel-%d.weft-bench~weft-bench.svc.cluster.local", i+1, i)})
+		if err != nil {
+			b.Fatal(err)
+		}
+		clients = append(clients, cl)
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = cl.Run(ctx) }()
+	}
+	for _, cl := range clients {
+		if err := cl.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return len(m) >= want }); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return clients, wg.Wait
+}
+
+// pushes is what benchPushRounds pod updates took: from the API write to
+// the last client holding the change, and the API write alone (the
+// baseline), sorted; and the most resources any client got for one.
+type pushes struct {
+	lat, apiWrite []time.Duration
+	maxResources  int
+}
+
+func (p pushes) median() time.Duration         { return p.lat[len(p.lat)/2] }
+func (p pushes) medianAPIWrite() time.Duration { return p.apiWrite[len(p.apiWrite)/2] }
+
+// pushRounds flips one pod's redirection annotation per round, so its
+// Workload's tunnel protocol changes, and times each change reaching every
+// client.
+func pushRounds(ctx context.Context, b *testing.B, c *apitest.Cluster, sc scale, clients []*xdstest.Client) pushes {
+	var out pushes
+	for round := range benchPushRounds {
+		ns, name := sc.podRef(round * 331 % sc.pods)
+		uid := "Kubernetes//Pod/" + ns + "/" + name
+		value := map[bool]string{true: "enabled", false: "pending"}[round%2 == 0]
+		want := map[bool]workloadpb.TunnelProtocol{true: workloadpb.TunnelProtocol_HBONE, false: workloadpb.TunnelProtocol_NONE}[round%2 == 0]
+		before := make([]int, len(clients))
+		for i, cl := range clients {
+			before[i] = len(cl.Responses())
+		}
+		t0 := time.Now()
+		patch(b, c, "pods", ns, name, `{"metadata":{"annotations":{"ambient.istio.io/redirection":"`+value+`"}}}`)
+		out.apiWrite = append(out.apiWrite, time.Since(t0))
+		var cw sync.WaitGroup
+		errs := make([]error, len(clients))
+		for i, cl := range clients {
+			cw.Add(1)
+			go func() {
+				defer cw.Done()
+				errs[i] = cl.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
+					return xdstest.Workload(m[uid]).GetTunnelProtocol() == want
+				})
+			}()
+		}
+		cw.Wait()
+		out.lat = append(out.lat, time.Since(t0))
+		for i, cl := range clients {
+			if errs[i] != nil {
+				b.Fatal(errs[i])
+			}
+			n := 0
+			for _, r := range cl.Responses()[before[i]:] {
+				if r.TypeURL == workloadpb.AddressTypeURL {
+					n += len(r.Upserts) + len(r.Removes)
+				}
+			}
+			out.maxResources = max(out.maxResources, n)
+		}
+	}
+	slices.Sort(out.lat)
+	slices.Sort(out.apiWrite)
+	return out
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // BenchmarkXDSPush measures, with benchPods pods and benchServices Services
 // loaded through a real API server and benchClients ztunnel-shaped clients
@@ -132,8 +242,8 @@ func loadCluster(b *testing.B, c *apitest.Cluster) {
 func BenchmarkXDSPush(b *testing.B) {
 	c := realAPI(b)
 	start := time.Now()
-	loadCluster(b, c)
-	b.Logf("loaded %d pods and %d services in %v", benchPods, benchServices, time.Since(start))
+	loadCluster(b, c, pushScale)
+	b.Logf("loaded %d pods and %d services in %v", pushScale.pods, pushScale.services, time.Since(start))
 	cp := startControlPlane(b, c, "weft-bench", nil)
 	zt, err := c.RunPod(context.Background(), apitest.PodOnNode{Namespace: "weft-bench", Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-0", IP: "10.99.0.1"})
 	if err != nil {
@@ -142,77 +252,147 @@ func BenchmarkXDSPush(b *testing.B) {
 	tok := podToken(b, c, zt)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	var clients []*xdstest.Client
-	var wg sync.WaitGroup
-	for i := range benchClients {
-		cl, err := xdstest.New(xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(b), Token: func() (string, error) { return tok, nil },
-			NodeID: fmt.Sprintf("ztunnel~10.99.0.%d~ztunnel-%d.weft-bench~weft-bench.svc.cluster.local", i+1, i)})
-		if err != nil {
-			b.Fatal(err)
-		}
-		clients = append(clients, cl)
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = cl.Run(ctx) }()
-	}
-	defer func() { cancel(); wg.Wait() }()
-	for _, cl := range clients {
-		if err := cl.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool { return len(m) >= benchPods+benchServices }); err != nil {
-			b.Fatal(err)
-		}
-	}
+	clients, wait := connectClients(ctx, b, cp.secureAddr(), cp.tlsConfig(b), tok, pushScale.pods+pushScale.services)
+	defer func() { cancel(); wait() }()
 	b.Logf("%d clients hold %d resources each, %v after start", benchClients, len(clients[0].Resources(workloadpb.AddressTypeURL)), time.Since(start))
 
-	var lat, apiWrite []time.Duration
-	maxRes := 0
-	for round := range benchPushRounds {
-		name := fmt.Sprintf("pod-%d", round*331%benchPods)
-		ns := fmt.Sprintf("bench-%d", (round*331%benchPods)/podsPerNamespace)
-		uid := "Kubernetes//Pod/" + ns + "/" + name
-		value := map[bool]string{true: "enabled", false: "pending"}[round%2 == 0]
-		want := map[bool]workloadpb.TunnelProtocol{true: workloadpb.TunnelProtocol_HBONE, false: workloadpb.TunnelProtocol_NONE}[round%2 == 0]
-		before := make([]int, len(clients))
-		for i, cl := range clients {
-			before[i] = len(cl.Responses())
-		}
-		t0 := time.Now()
-		patch(b, c, "pods", ns, name, `{"metadata":{"annotations":{"ambient.istio.io/redirection":"`+value+`"}}}`)
-		apiWrite = append(apiWrite, time.Since(t0))
-		var cw sync.WaitGroup
-		errs := make([]error, len(clients))
-		for i, cl := range clients {
-			cw.Add(1)
-			go func() {
-				defer cw.Done()
-				errs[i] = cl.Wait(ctx, workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
-					return xdstest.Workload(m[uid]).GetTunnelProtocol() == want
-				})
-			}()
-		}
-		cw.Wait()
-		lat = append(lat, time.Since(t0))
-		for i, cl := range clients {
-			if errs[i] != nil {
-				b.Fatal(errs[i])
-			}
-			n := 0
-			for _, r := range cl.Responses()[before[i]:] {
-				if r.TypeURL == workloadpb.AddressTypeURL {
-					n += len(r.Upserts) + len(r.Removes)
-				}
-			}
-			maxRes = max(maxRes, n)
-		}
-	}
-	slices.Sort(lat)
-	slices.Sort(apiWrite)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-	b.Logf("push latency over %d rounds: min %v median %v max %v (the API write alone: median %v)", len(lat), lat[0], lat[len(lat)/2], lat[len(lat)-1], apiWrite[len(apiWrite)/2])
+	p := pushRounds(ctx, b, c, pushScale, clients)
+	b.Logf("push latency over %d rounds: min %v median %v max %v (the API write alone: median %v)", len(p.lat), p.lat[0], p.median(), p.lat[len(p.lat)-1], p.medianAPIWrite())
 	if sum, n := histogram(b, cp, "pilot_proxy_convergence_time"); n > 0 {
 		b.Logf("control plane: informer event to xDS send, mean over %d sends %.1f ms", n, sum/float64(n)*1000)
 	}
-	fmt.Printf("bench: xds_push_one_pod_ms %.1f\n", ms(lat[len(lat)/2]))
-	fmt.Printf("bench: xds_push_one_pod_resources %d\n", maxRes)
-	b.ReportMetric(ms(lat[len(lat)/2]), "push-ms")
+	fmt.Printf("bench: xds_push_one_pod_ms %.1f\n", ms(p.median()))
+	fmt.Printf("bench: xds_push_one_pod_resources %d\n", p.maxResources)
+	b.ReportMetric(ms(p.median()), "push-ms")
+}
+
+// BenchmarkControlPlaneScale runs the weft-controlplane binary (make
+// build) against a real API server holding largeScale pods and Services,
+// with benchClients ztunnel-shaped clients connected over TLS, and prints
+//
+//	bench: controlplane_rss_mb_at_0_pods    its RSS before any pod exists (the baseline)
+//	bench: controlplane_rss_mb_at_10k_pods  its RSS once every client holds the 10k pods
+//	bench: controlplane_heap_mb_at_10k_pods its Go heap in use then
+//	bench: xds_push_one_of_10k_ms           median over benchPushRounds pod updates, from
+//	                                        the API write to the last client holding it
+//	bench: xds_push_one_of_10k_api_write_ms the API write alone (the baseline)
+//	bench: xds_push_one_of_10k_resources    the most resources a client got for one update
+//
+// Figures are the process's own (process_resident_memory_bytes, which is
+// VmRSS, and go_memstats_heap_inuse_bytes from its /metrics).
+func BenchmarkControlPlaneScale(b *testing.B) {
+	bin, err := filepath.Abs(filepath.Join("..", "bin", "weft-controlplane"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := os.Stat(bin); err != nil {
+		b.Skip("bin/weft-controlplane is missing: run make build")
+	}
+	c := realAPI(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	const ns = "weft-scale"
+	if err := c.EnsureNamespace(ctx, ns, nil); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig); err != nil {
+		b.Fatal(err)
+	}
+	secure, monitor := freeAddr(b), freeAddr(b)
+	logf, err := os.Create(filepath.Join(dir, "controlplane.log"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer logf.Close()
+	cmd := exec.Command(bin, "--kubeconfig", kubeconfig, "--namespace", ns, "--secure-addr", secure, "--monitor-addr", monitor, "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "CA_TRUSTED_NODE_ACCOUNTS="+ns+"/ztunnel")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	metrics := func() string {
+		resp, err := http.Get("http://" + monitor + "/metrics")
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return string(body)
+	}
+	for {
+		if resp, err := http.Get("http://" + monitor + "/ready"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case err := <-exited:
+			log, _ := os.ReadFile(logf.Name())
+			b.Fatalf("weft-controlplane exited before it was ready: %v\n%s", err, log)
+		case <-ctx.Done():
+			b.Fatal("weft-controlplane not ready")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	mb := func(text, metric string) float64 { return cluster.SumSeries(text, metric) / (1 << 20) }
+	rss0 := mb(metrics(), "process_resident_memory_bytes")
+
+	start := time.Now()
+	loadCluster(b, c, largeScale)
+	b.Logf("loaded %d pods and %d services in %v", largeScale.pods, largeScale.services, time.Since(start))
+	cm, err := c.Kube.CoreV1().ConfigMaps(ns).Get(ctx, ca.RootCertConfigMap, metav1.GetOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	roots, err := spiffe.ParseRoots([]byte(cm.Data[ca.RootCertKey]))
+	if err != nil {
+		b.Fatal(err)
+	}
+	zt, err := c.RunPod(ctx, apitest.PodOnNode{Namespace: ns, Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-0", IP: "10.99.0.1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	tlsCfg := &tls.Config{RootCAs: roots, ServerName: "istiod." + ns + ".svc", MinVersion: tls.VersionTLS12}
+	clients, wait := connectClients(ctx, b, secure, tlsCfg, podToken(b, c, zt), largeScale.pods+largeScale.services)
+	defer func() { cancel(); wait() }()
+	b.Logf("%d clients hold %d resources each, %v after the load began", benchClients, len(clients[0].Resources(workloadpb.AddressTypeURL)), time.Since(start))
+
+	p := pushRounds(ctx, b, c, largeScale, clients)
+	text := metrics()
+	b.Logf("push latency over %d rounds: min %v median %v max %v", len(p.lat), p.lat[0], p.median(), p.lat[len(p.lat)-1])
+	fmt.Printf("bench: controlplane_rss_mb_at_0_pods %.1f\n", rss0)
+	fmt.Printf("bench: controlplane_rss_mb_at_10k_pods %.1f\n", mb(text, "process_resident_memory_bytes"))
+	fmt.Printf("bench: controlplane_heap_mb_at_10k_pods %.1f\n", mb(text, "go_memstats_heap_inuse_bytes"))
+	fmt.Printf("bench: xds_push_one_of_10k_ms %.1f\n", ms(p.median()))
+	fmt.Printf("bench: xds_push_one_of_10k_api_write_ms %.1f\n", ms(p.medianAPIWrite()))
+	fmt.Printf("bench: xds_push_one_of_10k_resources %d\n", p.maxResources)
+}
+
+// freeAddr is a loopback address with a port free for a process to take.
+func freeAddr(tb testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // histogram returns the sum and count of a histogram metric of the control

@@ -40,6 +40,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
 	"github.com/weftmesh/weft/internal/testpki"
@@ -465,4 +467,16 @@ func makePKI(dir string) (*pkiFiles, error) {
 		return nil, err
 	}
 	return f, nil
+}
+
+// WriteKubeconfig writes a kubeconfig for the API server, as the cluster
+// admin of Config, to path: for a binary under test (--kubeconfig).
+func (c *Cluster) WriteKubeconfig(path string) error {
+	tc := c.Config.TLSClientConfig
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["apitest"] = &clientcmdapi.Cluster{Server: c.Config.Host, CertificateAuthority: tc.CAFile}
+	cfg.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificate: tc.CertFile, ClientKey: tc.KeyFile}
+	cfg.Contexts["apitest"] = &clientcmdapi.Context{Cluster: "apitest", AuthInfo: "admin"}
+	cfg.CurrentContext = "apitest"
+	return clientcmd.WriteToFile(*cfg, path)
 }

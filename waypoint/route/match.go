@@ -1,6 +1,8 @@
 // Package route is the waypoint's request router: a compiled Envoy
 // RouteConfiguration (the subset Weft's control plane emits) and the
-// matcher that picks, in order, the first route a request satisfies.
+// matcher that picks the virtual host by the request's host, with Envoy's
+// domain rules (vhost.go), then, in order, the first of its routes the
+// request satisfies.
 package route
 
 import (
@@ -269,12 +271,24 @@ func (rt *Route) Matches(r *Request) bool {
 	return true
 }
 
-// Match returns the first route r satisfies, or nil.
-func (t *Table) Match(r *Request) *Route {
+// VirtualHost returns the virtual host whose domains take host (a Host or
+// :authority value as the request has it), or nil.
+func (t *Table) VirtualHost(host string) *VirtualHost {
 	if t == nil {
 		return nil
 	}
-	for _, rt := range t.Routes {
+	return t.domains.find(host)
+}
+
+// Match returns the first route r satisfies in the virtual host its
+// authority selects, or nil: no virtual host takes the authority, or none
+// of its routes takes r.
+func (t *Table) Match(r *Request) *Route {
+	vh := t.VirtualHost(r.Authority)
+	if vh == nil {
+		return nil
+	}
+	for _, rt := range vh.Routes {
 		if rt.Matches(r) {
 			return rt
 		}

@@ -123,11 +123,14 @@ func (s *Store) publish() {
 			snap.Assignments[name] = a
 		}
 	}
-	if l, ok := s.listeners["waypoint"]; ok {
+	snap.Listeners = clone(s.listeners)
+	if l, ok := s.listeners["waypoint"]; ok && !l.Addr.IsValid() {
 		snap.Listener = l
 	} else {
 		for _, l := range s.listeners {
-			snap.Listener = l
+			if !l.Addr.IsValid() {
+				snap.Listener = l
+			}
 		}
 	}
 	s.cur.Store(snap)

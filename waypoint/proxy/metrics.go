@@ -11,7 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the waypoint's Istio standard HTTP metrics (reporter="waypoint").
+// Metrics are the waypoint's Istio standard HTTP metrics (reporter="waypoint";
+// "source" in gateway mode).
 type Metrics struct {
 	requests           *prometheus.CounterVec
 	duration           *prometheus.HistogramVec
@@ -90,7 +91,7 @@ func (s *session) sessionLabels() sessionLabels {
 	l.srcVersion = firstNonEmpty(s.baggage["service.version"], "unknown")
 	l.srcCluster = firstNonEmpty(s.baggage["k8s.cluster.name"], "unknown")
 	l.host = "unknown"
-	if s.chain.HTTP != nil && s.chain.HTTP.RouteName != "" {
+	if s.chain.HTTP != nil && s.chain.HTTP.RouteName != "" && s.listener == "" {
 		l.host, _, _ = strings.Cut(s.chain.HTTP.RouteName, ":")
 	}
 	svcName, svcNS, _ := strings.Cut(l.host, ".")
@@ -114,9 +115,15 @@ func (s *session) series(k seriesKey) *series {
 	if k.grpc {
 		proto = "grpc"
 	}
-	v := []string{"waypoint", l.srcWL, l.srcNS, l.srcPrin, l.srcApp, l.srcVersion, l.srcCluster,
+	reporter, security := "waypoint", "mutual_tls"
+	if s.p.cfg.Gateway {
+		// Istio's gateways report as the source; their clients are
+		// outside the mesh.
+		reporter, security = "source", "none"
+	}
+	v := []string{reporter, l.srcWL, l.srcNS, l.srcPrin, l.srcApp, l.srcVersion, l.srcCluster,
 		k.dstWL, k.dstNS, k.dstPrin, k.dstWL, "unknown", l.host, l.svcName, l.svcNS,
-		"unknown", proto, strconv.Itoa(k.code), k.grpcStatus, k.flags, "mutual_tls"}
+		"unknown", proto, strconv.Itoa(k.code), k.grpcStatus, k.flags, security}
 	m := s.p.cfg.Metrics
 	sr := &series{
 		requests: m.requests.WithLabelValues(v...),

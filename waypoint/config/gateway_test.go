@@ -2,6 +2,7 @@ package config
 
 import (
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -275,4 +276,58 @@ func TestGatewayListenerRejects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzSelectSNI holds SelectSNI to the rule written out plainly: exact
+// name, else the longest `*.` wildcard with at least one more label's
+// worth of characters, else the chain without names.
+func FuzzSelectSNI(f *testing.F) {
+	f.Add("a.example.com", "*.example.com", "*.b.example.com", "x.b.example.com")
+	f.Add("A.COM", "*.com", "*.a.com", "a.com")
+	f.Add("a.b", "*.b", "*.a.b", ".a.b")
+	f.Fuzz(func(t *testing.T, n1, n2, n3, sni string) {
+		names := [][]string{{n1}, {n2, n3}, nil}
+		l := &Listener{}
+		for i, ns := range names {
+			c := &Chain{Name: strconv.Itoa(i)}
+			var err error
+			if c.ServerNames, err = compileServerNames(ns, "n"); err != nil {
+				return
+			}
+			l.Chains = append(l.Chains, c)
+		}
+		want, bestLen := "2", 0
+		lower := strings.ToLower(sni)
+	search:
+		for i, ns := range names {
+			for _, n := range ns {
+				n = strings.ToLower(n)
+				switch {
+				case n == lower:
+					want = strconv.Itoa(i)
+					break search
+				case strings.HasPrefix(n, "*.") && strings.HasSuffix(lower, n[1:]) && len(lower) > len(n)-1 && len(n) > bestLen:
+					want, bestLen = strconv.Itoa(i), len(n)
+				}
+			}
+		}
+		// Duplicate names are refused at compile time; the first chain
+		// listing one wins here.
+		if c := l.SelectSNI(sni); c == nil || (c.Name != want && !dupNames(names)) {
+			t.Fatalf("SNI %q in %q: chain %v, want %s", sni, names, c, want)
+		}
+	})
+}
+
+func dupNames(names [][]string) bool {
+	seen := map[string]bool{}
+	for _, ns := range names {
+		for _, n := range ns {
+			if seen[strings.ToLower(n)] {
+				return true
+			}
+			seen[strings.ToLower(n)] = true
+		}
+	}
+	return false
 }

@@ -113,8 +113,8 @@ func (p *Proxy) GatewayReady() error {
 	p.gw.mu.Lock()
 	defer p.gw.mu.Unlock()
 	var missing []string
-	for name := range want {
-		if _, ok := p.gw.open[name]; !ok {
+	for name, l := range want {
+		if gl := p.gw.open[name]; gl == nil || gl.port != l.Addr.Port() {
 			missing = append(missing, name)
 		}
 	}

@@ -26,6 +26,7 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	tlsinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -569,5 +570,52 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A TLS chain without a certificate passes the connection through to its
+// cluster, ClientHello and all, so the backend's own certificate answers;
+// a plain listener's tcp_proxy chain relays whatever comes.
+func TestGatewayPassthroughAndTCP(t *testing.T) {
+	g := newGatewayFixture(t)
+	// The backend ends TLS itself, for pass.example.com.
+	cert, err := g.root.Server("pass.example.com", []string{"pass.example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{*cert.TLS()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "passed through "+r.Host) })}
+	done := make(chan struct{})
+	go func() { srv.Serve(bln); close(done) }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	g.backend = bln.Addr().(*net.TCPAddr).AddrPort()
+
+	tlsPort, tcpPort := freePort(t), freePort(t)
+	tcpProxy := &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, &tcpv3.TcpProxy{
+		StatPrefix: "tcp", ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: backendCluster}})}}
+	pass := tlsListener(t, tlsPort,
+		&listenerv3.FilterChain{Name: "tls/pass", FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{"pass.example.com"}}, Filters: []*listenerv3.Filter{tcpProxy}},
+		g.tlsChain("https/local", []string{"local.example.com"}, []string{"local.example.com"}, "https.local"))
+	tcp := &listenerv3.Listener{Name: "0.0.0.0_tcp", Address: gatewayAddr(tcpPort), FilterChains: []*listenerv3.FilterChain{{Name: "tcp", Filters: []*listenerv3.Filter{tcpProxy}}}}
+	g.apply([]*listenerv3.Listener{pass, tcp}, map[string][]*routev3.VirtualHost{"https.local": {direct("*", "terminated here")}})
+
+	for _, tc := range []struct {
+		port      uint16
+		sni, want string
+	}{
+		{tlsPort, "pass.example.com", "passed through pass.example.com"},
+		{tlsPort, "local.example.com", "terminated here"},
+		{tcpPort, "pass.example.com", "passed through pass.example.com"},
+	} {
+		for _, h2 := range []bool{false, true} {
+			c, peer := g.tlsClient(tc.sni, h2)
+			resp := gwGet(t, c, "https", tc.port, tc.sni, nil)
+			if resp.body != tc.want || len(*peer) == 0 || (*peer)[0].DNSNames[0] != tc.sni {
+				t.Errorf("port %d SNI %s h2 %v: %q from %v, want %q", tc.port, tc.sni, h2, resp.body, *peer, tc.want)
+			}
+		}
 	}
 }

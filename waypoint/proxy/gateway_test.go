@@ -172,6 +172,14 @@ func toBackend(domains ...string) *routev3.VirtualHost {
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: backendCluster}}}}}}
 }
 
+// passthroughVH is a virtual host sending every request to the
+// passthrough cluster.
+func passthroughVH(domain string) *routev3.VirtualHost {
+	vh := toBackend(domain)
+	vh.Routes[0].Action = &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: config.PassthroughCluster}}}
+	return vh
+}
+
 // apply pushes listeners, route configurations and the backend's cluster.
 func (g *gatewayFixture) apply(listeners []*listenerv3.Listener, routes map[string][]*routev3.VirtualHost) {
 	t := g.t
@@ -188,7 +196,9 @@ func (g *gatewayFixture) apply(listeners []*listenerv3.Listener, routes map[stri
 		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
 			Address: g.backend.Addr().String(), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(g.backend.Port())}}}}}},
 	}}}}}
-	if err := g.store.ApplyClusters(map[string]*anypb.Any{c.Name: mustAny(t, c)}, nil); err != nil {
+	pt := &clusterv3.Cluster{Name: config.PassthroughCluster, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
+		LbPolicy: clusterv3.Cluster_CLUSTER_PROVIDED, ConnectTimeout: durationpb.New(time.Second)}
+	if err := g.store.ApplyClusters(map[string]*anypb.Any{c.Name: mustAny(t, c), pt.Name: mustAny(t, pt)}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.store.ApplyEndpoints(map[string]*anypb.Any{c.Name: mustAny(t, cla)}, nil); err != nil {
@@ -260,7 +270,7 @@ func TestGatewayHTTP(t *testing.T) {
 	g := newGatewayFixture(t)
 	port := freePort(t)
 	g.apply([]*listenerv3.Listener{httpListener(t, port)}, map[string][]*routev3.VirtualHost{
-		"http." + strconv.Itoa(int(port)): {toBackend("foo.example.com"), direct("*.wild.example.com", "wild")},
+		"http." + strconv.Itoa(int(port)): {toBackend("foo.example.com"), direct("*.wild.example.com", "wild"), passthroughVH("loop.example.com")},
 	})
 	for name, c := range map[string]*http.Client{"HTTP/1.1": plainClient(t), "h2c": h2cClient(t)} {
 		t.Run(name, func(t *testing.T) {
@@ -304,6 +314,11 @@ func TestGatewayHTTP(t *testing.T) {
 				case want != "" && (resp.StatusCode != 200 || resp.body != want):
 					t.Errorf("Host %q: %d %q, want %q", host, resp.StatusCode, resp.body, want)
 				}
+			}
+			// A passthrough cluster has no original destination to go to:
+			// the gateway's own address would be a loop.
+			if resp := gwGet(t, c, "http", port, "loop.example.com", nil); resp.StatusCode != 503 {
+				t.Errorf("passthrough from a gateway: %d %q, want 503", resp.StatusCode, resp.body)
 			}
 			// The port is gone upstream too.
 			if got := gwGet(t, c, "http", port, "foo.example.com:8080", nil).Header.Get("Seen-Host"); got != "foo.example.com" {

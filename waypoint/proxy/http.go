@@ -317,7 +317,7 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 		reply(w, info, replyBadBody)
 		return
 	}
-	call.Target = s.target
+	call.Target = s.origDst()
 	s.p.router.Mirror(call)
 	resp, done, err := s.p.router.Send(ctx, call, &info.picked)
 	if err != nil {

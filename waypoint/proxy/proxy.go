@@ -195,6 +195,17 @@ func (s *session) httpConfig(snap *config.Snapshot) *config.HTTP {
 	return s.http
 }
 
+// origDst is where a passthrough (ORIGINAL_DST) cluster sends the
+// session's requests: the CONNECT's target. A gateway connection has none:
+// its destination is the gateway itself, which a passthrough cluster must
+// not loop back to, so such a cluster fails to connect (503).
+func (s *session) origDst() netip.AddrPort {
+	if s.listener != "" {
+		return netip.AddrPort{}
+	}
+	return s.target
+}
+
 // current returns the session's chain as snap has it, or nil: for HBONE
 // the chain the target and protocol select, for a gateway connection the
 // chain of the same name in its listener.
@@ -494,7 +505,7 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	cluster := ch.PickTCP(s.p.cfg.Rand)
 	log = append(log, "cluster", cluster)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	up, ep, err := s.p.upstream.Dial(ctx, snap, cluster, s.target)
+	up, ep, err := s.p.upstream.Dial(ctx, snap, cluster, s.origDst())
 	cancel()
 	if err != nil {
 		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", string(flagConnectFailure), "error", err.Error())...)

@@ -258,10 +258,14 @@ func plainClient(t *testing.T) *http.Client {
 	return &http.Client{Transport: tr}
 }
 
+// h2cClient is x/net's HTTP/2 client with prior knowledge: a peer
+// independent of the proxy's net/http server.
 func h2cClient(t *testing.T) *http.Client {
+	//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 	tr := &http2.Transport{AllowHTTP: true, DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, addr)
 	}}
+	//lint:ignore SA1019 x/net's client, as above
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
 }

@@ -336,14 +336,26 @@ func TestGatewayHTTP(t *testing.T) {
 		t.Fatalf("istio_requests_total: %d series, %v", n, err)
 	}
 	mfs, _ := g.reg.Gather()
+	backendSeries := 0
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reporter" && l.GetValue() != "source" {
-					t.Errorf("%s reporter=%q, want source", mf.GetName(), l.GetValue())
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["reporter"] != "source" || labels["source_principal"] != "unknown" || labels["connection_security_policy"] != "unknown" {
+				t.Errorf("%s %v, want reporter=source, no principal or policy", mf.GetName(), labels)
+			}
+			if labels["destination_service"] == "backend.demo.svc.cluster.local" {
+				backendSeries++
+				if labels["destination_service_name"] != "backend" || labels["destination_service_namespace"] != "demo" {
+					t.Errorf("%s %v: destination service name and namespace", mf.GetName(), labels)
 				}
 			}
 		}
+	}
+	if backendSeries == 0 {
+		t.Error("no series names the backend's service (from its cluster)")
 	}
 }
 

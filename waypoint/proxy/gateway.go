@@ -337,7 +337,8 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 		return
 	}
 	rec.stop()
-	s.scheme = "https"
+	cs := tc.ConnectionState()
+	s.scheme, s.tlsState = "https", &cs
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {
 		s.use(ch, config.ProtoH2C)
 		s.serveH2(tc, h2TLS)

@@ -28,6 +28,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/net/http2"
@@ -170,6 +171,17 @@ func toBackend(domains ...string) *routev3.VirtualHost {
 	return &routev3.VirtualHost{Name: domains[0], Domains: domains, Routes: []*routev3.Route{{Name: "backend",
 		Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 		Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: backendCluster}}}}}}
+}
+
+// schemeVH is a virtual host answering https to requests whose :scheme is
+// https, else http.
+func schemeVH(domain string) *routev3.VirtualHost {
+	vh := direct(domain, "http")
+	https := direct(domain, "https").Routes[0]
+	https.Match.Headers = []*routev3.HeaderMatcher{{Name: ":scheme", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{
+		StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "https"}}}}}
+	vh.Routes = append([]*routev3.Route{https}, vh.Routes...)
+	return vh
 }
 
 // passthroughVH is a virtual host sending every request to the
@@ -451,7 +463,7 @@ func TestGatewayTLS(t *testing.T) {
 			g.tlsChain("https/"+p+"/default", nil, []string{"default.example.net", "example.com"}, "https."+p+".default")),
 		tlsListener(t, strict, g.tlsChain("https/"+sp+"/only", []string{"only.example.com"}, []string{"only.example.com"}, "https."+sp+".only")),
 	}, map[string][]*routev3.VirtualHost{
-		"https." + p + ".exact":   {direct("a.example.com", "exact"), toBackend("xfp.example.com")},
+		"https." + p + ".exact":   {direct("a.example.com", "exact"), toBackend("xfp.example.com"), schemeVH("scheme.example.com")},
 		"https." + p + ".wild":    {direct("*.example.com", "wild")},
 		"https." + p + ".deep":    {direct("*.b.example.com", "deep")},
 		"https." + p + ".default": {direct("*", "default")},
@@ -492,6 +504,9 @@ func TestGatewayTLS(t *testing.T) {
 				}
 			}
 			c, _ := g.tlsClient("a.example.com", h2)
+			if resp := gwGet(t, c, "https", port, "scheme.example.com", nil); resp.body != "https" {
+				t.Errorf(":scheme matched %q, want https", resp.body)
+			}
 			resp := gwGet(t, c, "https", port, "xfp.example.com", http.Header{"X-Forwarded-Proto": {"http"}})
 			if got := resp.Header.Get("Seen-X-Forwarded-Proto"); got != "https" {
 				t.Errorf("X-Forwarded-Proto upstream %q, want https", got)

@@ -171,6 +171,9 @@ func (w *countingWriter) Flush() {
 // an HTTP/1.1 connection closed without the rest, an HTTP/2 stream reset.
 func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (aborted bool) {
 	start := time.Now()
+	if r.TLS == nil {
+		r.TLS = s.tlsState
+	}
 	info := &reqInfo{}
 	cw := &countingWriter{ResponseWriter: w}
 	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")

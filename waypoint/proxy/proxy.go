@@ -168,9 +168,12 @@ type session struct {
 	listener string
 	// scheme is the connection's: "https" for a gateway's TLS, else
 	// "http".
-	scheme  string
-	baggage map[string]string
-	labels  sessionLabels // metric labels of the source and service
+	scheme string
+	// tlsState is a gateway TLS connection's, given to its requests as
+	// net/http's server would (r.TLS); nil otherwise.
+	tlsState *tls.ConnectionState
+	baggage  map[string]string
+	labels   sessionLabels // metric labels of the source and service
 
 	mu    sync.Mutex
 	cache map[seriesKey]*series // guarded by mu: the metrics of this session's requests

@@ -146,9 +146,13 @@ type Request struct {
 	Header http.Header
 }
 
-// FromHTTP builds a Request from a server-side net/http request.
+// FromHTTP builds a Request from a server-side net/http request; its
+// :scheme is https when the request came over TLS (r.TLS set).
 func FromHTTP(r *http.Request) Request {
 	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
 	return Request{Method: r.Method, Authority: r.Host, Scheme: scheme, Path: r.URL.RequestURI(), Header: r.Header}
 }
 

@@ -37,9 +37,9 @@ import (
 //     ClientHello's server name picks the chain (config.Listener.SelectSNI)
 //     in crypto/tls's GetConfigForClient; no chain, no certificate: the
 //     handshake fails. A chain with a certificate ends TLS and serves
-//     HTTP/2 when ALPN chose h2, else HTTP/1.1; one without passes the
-//     connection through (the bytes read so far replayed) to its
-//     tcp_proxy cluster.
+//     HTTP/2 when ALPN chose h2, else HTTP/1.1 (or relays what TLS
+//     carries, with tcp_proxy); one without passes the connection through
+//     (the bytes read so far replayed) to its tcp_proxy cluster.
 //   - The client has no mesh identity; the source address of policy is the
 //     TCP peer; a connection finds its chain again by listener and chain
 //     name in each newer configuration.
@@ -337,6 +337,12 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 		return
 	}
 	rec.stop()
+	if ch.TCP() {
+		// TLS ends here and what it carried is relayed.
+		s.use(ch, "")
+		s.serveTCP(tcpStream{tc}, ch)
+		return
+	}
 	cs := tc.ConnectionState()
 	s.scheme, s.tlsState = "https", &cs
 	if tc.ConnectionState().NegotiatedProtocol == "h2" {

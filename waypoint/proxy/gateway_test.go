@@ -664,4 +664,36 @@ func TestGatewayPassthroughAndTCP(t *testing.T) {
 			}
 		}
 	}
+
+	// A chain with a certificate and tcp_proxy ends TLS and relays what it
+	// carried, here to a plain echo server.
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoDone := make(chan struct{})
+	go func() {
+		defer close(echoDone)
+		c, err := echo.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(c, c)
+		c.Close()
+	}()
+	t.Cleanup(func() { echo.Close(); <-echoDone })
+	g.backend = echo.Addr().(*net.TCPAddr).AddrPort()
+	term := g.tlsChain("tls-term", []string{"term.example.com"}, []string{"term.example.com"}, "unused")
+	term.Filters = []*listenerv3.Filter{tcpProxy}
+	g.apply([]*listenerv3.Listener{tlsListener(t, tlsPort, term)}, nil)
+	c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", tlsPort), &tls.Config{ServerName: "term.example.com", RootCAs: g.roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "ping over TLS")
+	c.CloseWrite()
+	if b, _ := io.ReadAll(c); string(b) != "ping over TLS" {
+		t.Errorf("through a terminating TCP chain: %q", b)
+	}
 }

@@ -1,5 +1,6 @@
 // Package h1server is the waypoint's downstream HTTP/1.1 server (RFC 9112):
-// it serves the requests of one HBONE stream, one at a time, to a handler.
+// it serves the requests of one HBONE stream (or one connection of a
+// gateway, TCP or TLS), one at a time, to a handler.
 //
 // It is our own rather than net/http's, which serves only from a listener,
 // reads in a goroutine of its own during every request to notice a client

@@ -382,6 +382,18 @@ func TestGatewayAbuse(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
 		t.Errorf("oversized head: %d, want 431", resp.StatusCode)
 	}
+	// HTTP/2: 68 KiB in many fields is refused too, by the client that
+	// read the server's SETTINGS_MAX_HEADER_LIST_SIZE or by the server.
+	req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+	for i := range 17 {
+		req.Header.Set(fmt.Sprintf("X-Big-%d", i), strings.Repeat("a", 4<<10))
+	}
+	if r, err := h2cClient(t).Do(req); err == nil {
+		r.Body.Close()
+		if r.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Errorf("oversized h2c head: %d, want 431", r.StatusCode)
+		}
+	}
 	c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{ServerName: "foo.example.com", RootCAs: g.roots})
 	if err == nil {
 		c.Close()
@@ -605,6 +617,22 @@ func TestGatewayListenerLifecycle(t *testing.T) {
 	g.apply([]*listenerv3.Listener{l}, map[string][]*routev3.VirtualHost{"http." + strconv.Itoa(int(heldPort)): {toBackend("*")}})
 	if resp := gwGet(t, plainClient(t), "http", heldPort, "foo", nil); resp.StatusCode != 200 {
 		t.Errorf("after rebinding: %d", resp.StatusCode)
+	}
+
+	// The same listener moves to another port: the old one closes.
+	moved := freePort(t)
+	l2 := httpListener(t, moved)
+	l2.Name = name
+	g.apply([]*listenerv3.Listener{l2}, map[string][]*routev3.VirtualHost{"http." + strconv.Itoa(int(moved)): {toBackend("*")}})
+	waitFor(t, "the old port to close", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", heldPort))
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	if resp := gwGet(t, plainClient(t), "http", moved, "foo", nil); resp.StatusCode != 200 {
+		t.Errorf("on the new port: %d", resp.StatusCode)
 	}
 }
 

@@ -265,7 +265,14 @@ func (g *gateway) serveGatewayConn(name string, c net.Conn) {
 		s.serveTLS(l, c)
 		return
 	}
-	s.serveDownstream(tcpStream{c}, l.Chains[0])
+	ch := l.Chains[0]
+	if ch.TCP() {
+		s.serveDownstream(tcpStream{c}, ch)
+		return
+	}
+	rc := newReadAheadConn(c)
+	defer rc.Close()
+	s.serveDownstream(rc, ch)
 }
 
 func addrPort(a net.Addr) netip.AddrPort {
@@ -351,9 +358,10 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 		return
 	}
 	s.use(ch, config.ProtoHTTP11)
-	st := tcpStream{tc}
-	hl := h1server.NewHeadLimiter(st)
-	s.serveHTTP(st, bufio.NewReaderSize(hl, 4096), hl, sniffedH1)
+	rc := newReadAheadConn(tc)
+	defer rc.Close()
+	hl := h1server.NewHeadLimiter(rc)
+	s.serveHTTP(rc, bufio.NewReaderSize(hl, 4096), hl, sniffedH1)
 }
 
 // h2TLS is HTTP/2 over TLS, negotiated by ALPN.
@@ -371,9 +379,9 @@ type clientConn interface {
 	AfterPeerEnd(f func()) (stop func() bool)
 }
 
-// tcpStream is a gateway's connection as a downstream. It cannot tell
-// that the client left without reading, so a request runs until it ends
-// or times out (as with net/http's server once it reads the body).
+// tcpStream is a gateway's connection relayed by tcp_proxy, as a
+// clientConn: the relay sees the client's end itself, so AfterPeerEnd
+// never calls. HTTP/1 connections are readAheadConns.
 type tcpStream struct{ net.Conn }
 
 func (c tcpStream) CloseWrite() error {

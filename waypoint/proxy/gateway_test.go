@@ -5,12 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -723,5 +725,82 @@ func TestGatewayPassthroughAndTCP(t *testing.T) {
 	c.CloseWrite()
 	if b, _ := io.ReadAll(c); string(b) != "ping over TLS" {
 		t.Errorf("through a terminating TCP chain: %q", b)
+	}
+}
+
+// A client that leaves while its request runs cancels it upstream, over
+// plain TCP and TLS alike, as an HBONE client's does.
+func TestGatewayClientLeaves(t *testing.T) {
+	g := newGatewayFixture(t)
+	canceled := make(chan struct{}, 4)
+	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body) // net/http notices a client gone once the body is read
+		select {
+		case <-r.Context().Done():
+			canceled <- struct{}{}
+		case <-time.After(10 * time.Second):
+		}
+	}), nil)
+	plain, secure := freePort(t), freePort(t)
+	g.apply([]*listenerv3.Listener{httpListener(t, plain),
+		tlsListener(t, secure, g.tlsChain("https/slow", []string{"slow.example.com"}, []string{"slow.example.com"}, "https.slow"))},
+		map[string][]*routev3.VirtualHost{"http." + strconv.Itoa(int(plain)): {toBackend("*")}, "https.slow": {toBackend("*")}})
+	dial := map[string]func() (net.Conn, error){
+		"TCP": func() (net.Conn, error) { return net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", plain)) },
+		"TLS": func() (net.Conn, error) {
+			return tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", secure), &tls.Config{ServerName: "slow.example.com", RootCAs: g.roots, NextProtos: []string{"http/1.1"}})
+		},
+	}
+	for name, d := range dial {
+		c, err := d()
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.WriteString(c, "POST /slow HTTP/1.1\r\nHost: slow\r\nContent-Length: 2\r\n\r\nhi")
+		time.Sleep(100 * time.Millisecond) // the request is upstream
+		c.Close()
+		select {
+		case <-canceled:
+		case <-time.After(5 * time.Second):
+			t.Errorf("%s: the upstream request ran on after its client left", name)
+		}
+	}
+}
+
+// A read deadline moved while a Read waits takes effect at once, and data
+// comes through in order, then the end.
+func TestReadAheadConn(t *testing.T) {
+	a, b := net.Pipe()
+	rc := newReadAheadConn(a)
+	defer rc.Close()
+	left := make(chan struct{})
+	stop := rc.AfterPeerEnd(func() { close(left) })
+	defer stop()
+	rc.SetReadDeadline(time.Now().Add(time.Hour))
+	got := make(chan error, 1)
+	go func() {
+		_, err := rc.Read(make([]byte, 1))
+		got <- err
+	}()
+	time.Sleep(20 * time.Millisecond)
+	rc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	select {
+	case err := <-got:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("Read: %v, want a deadline error", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a deadline moved earlier did not end the waiting Read")
+	}
+	rc.SetReadDeadline(time.Time{})
+	go func() { b.Write([]byte("hello")); b.Close() }()
+	data, err := io.ReadAll(rc)
+	if string(data) != "hello" || err != nil {
+		t.Errorf("ReadAll: %q %v", data, err)
+	}
+	select {
+	case <-left:
+	case <-time.After(2 * time.Second):
+		t.Error("AfterPeerEnd did not call after the end")
 	}
 }

@@ -8,7 +8,7 @@ import (
 )
 
 // readAheadChunk is how much a readAheadConn reads at a time.
-const readAheadChunk = 16 << 10
+const readAheadChunk = 8 << 10
 
 // readAheadConn is a gateway's HTTP/1 connection (TCP, or TLS above it) as
 // a clientConn: a goroutine of its own reads it one chunk ahead of the
@@ -48,10 +48,13 @@ func newReadAheadConn(c net.Conn) *readAheadConn {
 }
 
 // readAhead reads the connection until it fails or ends, handing each
-// chunk to the server.
+// chunk to the server. Two buffers take turns: the channel is unbuffered,
+// so a chunk is handed over only once the server has used up the one
+// before, whose buffer is then free to read into.
 func (r *readAheadConn) readAhead() {
-	for {
-		buf := make([]byte, readAheadChunk)
+	var bufs [2][readAheadChunk]byte
+	for i := 0; ; i ^= 1 {
+		buf := bufs[i][:]
 		n, err := r.Conn.Read(buf)
 		if err != nil {
 			r.end()

@@ -352,7 +352,7 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 	}
 	cs := tc.ConnectionState()
 	s.scheme, s.tlsState = "https", &cs
-	if tc.ConnectionState().NegotiatedProtocol == "h2" {
+	if cs.NegotiatedProtocol == "h2" {
 		s.use(ch, config.ProtoH2C)
 		s.serveH2(tc, h2TLS)
 		return

@@ -4,6 +4,10 @@
 // subset is an error naming the resource and the field, which the xDS
 // client turns into a NACK.
 //
+// Listeners: the waypoint's HBONE listener (`waypoint`, no address), and
+// the listeners with an address an ingress gateway listens on itself, with
+// their TLS chains and certificates (gateway.go).
+//
 // Cluster types: EDS (endpoints from ClusterLoadAssignments), ORIGINAL_DST
 // (the passthrough cluster), and STRICT_DNS and LOGICAL_DNS with an inline
 // load_assignment of host names or IPs, which the Store resolves while it
@@ -26,6 +30,7 @@ import (
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	httpinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/http_inspector/v3"
+	tlsinspector "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	netrbac "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
@@ -73,6 +78,13 @@ type Chain struct {
 	// NetShadowRBAC are those filters' shadow rules (dry-run policies):
 	// evaluated and recorded, never enforced.
 	NetShadowRBAC []*rbac.Filter
+	// ServerNames is filter_chain_match.server_names, lower-cased: exact
+	// names and `*.` wildcards (addressed listeners with the TLS inspector
+	// only; see gateway.go).
+	ServerNames []string
+	// TLS is the chain's TLS transport socket: TLS ends here. nil on a
+	// TLS listener: the connection passes through as it came.
+	TLS *TLS
 }
 
 // WeightedCluster is one cluster of tcp_proxy's weighted_clusters.
@@ -136,14 +148,30 @@ type HTTP struct {
 	// (normalize_path, merge_slashes, path_with_escaped_slashes_action;
 	// unset: none, as in Envoy).
 	Path urlpath.Options
+	// UseRemoteAddress (use_remote_address): the TCP peer's address is
+	// appended to X-Forwarded-For and X-Forwarded-Proto is set to the
+	// connection's scheme, replacing the client's.
+	UseRemoteAddress bool
+	// StripAnyHostPort (strip_any_host_port): the port is removed from
+	// the request's host before policy and routing, and upstream.
+	StripAnyHostPort bool
 }
 
-// Listener is the compiled `waypoint` Listener.
+// Listener is a compiled Listener: the `waypoint` one, which takes HBONE
+// streams, or one with an address, which a gateway listens on (gateway.go).
 type Listener struct {
+	Name string
+	// Addr is address.socket_address; the zero value for the HBONE
+	// listener, which has none.
+	Addr   netip.AddrPort
 	Chains []*Chain
 	// Inspects: the listener has the HTTP inspector listener filter, which
 	// chains with application_protocols need.
 	Inspects bool
+	// TLSInspector: the listener has envoy.filters.listener.tls_inspector;
+	// its connections are TLS, their chains chosen by server name
+	// (SelectSNI). Addressed listeners only.
+	TLSInspector bool
 }
 
 // LB policy.
@@ -188,15 +216,15 @@ var (
 	listenerFields       = pbcheck.Fields[*listenerv3.Listener]("name", "address", "filter_chains", "stat_prefix", "listener_filters")
 	listenerFilterFields = pbcheck.Fields[*listenerv3.ListenerFilter]("name", "typed_config")
 	httpInspectorFields  = pbcheck.Fields[*httpinspector.HttpInspector]()
-	filterChainFields    = pbcheck.Fields[*listenerv3.FilterChain]("name", "filter_chain_match", "filters")
-	chainMatchFields     = pbcheck.Fields[*listenerv3.FilterChainMatch]("prefix_ranges", "destination_port", "application_protocols")
+	filterChainFields    = pbcheck.Fields[*listenerv3.FilterChain]("name", "filter_chain_match", "filters", "transport_socket")
+	chainMatchFields     = pbcheck.Fields[*listenerv3.FilterChainMatch]("prefix_ranges", "destination_port", "application_protocols", "server_names")
 	filterFields         = pbcheck.Fields[*listenerv3.Filter]("name", "typed_config")
 	netRBACFields        = pbcheck.Fields[*netrbac.RBAC]("rules", "stat_prefix", "shadow_rules", "shadow_rules_stat_prefix")
 	tcpProxyFields       = pbcheck.Fields[*tcpv3.TcpProxy]("cluster", "weighted_clusters", "stat_prefix")
 	tcpWeightedFields    = pbcheck.Fields[*tcpv3.TcpProxy_WeightedCluster]("clusters")
 	tcpClusterWFields    = pbcheck.Fields[*tcpv3.TcpProxy_WeightedCluster_ClusterWeight]("name", "weight")
 	hcmFields            = pbcheck.Fields[*hcmv3.HttpConnectionManager]("codec_type", "stat_prefix", "rds", "route_config", "http_filters", "stream_idle_timeout", "request_timeout",
-		"normalize_path", "merge_slashes", "path_with_escaped_slashes_action")
+		"normalize_path", "merge_slashes", "path_with_escaped_slashes_action", "use_remote_address", "strip_any_host_port")
 	rdsFields             = pbcheck.Fields[*hcmv3.Rds]("route_config_name", "config_source")
 	httpFilterFields      = pbcheck.Fields[*hcmv3.HttpFilter]("name", "typed_config")
 	httpRBACFields        = pbcheck.Fields[*rbacfilter.RBAC]("rules", "shadow_rules", "shadow_rules_stat_prefix")
@@ -211,13 +239,21 @@ var (
 	lbEndpointFields      = pbcheck.Fields[*endpointv3.LbEndpoint]("endpoint", "health_status", "metadata", "load_balancing_weight")
 )
 
-// CompileListener compiles the waypoint Listener.
+// CompileListener compiles a Listener: the waypoint's HBONE listener,
+// without an address, or one a gateway listens on, with one.
 func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 	where := fmt.Sprintf("listener %q", l.GetName())
 	if err := listenerFields.Check(l, where); err != nil {
 		return nil, err
 	}
-	out := &Listener{}
+	out := &Listener{Name: l.GetName()}
+	if l.GetAddress() != nil {
+		a, err := compileAddress(l.GetAddress(), where)
+		if err != nil {
+			return nil, err
+		}
+		out.Addr = a
+	}
 	for i, lf := range l.GetListenerFilters() {
 		w := fmt.Sprintf("%s: listener_filters[%d] (%s)", where, i, lf.GetName())
 		if err := listenerFilterFields.Check(lf, w); err != nil {
@@ -230,14 +266,23 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		if err != nil {
 			return nil, err
 		}
-		hi, ok := msg.(*httpinspector.HttpInspector)
-		if !ok {
-			return nil, fmt.Errorf("%s.typed_config %s is not supported (the HTTP inspector only)", w, lf.GetTypedConfig().GetTypeUrl())
+		switch m := msg.(type) {
+		case *httpinspector.HttpInspector:
+			if err := httpInspectorFields.Check(m, w); err != nil {
+				return nil, err
+			}
+			out.Inspects = true
+		case *tlsinspector.TlsInspector:
+			if !out.Addr.IsValid() {
+				return nil, fmt.Errorf("%s: the TLS inspector is supported on a listener with an address only", w)
+			}
+			if err := tlsInspectorFields.Check(m, w); err != nil {
+				return nil, err
+			}
+			out.TLSInspector = true
+		default:
+			return nil, fmt.Errorf("%s.typed_config %s is not supported (the HTTP or TLS inspector only)", w, lf.GetTypedConfig().GetTypeUrl())
 		}
-		if err := httpInspectorFields.Check(hi, w); err != nil {
-			return nil, err
-		}
-		out.Inspects = true
 	}
 	for i, fc := range l.GetFilterChains() {
 		w := fmt.Sprintf("%s: filter_chains[%d]", where, i)
@@ -268,10 +313,26 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		if c.Port > 65535 {
 			return nil, fmt.Errorf("%s.filter_chain_match.destination_port %d is not a port", w, c.Port)
 		}
+		if (len(m.GetServerNames()) > 0 || fc.GetTransportSocket() != nil) && !out.TLSInspector {
+			return nil, fmt.Errorf("%s: server_names and transport_socket need the listener filter envoy.filters.listener.tls_inspector on a listener with an address", w)
+		}
+		if c.ServerNames, err = compileServerNames(m.GetServerNames(), w+".filter_chain_match.server_names"); err != nil {
+			return nil, err
+		}
+		if ts := fc.GetTransportSocket(); ts != nil {
+			if c.TLS, err = compileTransportSocket(ts, w); err != nil {
+				return nil, err
+			}
+		}
 		if err := compileFilters(c, fc.GetFilters(), w); err != nil {
 			return nil, err
 		}
 		out.Chains = append(out.Chains, c)
+	}
+	if out.Addr.IsValid() {
+		if err := compileAddressed(l, out, where); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -437,7 +498,8 @@ func compileHCM(m *hcmv3.HttpConnectionManager, w string) (*HTTP, error) {
 	if m.GetCodecType() != hcmv3.HttpConnectionManager_AUTO {
 		return nil, fmt.Errorf("%s.codec_type %v is not supported (AUTO only)", w, m.GetCodecType())
 	}
-	h := &HTTP{RequestTimeout: m.GetRequestTimeout().AsDuration(), IdleTimeout: m.GetStreamIdleTimeout().AsDuration()}
+	h := &HTTP{RequestTimeout: m.GetRequestTimeout().AsDuration(), IdleTimeout: m.GetStreamIdleTimeout().AsDuration(),
+		UseRemoteAddress: m.GetUseRemoteAddress().GetValue(), StripAnyHostPort: m.GetStripAnyHostPort()}
 	h.Path = urlpath.Options{RFC3986: m.GetNormalizePath().GetValue(), MergeSlashes: m.GetMergeSlashes()}
 	switch a := m.GetPathWithEscapedSlashesAction(); a {
 	case hcmv3.HttpConnectionManager_IMPLEMENTATION_SPECIFIC_DEFAULT, hcmv3.HttpConnectionManager_KEEP_UNCHANGED:
@@ -647,7 +709,11 @@ func CompileAssignment(a *endpointv3.ClusterLoadAssignment) (*Assignment, error)
 
 // Snapshot is one consistent, immutable configuration.
 type Snapshot struct {
-	Listener    *Listener
+	// Listener is the HBONE listener: the one named `waypoint`, else one
+	// without an address; nil when there is none (a gateway).
+	Listener *Listener
+	// Listeners are all the Listeners by name, the HBONE one included.
+	Listeners   map[string]*Listener
 	Routes      map[string]*route.Table
 	Clusters    map[string]*Cluster
 	Assignments map[string]*Assignment

@@ -136,7 +136,7 @@ func TestApplicationProtocols(t *testing.T) {
 			"must list http/1.0 and http/1.1 together"},
 		{"another listener filter", &listenerv3.Listener{Name: "waypoint", ListenerFilters: []*listenerv3.ListenerFilter{{Name: "tls",
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAnyT(t, &tcpv3.TcpProxy{})}}}},
-			"is not supported (the HTTP inspector only)"},
+			"is not supported (the HTTP or TLS inspector only)"},
 		{"header principal in network RBAC", &listenerv3.Listener{Name: "waypoint", FilterChains: []*listenerv3.FilterChain{{Name: "tcp", Filters: []*listenerv3.Filter{
 			{Name: "rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, &netrbac.RBAC{StatPrefix: "tcp.", Rules: &rbacv3.RBAC{Policies: map[string]*rbacv3.Policy{"p": {
 				Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_Any{Any: true}}},

@@ -45,6 +45,7 @@ type Store struct {
 	resolving atomic.Int32   // resolve goroutines running (tests)
 
 	cur     atomic.Pointer[Snapshot]
+	changed chan struct{} // guarded by mu: closed at the next publish
 	applied chan struct{}
 	once    sync.Once
 }
@@ -67,7 +68,7 @@ func NewStore() *Store { return NewStoreWith(StoreConfig{}) }
 func NewStoreWith(c StoreConfig) *Store {
 	s := &Store{resolver: c.Resolver, allowAddr: c.AllowAddr, log: c.Logger,
 		listeners: map[string]*Listener{}, routes: map[string]*route.Table{}, clusters: map[string]*Cluster{},
-		cla: map[string]*Assignment{}, dns: map[string]*dnsCluster{}, applied: make(chan struct{})}
+		cla: map[string]*Assignment{}, dns: map[string]*dnsCluster{}, applied: make(chan struct{}), changed: make(chan struct{})}
 	if s.resolver == nil {
 		s.resolver = net.DefaultResolver
 	}
@@ -110,6 +111,14 @@ func (s *Store) Snapshot() *Snapshot {
 	return &Snapshot{}
 }
 
+// Changed returns a channel closed when a Snapshot newer than the current
+// one is published: take it before reading Snapshot to miss no change.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
 // Applied is closed after the first accepted update.
 func (s *Store) Applied() <-chan struct{} { return s.applied }
 
@@ -123,14 +132,19 @@ func (s *Store) publish() {
 			snap.Assignments[name] = a
 		}
 	}
-	if l, ok := s.listeners["waypoint"]; ok {
+	snap.Listeners = clone(s.listeners)
+	if l, ok := s.listeners["waypoint"]; ok && !l.Addr.IsValid() {
 		snap.Listener = l
 	} else {
 		for _, l := range s.listeners {
-			snap.Listener = l
+			if !l.Addr.IsValid() {
+				snap.Listener = l
+			}
 		}
 	}
 	s.cur.Store(snap)
+	close(s.changed)
+	s.changed = make(chan struct{})
 	s.once.Do(func() { close(s.applied) })
 }
 

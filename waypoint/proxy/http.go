@@ -35,10 +35,11 @@ func idle(d time.Duration) time.Duration {
 	return d
 }
 
-// serveH2 serves c, a connection that began with the HTTP/2 preface, until
-// it ends: net/http's server, speaking HTTP/2 with prior knowledge only,
-// on a listener that yields c alone.
-func (s *session) serveH2(c net.Conn) {
+// serveH2 serves c, a connection that began with the HTTP/2 preface (or a
+// TLS connection whose ALPN chose h2), until it ends: net/http's server,
+// speaking HTTP/2 only (protos: h2cOnly or h2TLS), on a listener that
+// yields c alone.
+func (s *session) serveH2(c net.Conn, protos *http.Protocols) {
 	l := &connListener{c: c, addr: c.LocalAddr(), done: make(chan struct{})}
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -48,7 +49,7 @@ func (s *session) serveH2(c net.Conn) {
 				panic(http.ErrAbortHandler)
 			}
 		}),
-		Protocols:      h2cOnly,
+		Protocols:      protos,
 		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: maxConcurrentStreams, MaxDecoderHeaderTableSize: 4096},
 		IdleTimeout:    idle(s.chain.HTTP.IdleTimeout),
 		MaxHeaderBytes: maxHeaderBytes,
@@ -170,6 +171,9 @@ func (w *countingWriter) Flush() {
 // an HTTP/1.1 connection closed without the rest, an HTTP/2 stream reset.
 func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (aborted bool) {
 	start := time.Now()
+	if r.TLS == nil {
+		r.TLS = s.tlsState
+	}
 	info := &reqInfo{}
 	cw := &countingWriter{ResponseWriter: w}
 	grpc := strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
@@ -273,6 +277,7 @@ func (s *session) admit(w http.ResponseWriter, r *http.Request, h2 bool, hc *con
 		}
 		return nil, false
 	}
+	forwarded(r, hc, s.remote.Addr(), s.scheme)
 	rq := route.FromHTTP(r)
 	rr := &rbac.Request{HTTP: &rq, Principal: s.peer, RemoteIP: s.remote.Addr(), DstPort: uint32(s.target.Port())}
 	if s.remote.IsValid() {
@@ -315,7 +320,7 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 		reply(w, info, replyBadBody)
 		return
 	}
-	call.Target = s.target
+	call.Target = s.origDst()
 	s.p.router.Mirror(call)
 	resp, done, err := s.p.router.Send(ctx, call, &info.picked)
 	if err != nil {

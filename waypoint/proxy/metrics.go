@@ -11,7 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the waypoint's Istio standard HTTP metrics (reporter="waypoint").
+// Metrics are the waypoint's Istio standard HTTP metrics (reporter="waypoint";
+// "source" in gateway mode).
 type Metrics struct {
 	requests           *prometheus.CounterVec
 	duration           *prometheus.HistogramVec
@@ -58,10 +59,14 @@ type series struct {
 // seriesKey is what varies between the requests of one session.
 type seriesKey struct {
 	dstWL, dstNS, dstPrin string
-	grpc                  bool
-	grpcStatus            string // the gRPC status code, "" when none came
-	code                  int
-	flags                 string
+	// dstSvc is a gateway request's destination service, from its
+	// cluster's name (outbound|<port>||<host>); "" on a waypoint, whose
+	// session names the service.
+	dstSvc     string
+	grpc       bool
+	grpcStatus string // the gRPC status code, "" when none came
+	code       int
+	flags      string
 }
 
 // maxSessionSeries bounds a session's series cache; past it the cache
@@ -90,13 +95,19 @@ func (s *session) sessionLabels() sessionLabels {
 	l.srcVersion = firstNonEmpty(s.baggage["service.version"], "unknown")
 	l.srcCluster = firstNonEmpty(s.baggage["k8s.cluster.name"], "unknown")
 	l.host = "unknown"
-	if s.chain.HTTP != nil && s.chain.HTTP.RouteName != "" {
+	if s.chain.HTTP != nil && s.chain.HTTP.RouteName != "" && s.listener == "" {
 		l.host, _, _ = strings.Cut(s.chain.HTTP.RouteName, ":")
 	}
-	svcName, svcNS, _ := strings.Cut(l.host, ".")
-	svcNS, _, _ = strings.Cut(svcNS, ".")
-	l.svcName, l.svcNS = firstNonEmpty(svcName, "unknown"), firstNonEmpty(svcNS, "unknown")
+	l.host, l.svcName, l.svcNS = serviceLabels(l.host)
 	return l
+}
+
+// serviceLabels returns the destination_service, _name and _namespace
+// labels of a service host name (<name>.<namespace>.svc...).
+func serviceLabels(host string) (string, string, string) {
+	svcName, svcNS, _ := strings.Cut(host, ".")
+	svcNS, _, _ = strings.Cut(svcNS, ".")
+	return host, firstNonEmpty(svcName, "unknown"), firstNonEmpty(svcNS, "unknown")
 }
 
 // series returns the metrics of k's label set, bound on first use.
@@ -114,9 +125,19 @@ func (s *session) series(k seriesKey) *series {
 	if k.grpc {
 		proto = "grpc"
 	}
-	v := []string{"waypoint", l.srcWL, l.srcNS, l.srcPrin, l.srcApp, l.srcVersion, l.srcCluster,
-		k.dstWL, k.dstNS, k.dstPrin, k.dstWL, "unknown", l.host, l.svcName, l.svcNS,
-		"unknown", proto, strconv.Itoa(k.code), k.grpcStatus, k.flags, "mutual_tls"}
+	reporter, security := "waypoint", "mutual_tls"
+	if s.p.cfg.Gateway {
+		// Istio's gateways report as the source; their clients are
+		// outside the mesh.
+		reporter, security = "source", "unknown"
+	}
+	host, svcName, svcNS := l.host, l.svcName, l.svcNS
+	if k.dstSvc != "" {
+		host, svcName, svcNS = serviceLabels(k.dstSvc)
+	}
+	v := []string{reporter, l.srcWL, l.srcNS, l.srcPrin, l.srcApp, l.srcVersion, l.srcCluster,
+		k.dstWL, k.dstNS, k.dstPrin, k.dstWL, "unknown", host, svcName, svcNS,
+		"unknown", proto, strconv.Itoa(k.code), k.grpcStatus, k.flags, security}
 	m := s.p.cfg.Metrics
 	sr := &series{
 		requests: m.requests.WithLabelValues(v...),
@@ -135,6 +156,14 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 	k := seriesKey{dstWL: "unknown", dstNS: "unknown", dstPrin: "unknown", grpc: grpc, code: info.status, flags: firstNonEmpty(string(info.flags), "-")}
 	if grpc {
 		k.grpcStatus = info.grpcStatus
+	}
+	if s.listener != "" {
+		// outbound|<port>||<host>, as the control plane names clusters.
+		parts := strings.Split(info.cluster, "|")
+		k.dstSvc = "unknown"
+		if len(parts) == 4 && parts[3] != "" {
+			k.dstSvc = parts[3]
+		}
 	}
 	if e := info.picked.Endpoint; e != nil {
 		k.dstWL = firstNonEmpty(e.WorkloadName, e.Workload, "unknown")
@@ -156,7 +185,7 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 	}
 	l := &s.labels
 	attrs := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "src_workload", l.srcWL, "src_namespace", l.srcNS,
-		"dst_addr", s.target.String(), "dst_service", l.host, "dst_workload", k.dstWL, "dst_namespace", k.dstNS, "dst_identity", k.dstPrin,
+		"dst_addr", s.target.String(), "dst_service", firstNonEmpty(k.dstSvc, l.host), "dst_workload", k.dstWL, "dst_namespace", k.dstNS, "dst_identity", k.dstPrin,
 		"method", r.Method, "path", r.URL.RequestURI(), "protocol", r.Proto, "status", info.status, "route", info.route,
 		"cluster", info.cluster, "upstream", upstreamString(info), "response_flags", k.flags,
 		"bytes_recv", reqBytes, "bytes_sent", info.rspBytes, "duration_ms", d.Milliseconds(), "traceparent", tp, "request_id", r.Header.Get("X-Request-Id")}

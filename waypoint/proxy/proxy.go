@@ -3,6 +3,10 @@
 // knowledge or opaque TCP, authorized, routed and re-originated to the
 // chosen endpoint over HBONE (or plain TCP).
 //
+// In gateway mode (an ingress gateway, gateway.go) the same HTTP and TCP
+// machinery serves connections from outside the mesh on the ports of the
+// Listeners with an address, in plain TCP or TLS chosen by server name.
+//
 // Three parts live in packages of their own: the downstream HTTP/1.1
 // server (waypoint/internal/h1server); the router, which matches a
 // request's route and sends it to the route's cluster with its mirrors and
@@ -65,6 +69,12 @@ type Config struct {
 	// Rand returns a uniform number in [0, max): the pick of a TCP chain's
 	// weighted clusters. Default math/rand/v2.Uint64N.
 	Rand func(max uint64) uint64
+	// Gateway: serve as an ingress gateway (ServeGateway, gateway.go)
+	// rather than an HBONE waypoint (Serve). Default false.
+	Gateway bool
+	// GatewayHost is the address gateway listeners bind; default "", every
+	// address of both families (tests bind 127.0.0.1).
+	GatewayHost string
 }
 
 // Proxy is the waypoint data path.
@@ -74,6 +84,7 @@ type Proxy struct {
 	dialer   *hbone.Dialer
 	upstream *upstream.Client
 	router   *router.Router
+	gw       *gateway // gateway mode only
 }
 
 // New returns a proxy; Serve starts it.
@@ -123,6 +134,9 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, err
 	}
 	p.router = router.New(p.upstream)
+	if cfg.Gateway {
+		p.gw = newGateway(p, cfg.GatewayHost)
+	}
 	return p, nil
 }
 
@@ -140,16 +154,26 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	return err
 }
 
-// session is one accepted CONNECT.
+// session is one accepted CONNECT, or one gateway connection.
 type session struct {
-	p       *Proxy
-	chain   *config.Chain // the chain chosen for the stream
-	proto   string        // the protocol detected: config.ProtoHTTP11, config.ProtoH2C or ""
-	target  netip.AddrPort
-	peer    string
-	remote  netip.AddrPort
-	baggage map[string]string
-	labels  sessionLabels // metric labels of the source and service
+	p     *Proxy
+	chain *config.Chain // the chain chosen for the stream
+	proto string        // the protocol detected: config.ProtoHTTP11, config.ProtoH2C or ""
+	// target is the CONNECT's target; for a gateway connection, the
+	// address it came to.
+	target netip.AddrPort
+	peer   string // the client's SPIFFE ID; "" for a gateway's client
+	remote netip.AddrPort
+	// listener is a gateway connection's Listener; "" for HBONE.
+	listener string
+	// scheme is the connection's: "https" for a gateway's TLS, else
+	// "http".
+	scheme string
+	// tlsState is a gateway TLS connection's, given to its requests as
+	// net/http's server would (r.TLS); nil otherwise.
+	tlsState *tls.ConnectionState
+	baggage  map[string]string
+	labels   sessionLabels // metric labels of the source and service
 
 	mu    sync.Mutex
 	cache map[seriesKey]*series // guarded by mu: the metrics of this session's requests
@@ -167,11 +191,32 @@ func (s *session) httpConfig(snap *config.Snapshot) *config.HTTP {
 	defer s.mu.Unlock()
 	if snap != s.seen {
 		s.seen = snap
-		if ch := snap.Select(s.target, s.proto); ch != nil && ch.HTTP != nil {
+		if ch := s.current(snap); ch != nil && ch.HTTP != nil {
 			s.http = ch.HTTP
 		}
 	}
 	return s.http
+}
+
+// origDst is where a passthrough (ORIGINAL_DST) cluster sends the
+// session's requests: the CONNECT's target. A gateway connection has none:
+// its destination is the gateway itself, which a passthrough cluster must
+// not loop back to, so such a cluster fails to connect (503).
+func (s *session) origDst() netip.AddrPort {
+	if s.listener != "" {
+		return netip.AddrPort{}
+	}
+	return s.target
+}
+
+// current returns the session's chain as snap has it, or nil: for HBONE
+// the chain the target and protocol select, for a gateway connection the
+// chain of the same name in its listener.
+func (s *session) current(snap *config.Snapshot) *config.Chain {
+	if s.listener != "" {
+		return snap.Listeners[s.listener].ChainNamed(s.chain.Name)
+	}
+	return snap.Select(s.target, s.proto)
 }
 
 // sniffTimeout bounds the wait for the bytes that tell the protocol.
@@ -190,7 +235,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 		r.Reject(http.StatusNotFound)
 		return
 	}
-	s := &session{p: p, target: target, peer: r.Peer.String(), baggage: map[string]string{}, seen: snap}
+	s := &session{p: p, target: target, peer: r.Peer.String(), scheme: "http", baggage: map[string]string{}, seen: snap}
 	// The source address of IP policy (ipBlocks and remoteIpBlocks alike)
 	// is the connection's peer: ztunnel connects from the client pod's own
 	// address. The CONNECT's Forwarded for= is written by whoever holds a
@@ -230,12 +275,20 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 		return
 	}
 	s.use(ch, kind.proto())
-	switch {
-	case ch.TCP():
+	if ch.TCP() {
 		s.serveTCP(conn, ch)
-	case kind == sniffedH2:
-		s.serveH2(conn)
-	case kind == sniffedTCP:
+		return
+	}
+	s.serveHTTP(st, br, hl, kind)
+}
+
+// serveHTTP serves st, whose first bytes were sniffed as kind and which
+// is read through br over hl, on the session's HTTP chain.
+func (s *session) serveHTTP(st clientConn, br *bufio.Reader, hl *h1server.HeadLimiter, kind sniffed) {
+	switch kind {
+	case sniffedH2:
+		s.serveH2(&peekConn{Conn: st, r: br}, h2cOnly)
+	case sniffedTCP:
 		s.refuseNotHTTP(st)
 	default:
 		// HTTP/1, or bytes that stopped before telling: the HTTP/1 server
@@ -260,7 +313,7 @@ func (s *session) use(ch *config.Chain, proto string) {
 // refuseNotHTTP answers 400 to bytes that are not HTTP on a chain that
 // serves only HTTP (a port whose protocol says HTTP), as Envoy's HTTP/1
 // codec does, and ends the stream: they are never relayed.
-func (s *session) refuseNotHTTP(st *hbone.Stream) {
+func (s *session) refuseNotHTTP(st clientConn) {
 	s.p.cfg.AccessLog.Warn("connection refused", "src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(),
 		"chain", s.chain.Name, "error", "not HTTP on an HTTP port", "status", 400, "response_flags", string(flagDownstreamProtocol))
 	h1server.RefuseNotHTTP(st)
@@ -436,7 +489,7 @@ func (s *session) authorizeTCP(ch *config.Chain) (denied bool, policy, audit str
 func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	start := time.Now()
 	snap := s.p.cfg.Store.Snapshot()
-	if cur := snap.Select(s.target, s.proto); cur != nil && cur.TCP() && cur.Name == ch.Name {
+	if cur := s.current(snap); cur != nil && cur.TCP() && cur.Name == ch.Name {
 		ch = cur
 	}
 	log := []any{"src_addr", s.remote.String(), "src_identity", s.peer, "dst_addr", s.target.String(), "chain", ch.Name}
@@ -455,7 +508,7 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 	cluster := ch.PickTCP(s.p.cfg.Rand)
 	log = append(log, "cluster", cluster)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	up, ep, err := s.p.upstream.Dial(ctx, snap, cluster, s.target)
+	up, ep, err := s.p.upstream.Dial(ctx, snap, cluster, s.origDst())
 	cancel()
 	if err != nil {
 		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", string(flagConnectFailure), "error", err.Error())...)

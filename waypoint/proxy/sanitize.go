@@ -1,11 +1,15 @@
 package proxy
 
 import (
+	"cmp"
 	"errors"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 
+	"github.com/weftmesh/weft/waypoint/config"
+	"github.com/weftmesh/weft/waypoint/route"
 	"github.com/weftmesh/weft/waypoint/urlpath"
 )
 
@@ -29,8 +33,10 @@ import (
 //     word for them.
 //
 // The source address that IP policy sees is not the request's: it is the
-// HBONE connection's peer (see serveConnect). X-Forwarded-For, X-Real-IP
-// and Forwarded are passed on untouched and decide nothing.
+// HBONE connection's peer (see serveConnect), or a gateway connection's TCP
+// peer. X-Forwarded-For, X-Real-IP and Forwarded decide nothing; they are
+// passed on untouched unless the chain's http_connection_manager says
+// otherwise (forwarded).
 
 // sanitized is the outcome of sanitize for a request refused or
 // redirected.
@@ -111,4 +117,31 @@ func originForm(target string) string {
 		rest = "/" + rest
 	}
 	return rest
+}
+
+// forwarded applies the http_connection_manager's host and forwarding
+// settings to r, once sanitized:
+//
+//   - strip_any_host_port: the port leaves the Host (:authority), so that
+//     virtual hosts match the name alone and the upstream sees it too, as
+//     in Envoy (a CONNECT's authority keeps it).
+//   - use_remote_address: the TCP peer is appended to X-Forwarded-For
+//     (after what the client sent, which is kept and decides nothing), and
+//     X-Forwarded-Proto is the connection's scheme, whatever the client
+//     said.
+func forwarded(r *http.Request, hc *config.HTTP, peer netip.Addr, scheme string) {
+	if hc.StripAnyHostPort && r.Method != http.MethodConnect {
+		r.Host = route.StripPort(r.Host)
+	}
+	if !hc.UseRemoteAddress {
+		return
+	}
+	if peer.IsValid() {
+		xff := strings.Join(r.Header.Values("X-Forwarded-For"), ", ")
+		if xff != "" {
+			xff += ", "
+		}
+		r.Header.Set("X-Forwarded-For", xff+peer.Unmap().String())
+	}
+	r.Header.Set("X-Forwarded-Proto", cmp.Or(scheme, "http"))
 }

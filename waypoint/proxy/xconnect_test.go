@@ -126,13 +126,13 @@ func TestWebSocketOverHTTP2Upstreams(t *testing.T) {
 		want   int
 	}{
 		{"accepted", func(key string) string {
-			return "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: " + accept(key) + "\r\n\r\n"
+			return "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: " + rfc6455Accept(key) + "\r\n\r\n"
 		}, http.StatusOK},
 		{"wrong accept", func(key string) string {
-			return "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: " + accept(key+"x") + "\r\n\r\n"
+			return "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: " + rfc6455Accept(key+"x") + "\r\n\r\n"
 		}, http.StatusBadGateway},
 		{"other protocol", func(key string) string {
-			return "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nSec-WebSocket-Accept: " + accept(key) + "\r\n\r\n"
+			return "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\nSec-WebSocket-Accept: " + rfc6455Accept(key) + "\r\n\r\n"
 		}, http.StatusBadGateway},
 		{"not switched", func(string) string {
 			return "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
@@ -196,7 +196,7 @@ func TestWebSocketOverHTTP2UpstreamEnds(t *testing.T) {
 		if err != nil {
 			return
 		}
-		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: %s\r\n\r\n", accept(req.Header.Get("Sec-WebSocket-Key")))
+		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: %s\r\n\r\n", rfc6455Accept(req.Header.Get("Sec-WebSocket-Key")))
 		io.WriteString(c, "\x81\x03bye") // one text frame, then the end
 	})
 	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {up}})
@@ -244,9 +244,9 @@ func rawUpstream(t *testing.T, serve func(net.Conn)) netip.AddrPort {
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
-// accept is RFC 6455's answer to key, computed here independently of the
+// rfc6455Accept is RFC 6455's answer to key, computed here independently of the
 // waypoint's.
-func accept(key string) string {
+func rfc6455Accept(key string) string {
 	h := sha1.New()
 	io.WriteString(h, key)
 	io.WriteString(h, "258EAFA5-E914-47DA-95CA-C5AB0DC85B11")

@@ -14,10 +14,17 @@ import (
 	"github.com/weftmesh/weft/waypoint/internal/pbcheck"
 )
 
-// Table is a compiled RouteConfiguration: its routes in order.
+// Table is a compiled RouteConfiguration: its virtual hosts, each with its
+// routes in order, and the index that picks one by the request's host
+// (vhost.go).
 type Table struct {
-	Name   string
-	Routes []*Route
+	Name         string
+	VirtualHosts []*VirtualHost
+	// Routes are every virtual host's routes, virtual hosts in order: what
+	// the configuration holds, for inspection. Matching goes through the
+	// virtual hosts (Match).
+	Routes  []*Route
+	domains domains
 }
 
 // HeaderOp is one header to add.
@@ -149,14 +156,26 @@ func Compile(rc *routev3.RouteConfiguration) (*Table, error) {
 		if err := virtualHostFields.Check(vh, vw); err != nil {
 			return nil, err
 		}
+		cv := &VirtualHost{Name: vh.GetName(), Domains: vh.GetDomains()}
 		for j, r := range vh.GetRoutes() {
-			cr, err := compileRoute(r, fmt.Sprintf("%s: route[%d]", where, j))
+			rw := fmt.Sprintf("%s: route[%d]", where, j)
+			if i > 0 {
+				rw = fmt.Sprintf("%s: virtual_hosts[%d].route[%d]", where, i, j)
+			}
+			cr, err := compileRoute(r, rw)
 			if err != nil {
 				return nil, err
 			}
+			cv.Routes = append(cv.Routes, cr)
 			t.Routes = append(t.Routes, cr)
 		}
+		t.VirtualHosts = append(t.VirtualHosts, cv)
 	}
+	d, err := compileDomains(t.VirtualHosts, where)
+	if err != nil {
+		return nil, err
+	}
+	t.domains = d
 	return t, nil
 }
 

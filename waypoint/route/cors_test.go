@@ -19,11 +19,11 @@ func compileWithPolicy(t testing.TB, key string, a *anypb.Any) (*Route, error) {
 	t.Helper()
 	r := rt("r", &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}})
 	r.TypedPerFilterConfig = map[string]*anypb.Any{key: a}
-	tb, err := Compile(&routev3.RouteConfiguration{Name: "rc", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Routes: []*routev3.Route{r}}}})
+	tb, err := Compile(&routev3.RouteConfiguration{Name: "rc", VirtualHosts: []*routev3.VirtualHost{{Name: "vh", Domains: []string{"*"}, Routes: []*routev3.Route{r}}}})
 	if err != nil {
 		return nil, err
 	}
-	return tb.Routes[0], nil
+	return tb.VirtualHosts[0].Routes[0], nil
 }
 
 func anyOf(t testing.TB, p *corsv3.CorsPolicy) *anypb.Any {

@@ -1,6 +1,8 @@
 // Package route is the waypoint's request router: a compiled Envoy
 // RouteConfiguration (the subset Weft's control plane emits) and the
-// matcher that picks, in order, the first route a request satisfies.
+// matcher that picks the virtual host by the request's host, with Envoy's
+// domain rules (vhost.go), then, in order, the first of its routes the
+// request satisfies.
 package route
 
 import (
@@ -144,9 +146,13 @@ type Request struct {
 	Header http.Header
 }
 
-// FromHTTP builds a Request from a server-side net/http request.
+// FromHTTP builds a Request from a server-side net/http request; its
+// :scheme is https when the request came over TLS (r.TLS set).
 func FromHTTP(r *http.Request) Request {
 	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
 	return Request{Method: r.Method, Authority: r.Host, Scheme: scheme, Path: r.URL.RequestURI(), Header: r.Header}
 }
 
@@ -269,12 +275,24 @@ func (rt *Route) Matches(r *Request) bool {
 	return true
 }
 
-// Match returns the first route r satisfies, or nil.
-func (t *Table) Match(r *Request) *Route {
+// VirtualHost returns the virtual host whose domains take host (a Host or
+// :authority value as the request has it), or nil.
+func (t *Table) VirtualHost(host string) *VirtualHost {
 	if t == nil {
 		return nil
 	}
-	for _, rt := range t.Routes {
+	return t.domains.find(host)
+}
+
+// Match returns the first route r satisfies in the virtual host its
+// authority selects, or nil: no virtual host takes the authority, or none
+// of its routes takes r.
+func (t *Table) Match(r *Request) *Route {
+	vh := t.VirtualHost(r.Authority)
+	if vh == nil {
+		return nil
+	}
+	for _, rt := range vh.Routes {
 		if rt.Matches(r) {
 			return rt
 		}

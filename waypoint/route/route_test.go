@@ -75,7 +75,7 @@ func TestMatchPrecedence(t *testing.T) {
 func TestRejectsUnsupported(t *testing.T) {
 	r := rt("x", &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}})
 	r.GetRoute().HashPolicy = []*routev3.RouteAction_HashPolicy{{}}
-	_, err := Compile(&routev3.RouteConfiguration{Name: "echo:80", VirtualHosts: []*routev3.VirtualHost{{Routes: []*routev3.Route{rt("ok", r.Match), r}}}})
+	_, err := Compile(&routev3.RouteConfiguration{Name: "echo:80", VirtualHosts: []*routev3.VirtualHost{{Domains: []string{"*"}, Routes: []*routev3.Route{rt("ok", r.Match), r}}}})
 	if err == nil || err.Error() != `route "echo:80": route[1].route.hash_policy is not supported` {
 		t.Fatalf("got %v", err)
 	}
@@ -95,7 +95,7 @@ func TestRewrite(t *testing.T) {
 }
 
 func FuzzMatch(f *testing.F) {
-	b, _ := proto.Marshal(&routev3.RouteConfiguration{Name: "a", VirtualHosts: []*routev3.VirtualHost{{Routes: []*routev3.Route{rt("x", &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}})}}}})
+	b, _ := proto.Marshal(&routev3.RouteConfiguration{Name: "a", VirtualHosts: []*routev3.VirtualHost{{Domains: []string{"*"}, Routes: []*routev3.Route{rt("x", &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}})}}}})
 	f.Add(b, "GET", "/a?b=c", "x-canary", "yes")
 	f.Fuzz(func(t *testing.T, cfg []byte, method, path, hk, hv string) {
 		var rc routev3.RouteConfiguration
@@ -121,7 +121,7 @@ func TestWeightsBounded(t *testing.T) {
 			wc.Clusters = append(wc.Clusters, &routev3.WeightedCluster_ClusterWeight{Name: string(rune('a' + i)), Weight: wrapperspb.UInt32(w)})
 		}
 		r.GetRoute().ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: wc}
-		return &routev3.RouteConfiguration{Name: "echo:80", VirtualHosts: []*routev3.VirtualHost{{Routes: []*routev3.Route{r}}}}
+		return &routev3.RouteConfiguration{Name: "echo:80", VirtualHosts: []*routev3.VirtualHost{{Domains: []string{"*"}, Routes: []*routev3.Route{r}}}}
 	}
 	_, err := Compile(split(math.MaxUint32, 1))
 	if want := "the weights add up to 4294967296, more than 4294967295"; err == nil || !strings.Contains(err.Error(), want) {
@@ -131,7 +131,7 @@ func TestWeightsBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := tb.Routes[0].TotalWeight; got != math.MaxUint32 {
+	if got := tb.VirtualHosts[0].Routes[0].TotalWeight; got != math.MaxUint32 {
 		t.Errorf("total weight %d, want %d", got, uint64(math.MaxUint32))
 	}
 }

@@ -1,6 +1,11 @@
 // Command waypoint is Weft's L7 waypoint proxy: HBONE in on 15008, routing
 // and L7 authorization from Envoy xDS, HBONE out to the chosen endpoint.
 //
+// With PROXY_MODE=gateway it is an ingress gateway instead: no HBONE
+// server; it listens on the ports of the Listeners with an address that
+// xDS gives it (waypoint/proxy, gateway.go), and is ready once every one is
+// bound.
+//
 // With -bootstrap it runs without a control plane: the Envoy resources come
 // from a file (waypoint/config.Bootstrap) and the SVID from PEM files.
 //
@@ -79,12 +84,15 @@ type Config struct {
 
 	// HBONEAddr (HBONE_ADDR, default :15008), MetricsAddr (METRICS_ADDR,
 	// default :15020) and ReadinessAddr (READINESS_ADDR, default :15021)
-	// are the listeners; DebugAddr (DEBUG_ADDR, default none) serves
+	// are the listeners (no HBONE one in gateway mode); DebugAddr (DEBUG_ADDR, default none) serves
 	// net/http/pprof under /debug/pprof/ when set.
 	HBONEAddr, MetricsAddr, ReadinessAddr, DebugAddr string
 	// AccessLog logs a line per request and connection (ACCESS_LOG: "on",
 	// the default, or "off").
 	AccessLog bool
+	// Gateway: PROXY_MODE=gateway (apinames.ProxyModeEnv); default
+	// waypoint.
+	Gateway bool
 }
 
 func env(k, def string) string {
@@ -129,6 +137,13 @@ func loadConfig(args []string) (Config, error) {
 	c.MetricsAddr = env("METRICS_ADDR", ":15020")
 	c.ReadinessAddr = env("READINESS_ADDR", ":15021")
 	c.DebugAddr = os.Getenv("DEBUG_ADDR")
+	switch v := env(apinames.ProxyModeEnv, apinames.ProxyModeWaypoint); v {
+	case apinames.ProxyModeWaypoint:
+	case apinames.ProxyModeGateway:
+		c.Gateway = true
+	default:
+		return c, fmt.Errorf("%s=%q: want %s or %s", apinames.ProxyModeEnv, v, apinames.ProxyModeWaypoint, apinames.ProxyModeGateway)
+	}
 	switch v := env("ACCESS_LOG", "on"); v {
 	case "on":
 		c.AccessLog = true
@@ -246,14 +261,16 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	p, err := proxy.New(proxy.Config{
 		Identity: creds.id, Certificate: creds.cert, Roots: roots, Store: store,
-		Metrics: proxy.NewMetrics(reg), Logger: log, AccessLog: access,
+		Metrics: proxy.NewMetrics(reg), Logger: log, AccessLog: access, Gateway: cfg.Gateway,
 	})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.HBONEAddr)
-	if err != nil {
-		return err
+	var ln net.Listener
+	if !cfg.Gateway {
+		if ln, err = net.Listen("tcp", cfg.HBONEAddr); err != nil {
+			return err
+		}
 	}
 	g, ctx := errgroup.WithContext(ctx)
 	if creds.run != nil {
@@ -263,7 +280,11 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		g.Go(func() error { return xds.Run(ctx) })
 	}
 	g.Go(func() error { return store.Run(ctx) }) // resolves the DNS clusters
-	g.Go(func() error { return p.Serve(ctx, ln) })
+	if cfg.Gateway {
+		g.Go(func() error { return p.ServeGateway(ctx) })
+	} else {
+		g.Go(func() error { return p.Serve(ctx, ln) })
+	}
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
 	mux.Handle("/metrics", metrics)
@@ -280,6 +301,11 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		case <-creds.ready:
 		default:
 			missing = append(missing, "certificate")
+		}
+		if cfg.Gateway && len(missing) == 0 {
+			if err := p.GatewayReady(); err != nil {
+				missing = append(missing, err.Error())
+			}
 		}
 		if len(missing) > 0 {
 			http.Error(w, "waiting for "+strings.Join(missing, " and "), http.StatusServiceUnavailable)
@@ -306,9 +332,9 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		})
 	}
 	if cfg.Bootstrap != "" {
-		log.Info("waypoint starting", "identity", creds.id.String(), "bootstrap", cfg.Bootstrap)
+		log.Info("waypoint starting", "identity", creds.id.String(), "bootstrap", cfg.Bootstrap, "gateway", cfg.Gateway)
 	} else {
-		log.Info("waypoint starting", "identity", creds.id.String(), "xds", cfg.XDSAddress)
+		log.Info("waypoint starting", "identity", creds.id.String(), "xds", cfg.XDSAddress, "gateway", cfg.Gateway)
 	}
 	return g.Wait()
 }

@@ -251,3 +251,94 @@ func waitHTTP(t *testing.T, url string) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+const gatewayYAML = `listeners:
+- name: 0.0.0.0_%[1]d
+  address: {socket_address: {address: 0.0.0.0, port_value: %[1]d}}
+  filter_chains:
+  - name: http/%[1]d
+    filters:
+    - name: envoy.filters.network.http_connection_manager
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+        stat_prefix: http.%[1]d
+        rds: {route_config_name: http.%[1]d}
+        use_remote_address: true
+        strip_any_host_port: true
+        http_filters:
+        - name: envoy.filters.http.router
+          typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+routes:
+- name: http.%[1]d
+  virtual_hosts: [{name: "echo.example.com:%[1]d", domains: ["echo.example.com"], routes: [{match: {prefix: /}, route: {cluster: echo}}]}]
+clusters:
+- {name: echo, type: EDS, eds_cluster_config: {}}
+endpoints:
+- cluster_name: echo
+  endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %[2]d}}}, health_status: HEALTHY}]}]
+`
+
+// TestGatewayMode: with PROXY_MODE=gateway the binary opens no HBONE
+// port, listens on its Listener's port, is ready once it is bound, routes
+// by host and reports as the source.
+func TestGatewayMode(t *testing.T) {
+	t.Setenv("SERVICE_ACCOUNT", "web-istio")
+	t.Setenv("PROXY_MODE", "gateway")
+	if cfg, err := loadConfig(nil); err != nil || !cfg.Gateway {
+		t.Fatalf("PROXY_MODE=gateway: %+v %v", cfg, err)
+	}
+	t.Setenv("PROXY_MODE", "ingress")
+	if _, err := loadConfig(nil); err == nil || !strings.Contains(err.Error(), `PROXY_MODE="ingress"`) {
+		t.Errorf("PROXY_MODE=ingress: %v", err)
+	}
+
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "hello "+r.Host+" "+r.Header.Get("X-Forwarded-For"))
+	})}
+	bl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(bl)
+	t.Cleanup(func() { backend.Close() })
+	gwPort := netip.MustParseAddrPort(freeAddr(t)).Port()
+
+	p := newPKI(t)
+	_, _, cert, key := p.svid("demo", "web-istio")
+	cfg := Config{
+		Bootstrap: p.write("gateway.yaml", fmt.Appendf(nil, gatewayYAML, gwPort, bl.Addr().(*net.TCPAddr).Port)),
+		CertFile:  cert, KeyFile: key, RootsFile: filepath.Join(p.dir, "roots.pem"), Gateway: true,
+		HBONEAddr: freeAddr(t), MetricsAddr: freeAddr(t), ReadinessAddr: freeAddr(t),
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
+	if c, err := net.Dial("tcp", cfg.HBONEAddr); err == nil {
+		c.Close()
+		t.Error("the HBONE port is open in gateway mode")
+	}
+	req, _ := http.NewRequest("GET", fmt.Sprintf("http://127.0.0.1:%d/x", gwPort), nil)
+	req.Host = fmt.Sprintf("Echo.Example.com:%d", gwPort)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections() // before run stops: a connection left open is waited for
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "hello Echo.Example.com 127.0.0.1" {
+		t.Fatalf("through the gateway: %d %q", resp.StatusCode, b)
+	}
+	m := waitHTTP(t, "http://"+cfg.MetricsAddr+"/metrics")
+	if !strings.Contains(m, `reporter="source"`) {
+		t.Errorf("the request is not reported as the source:\n%s", m)
+	}
+}

@@ -1,10 +1,11 @@
 // Package h1server is the waypoint's downstream HTTP/1.1 server (RFC 9112):
-// it serves the requests of one HBONE stream, one at a time, to a handler.
+// it serves the requests of one HBONE stream (or one connection of a
+// gateway, TCP or TLS), one at a time, to a handler.
 //
 // It is our own rather than net/http's, which serves only from a listener,
 // reads in a goroutine of its own during every request to notice a client
 // leaving, and moves the read deadline several times per request; here the
-// stream says when the client left (hbone.Stream.AfterPeerEnd), and a
+// stream says when the client left (Stream.AfterPeerEnd), and a
 // request costs the parsing (http.ReadRequest) and one write of the
 // response.
 //
@@ -41,8 +42,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
-
-	"github.com/weftmesh/weft/internal/hbone"
 )
 
 const (
@@ -115,10 +114,22 @@ type Config struct {
 	MaxHeaderBytes int
 }
 
+// Stream is the connection a server serves: an HBONE stream
+// (*hbone.Stream), or a gateway's TCP or TLS connection.
+type Stream interface {
+	io.Writer
+	SetReadDeadline(time.Time) error
+	CloseWrite() error
+	// AfterPeerEnd calls f once the client has ended its side, or failed;
+	// stop stops that. A connection that cannot tell without reading
+	// never calls f: its requests end with their own timeouts.
+	AfterPeerEnd(f func()) (stop func() bool)
+}
+
 // h1Server serves the requests of one stream, one at a time.
 type h1Server struct {
 	cfg Config
-	st  *hbone.Stream
+	st  Stream
 	hl  *HeadLimiter
 	br  *bufio.Reader // over hl
 
@@ -141,7 +152,7 @@ var outBuffers = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return
 
 // Serve serves the requests of st, read through br over hl, until the
 // connection ends.
-func Serve(st *hbone.Stream, br *bufio.Reader, hl *HeadLimiter, cfg Config) {
+func Serve(st Stream, br *bufio.Reader, hl *HeadLimiter, cfg Config) {
 	c := &h1Server{cfg: cfg, st: st, hl: hl, br: br}
 	// One watcher for the stream's life cancels whichever request runs
 	// when the client leaves.
@@ -260,7 +271,10 @@ func checkRequest(req *http.Request) error {
 
 // RefuseNotHTTP answers 400 on st, whose bytes are not HTTP, and ends
 // its sending side.
-func RefuseNotHTTP(st *hbone.Stream) {
+func RefuseNotHTTP(st interface {
+	Stream
+	io.Reader
+}) {
 	c := &h1Server{st: st, hl: NewHeadLimiter(st)}
 	c.br = bufio.NewReader(c.hl)
 	c.refuse(&requestError{http.StatusBadRequest, "not an HTTP request"})

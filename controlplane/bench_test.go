@@ -266,8 +266,8 @@ func BenchmarkXDSPush(b *testing.B) {
 	b.ReportMetric(ms(p.median()), "push-ms")
 }
 
-// BenchmarkControlPlaneScale runs the weft-controlplane binary (make
-// build) against a real API server holding largeScale pods and Services,
+// BenchmarkControlPlaneScale runs the weft-controlplane binary, built for
+// the run, against a real API server holding largeScale pods and Services,
 // with benchClients ztunnel-shaped clients connected over TLS, and prints
 //
 //	bench: controlplane_rss_mb_at_0_pods    its RSS before any pod exists (the baseline)
@@ -281,14 +281,8 @@ func BenchmarkXDSPush(b *testing.B) {
 // Figures are the process's own (process_resident_memory_bytes, which is
 // VmRSS, and go_memstats_heap_inuse_bytes from its /metrics).
 func BenchmarkControlPlaneScale(b *testing.B) {
-	bin, err := filepath.Abs(filepath.Join("..", "bin", "weft-controlplane"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	if _, err := os.Stat(bin); err != nil {
-		b.Skip("bin/weft-controlplane is missing: run make build")
-	}
 	c := realAPI(b)
+	bin := cluster.BuildBinary(b, "./controlplane/cmd/weft-controlplane", "weft-controlplane")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	const ns = "weft-scale"

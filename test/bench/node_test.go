@@ -37,7 +37,6 @@ import (
 	"github.com/weftmesh/weft/internal/pb/zdspb"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/internal/zds"
-	"github.com/weftmesh/weft/test/cluster"
 )
 
 // The node around the ztunnel benchmarks: the product's ztunnel binary in a
@@ -80,22 +79,6 @@ func ztunnelEnv(dir string) []string {
 		"TOKEN_FILE=" + filepath.Join(dir, "istio-token"),
 		"INPOD_UDS=" + filepath.Join(dir, "ztunnel.sock"),
 	}
-}
-
-// buildBinary builds one of the product's commands as the images do.
-func buildBinary(b *testing.B, pkg, name string) string {
-	cfg := cluster.Config{Images: []string{}}
-	if err := cfg.SetDefaults(); err != nil {
-		b.Fatal(err)
-	}
-	out := filepath.Join(b.TempDir(), name)
-	cmd := exec.Command(cfg.Go, "build", "-trimpath", "-o", out, pkg)
-	cmd.Dir = cfg.RepoDir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if msg, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("building %s: %v\n%s", name, err, msg)
-	}
-	return out
 }
 
 // controlPlane is the control plane's xDS server and CA, serving ztunnel

@@ -99,7 +99,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
 		b.Skip(why)
 	}
-	bin := buildBinary(b, "./waypoint/cmd/waypoint", "waypoint")
+	bin := cluster.BuildBinary(b, "./waypoint/cmd/waypoint", "waypoint")
 	p := newPodPair(b)
 	p.addWaypoint(b)
 	wp := startWaypoint(b, p, bin)

@@ -101,7 +101,7 @@ type podPair struct {
 
 func newPodPair(b *testing.B) *podPair {
 	b.Helper()
-	p := &podPair{bin: buildBinary(b, "./ztunnel/cmd/ztunnel", "ztunnel"), dir: b.TempDir()}
+	p := &podPair{bin: cluster.BuildBinary(b, "./ztunnel/cmd/ztunnel", "ztunnel"), dir: b.TempDir()}
 	b.Cleanup(p.close)
 	for _, side := range []string{"a", "b", "n"} {
 		name := fmt.Sprintf("weft-bench-%d-%s", os.Getpid(), side)

@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -161,4 +163,24 @@ func modulePath(gomod []byte) string {
 		}
 	}
 	return ""
+}
+
+// BuildBinary builds one of the product's commands (pkg, relative to the
+// repository, such as ./waypoint/cmd/waypoint) as the images do, into a
+// temporary directory of tb, and returns its path: benchmarks measure the
+// binary of the code they run with.
+func BuildBinary(tb testing.TB, pkg, name string) string {
+	tb.Helper()
+	cfg := Config{Images: []string{}}
+	if err := cfg.SetDefaults(); err != nil {
+		tb.Fatal(err)
+	}
+	out := filepath.Join(tb.TempDir(), name)
+	cmd := exec.Command(cfg.Go, "build", "-trimpath", "-o", out, pkg)
+	cmd.Dir = cfg.RepoDir
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("building %s: %v\n%s", name, err, msg)
+	}
+	return out
 }

@@ -110,9 +110,9 @@ func TestGatewayListenerStatus(t *testing.T) {
 	_, _, rep, _ := ingressFixture(t)
 	type want struct {
 		accepted, resolved, conflicted string // reasons
-		programmed                         bool
-		attached                           int32
-		kinds                              []string
+		programmed                     bool
+		attached                       int32
+		kinds                          []string
 	}
 	http := []string{"HTTPRoute", "GRPCRoute"}
 	cases := map[string]want{

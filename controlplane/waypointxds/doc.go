@@ -164,9 +164,15 @@
 // matching, and has the RBAC filters of the AuthorizationPolicies whose
 // targetRefs name the Gateway (or the GatewayClass istio, in the root
 // namespace), then cors and router. A RouteConfiguration holds a virtual
-// host "<hostname>:<port>" per hostname served, domains [<hostname>], with
-// the rules of every route serving that hostname on its listeners, in
-// Gateway API precedence across routes. No virtual host or no route: 404.
+// host "<hostname>:<port>" per hostname served and per listener hostname,
+// domains [<hostname>], with the rules of every route serving that
+// hostname on its listeners, in Gateway API precedence across routes. On
+// a port whose HTTP listeners have nested hostnames, a hostname a more
+// specific listener equals or covers is left to that listener's routes
+// (Gateway API's listener isolation: with listeners "*.example.com" and
+// "abc.example.com", a route of the first serves abc.example.com only
+// through the second's routes, never its own). No virtual host or no
+// route: 404.
 //
 // Status: each listener's supportedKinds, attachedRoutes (the routes
 // attached to it, including those on an HTTPS listener without a usable

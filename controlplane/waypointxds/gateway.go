@@ -563,16 +563,21 @@ func (b *builder) gatewayManager(rds string, filters []*hcmv3.HttpFilter) *liste
 }
 
 // routeConfig builds the RouteConfiguration of listeners: a virtual host
-// per hostname their routes serve, holding those routes' rules sorted by
-// Gateway API precedence.
+// per hostname their routes serve and per listener hostname (which answers
+// 404 without routes), holding those routes' rules sorted by Gateway API
+// precedence; a hostname a more specific listener claims is left to it
+// (claimedElsewhere).
 func (g *gatewayBuild) routeConfig(name, port string, ls []*gwListener) *routev3.RouteConfiguration {
 	byHost := map[string][]*entry{}
 	seen := map[string]bool{}
 	for _, gl := range ls {
+		if gl.hostname != "" {
+			byHost[gl.hostname] = nil // the listener's own, even without routes
+		}
 		for _, ar := range gl.routes {
 			for _, h := range ar.hosts {
 				k := h + " " + ar.src.id().String()
-				if seen[k] {
+				if seen[k] || claimedElsewhere(h, gl, ls) {
 					continue
 				}
 				seen[k] = true
@@ -591,6 +596,27 @@ func (g *gatewayBuild) routeConfig(name, port string, ls []*gwListener) *routev3
 		rc.VirtualHosts = append(rc.VirtualHosts, vh)
 	}
 	return rc
+}
+
+// claimedElsewhere reports whether hostname h, which a route attached to
+// listener l serves, belongs to another listener of the same
+// RouteConfiguration whose hostname is more specific than l's and equals
+// or covers h: Gateway API's listener isolation, so that a request for
+// abc.foo.example.com never reaches the routes of a "*.example.com" (or
+// hostname-less) listener while an "abc.foo.example.com" or
+// "*.foo.example.com" listener shares the port.
+func claimedElsewhere(h string, l *gwListener, ls []*gwListener) bool {
+	for _, o := range ls {
+		m := o.hostname
+		if o == l || m == "" || m == l.hostname {
+			continue
+		}
+		within := l.hostname == "" || wildcardCovers(l.hostname, m)
+		if within && (m == h || wildcardCovers(m, h)) {
+			return true
+		}
+	}
+	return false
 }
 
 // entries are a route's Envoy routes, one per match of each rule.

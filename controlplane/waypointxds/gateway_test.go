@@ -39,13 +39,13 @@ func buildGateways(t *testing.T, f *fixture) ([]Resources, []GatewayReport, []Ro
 	return res, reps, Outcomes(testMesh, f.st, nil, reports)
 }
 
-// TestGatewayGolden translates every testdata/gateway/*.yaml and compares
+// TestGoldenGateway translates every testdata/gateway/*.yaml and compares
 // the resources, the listeners' status and the routes' outcomes with the
 // .golden file (go test -update rewrites them). Unlike TestGolden it does
 // not run the waypoint's compiler over them: the proxy's gateway mode
 // (socket addresses, server_names, transport sockets, tls_inspector) is
 // built beside this translation.
-func TestGatewayGolden(t *testing.T) {
+func TestGoldenGateway(t *testing.T) {
 	inputs, _ := filepath.Glob("testdata/gateway/*.yaml")
 	if len(inputs) == 0 {
 		t.Fatal("no inputs in testdata/gateway")
@@ -392,5 +392,37 @@ func TestIngress(t *testing.T) {
 	}
 	if got := GatewayKey("ns", "gw"); got != "ns/gw-istio" {
 		t.Errorf("GatewayKey %q", got)
+	}
+}
+
+// TestGatewayListenerIsolation: on a port shared by listeners of nested
+// hostnames, each virtual host holds only the routes of the most specific
+// listener for it (Gateway API's listener isolation), and a listener
+// without routes still has its virtual host, which answers 404.
+func TestGatewayListenerIsolation(t *testing.T) {
+	f := load(t, "testdata/gateway/isolation.yaml")
+	res, _, _ := buildGateways(t, f)
+	rc := res[0][resource.RouteType]["http.80"].(*routev3.RouteConfiguration)
+	got := map[string][]string{}
+	for _, vh := range rc.VirtualHosts {
+		got[vh.Name] = []string{}
+		for _, r := range vh.Routes {
+			got[vh.Name] = append(got[vh.Name], r.Name)
+		}
+	}
+	want := map[string][]string{
+		"bar.com:80":             {"iso/empty.0.0"},
+		"*.example.com:80":       {"iso/wildcard.0.0"},
+		"*.foo.example.com:80":   {"iso/wildcard-foo.0.0"},
+		"abc.foo.example.com:80": {"iso/abc.0.0"},
+		"quiet.example.com:80":   {},
+	}
+	if len(got) != len(want) {
+		t.Errorf("virtual hosts %v, want %v", got, want)
+	}
+	for vh, rs := range want {
+		if !slices.Equal(got[vh], rs) {
+			t.Errorf("virtual host %s: routes %v, want %v", vh, got[vh], rs)
+		}
 	}
 }

@@ -2,7 +2,13 @@ package waypointxds
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -423,6 +429,84 @@ func TestGatewayListenerIsolation(t *testing.T) {
 	for vh, rs := range want {
 		if !slices.Equal(got[vh], rs) {
 			t.Errorf("virtual host %s: routes %v, want %v", vh, got[vh], rs)
+		}
+	}
+}
+
+// FuzzIntersectHostnames: whatever the names, every hostname served is
+// one both the listener and some route hostname admit, never wider.
+func FuzzIntersectHostnames(f *testing.F) {
+	f.Add("*.example.com", "foo.example.com,*.foo.example.com,example.com")
+	f.Add("", "*.com")
+	f.Add("foo.example.com", "*.example.com,FOO.example.com")
+	f.Add("*.", "*..")
+	f.Fuzz(func(t *testing.T, listener, routes string) {
+		listener = strings.ToLower(listener)
+		var rs []gwv1.Hostname
+		if routes != "" {
+			for _, r := range strings.Split(routes, ",") {
+				rs = append(rs, gwv1.Hostname(r))
+			}
+		}
+		for _, h := range intersectHostnames(listener, rs) {
+			if h == "*" && (listener != "" || len(rs) > 0) {
+				t.Fatalf("listener %q, routes %q: any host served", listener, routes)
+			}
+			if listener != "" && h != listener && !wildcardCovers(listener, h) {
+				t.Fatalf("listener %q, routes %q: %q is outside the listener", listener, routes, h)
+			}
+			if len(rs) > 0 && !slices.ContainsFunc(rs, func(r gwv1.Hostname) bool {
+				l := strings.ToLower(string(r))
+				return l == h || wildcardCovers(l, h)
+			}) {
+				t.Fatalf("listener %q, routes %q: %q is outside every route hostname", listener, routes, h)
+			}
+		}
+	})
+}
+
+// TestGatewayCertificateServes serves the certificate and key an HTTPS
+// chain carries with crypto/tls on loopback: a net/http client that trusts
+// the certificate reaches it for a name the certificate holds, and fails
+// verification for another, as the proxy's TLS stack will.
+func TestGatewayCertificateServes(t *testing.T) {
+	_, res, _, _ := ingressFixture(t)
+	fc := res[resource.ListenerType]["0.0.0.0_443"].(*listenerv3.Listener).FilterChains[0]
+	ctx := &tlsv3.DownstreamTlsContext{}
+	if err := fc.TransportSocket.GetTypedConfig().UnmarshalTo(ctx); err != nil {
+		t.Fatal(err)
+	}
+	tc := ctx.CommonTlsContext.TlsCertificates[0]
+	pair, err := tls.X509KeyPair(tc.CertificateChain.GetInlineBytes(), tc.PrivateKey.GetInlineBytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}, NextProtos: ctx.CommonTlsContext.AlpnProtocols}
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes are expected
+	srv.StartTLS()
+	defer srv.Close()
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(tc.CertificateChain.GetInlineBytes()) {
+		t.Fatal("no certificate in the chain")
+	}
+	get := func(serverName string) (*http.Response, error) {
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: serverName}, ForceAttemptHTTP2: true}}
+		defer c.CloseIdleConnections()
+		return c.Get(srv.URL)
+	}
+	resp, err := get("www.example.com")
+	if err != nil {
+		t.Fatalf("a name the certificate holds: %v", err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 {
+		t.Errorf("ALPN h2 not negotiated: %s", resp.Proto)
+	}
+	for _, name := range []string{"www.example.org", "a.b.example.com", "example.com.evil.org"} {
+		if resp, err := get(name); err == nil {
+			resp.Body.Close()
+			t.Errorf("%s: verified against a certificate for example.com and *.example.com", name)
 		}
 	}
 }

@@ -385,11 +385,11 @@ type informerSet struct {
 	kube, configMaps informers.SharedInformerFactory
 	// secrets lists only TLS Secrets (ingress Gateways' certificates);
 	// nil without waypoints.
-	secrets informers.SharedInformerFactory
-	istio            istioinformers.SharedInformerFactory
-	gateway          gwinformers.SharedInformerFactory // nil without waypoints
-	ambient          ambient.Informers
-	waypoints        waypointxds.Informers // Gateways nil without waypoints
+	secrets   informers.SharedInformerFactory
+	istio     istioinformers.SharedInformerFactory
+	gateway   gwinformers.SharedInformerFactory // nil without waypoints
+	ambient   ambient.Informers
+	waypoints waypointxds.Informers // Gateways nil without waypoints
 }
 
 // newInformers makes the informers the parts share; the Gateway API ones

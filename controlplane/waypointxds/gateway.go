@@ -2,6 +2,7 @@ package waypointxds
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -86,6 +87,8 @@ type gwListener struct {
 type attachedRoute struct {
 	src   *source
 	hosts []string
+	// parents are the indexes of the parentRefs that attached it.
+	parents []int
 }
 
 // usable reports whether routes attach to the listener.
@@ -139,6 +142,7 @@ func BuildGateway(mesh Mesh, gw *gwv1.Gateway, st Stores) (Resources, GatewayRep
 	}
 	g.conflicts()
 	g.attachRoutes()
+	g.tcpRoutes()
 	g.emit(b.policies())
 	for _, src := range g.named {
 		if !g.translated[src.id()] {
@@ -163,13 +167,16 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 	if l.Hostname != nil {
 		gl.hostname = strings.ToLower(string(*l.Hostname))
 	}
+	supported := []gwv1.Kind{kindHTTPRoute, kindGRPCRoute}
 	switch l.Protocol {
 	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType:
+	case gwv1.TCPProtocolType:
+		supported, gl.hostname = []gwv1.Kind{kindTCPRoute}, "" // a TCP listener's hostname is ignored
 	default:
-		gl.accepted = no(gwv1.ListenerReasonUnsupportedProtocol, "protocol %s is not supported: ingress gateways serve HTTP and HTTPS listeners", l.Protocol)
+		gl.accepted = no(gwv1.ListenerReasonUnsupportedProtocol, "protocol %s is not supported: ingress gateways serve HTTP, HTTPS and TCP listeners", l.Protocol)
 		return gl
 	}
-	gl.kinds, gl.resolved = routeKinds(l)
+	gl.kinds, gl.resolved = routeKinds(l, supported)
 	var ok bool
 	if gl.attachment, ok = ambient.ListenerAttachment(l); !ok {
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "allowedRoutes.namespaces.selector is missing or invalid: it selects no namespace")
@@ -185,14 +192,18 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 
 var routeGroup = gwv1.Group(gwv1.GroupName)
 
-// routeKinds is the kinds of route a listener takes, and its ResolvedRefs
-// condition (InvalidRouteKinds when it lists a kind not supported).
-func routeKinds(l gwv1.Listener) ([]gwv1.RouteGroupKind, lcond) {
+// routeKinds is the kinds of route a listener takes of those its protocol
+// supports, and its ResolvedRefs condition (InvalidRouteKinds when it
+// lists another kind).
+func routeKinds(l gwv1.Listener, supported []gwv1.Kind) ([]gwv1.RouteGroupKind, lcond) {
 	ok := yes(gwv1.ListenerReasonResolvedRefs, "all references resolved")
-	if l.AllowedRoutes == nil || len(l.AllowedRoutes.Kinds) == 0 {
-		return []gwv1.RouteGroupKind{{Group: &routeGroup, Kind: kindHTTPRoute}, {Group: &routeGroup, Kind: kindGRPCRoute}}, ok
-	}
 	out := []gwv1.RouteGroupKind{}
+	if l.AllowedRoutes == nil || len(l.AllowedRoutes.Kinds) == 0 {
+		for _, k := range supported {
+			out = append(out, gwv1.RouteGroupKind{Group: &routeGroup, Kind: k})
+		}
+		return out, ok
+	}
 	var bad []string
 	for _, k := range l.AllowedRoutes.Kinds {
 		group := gwv1.GroupName
@@ -200,14 +211,19 @@ func routeKinds(l gwv1.Listener) ([]gwv1.RouteGroupKind, lcond) {
 			group = string(*k.Group)
 		}
 		switch {
-		case group != gwv1.GroupName || (k.Kind != kindHTTPRoute && k.Kind != kindGRPCRoute):
+		case group != gwv1.GroupName || !slices.Contains(supported, k.Kind):
 			bad = append(bad, group+"/"+string(k.Kind))
 		case !kindIn(out, string(k.Kind)):
 			out = append(out, gwv1.RouteGroupKind{Group: &routeGroup, Kind: k.Kind})
 		}
 	}
 	if len(bad) > 0 {
-		return out, no(gwv1.ListenerReasonInvalidRouteKinds, "route kinds %s are not supported on a %s listener (HTTPRoute and GRPCRoute are)", strings.Join(bad, ", "), l.Protocol)
+		names := make([]string, len(supported))
+		for i, k := range supported {
+			names[i] = string(k)
+		}
+		return out, no(gwv1.ListenerReasonInvalidRouteKinds, "route kinds %s are not supported on a %s listener (%s are)",
+			strings.Join(bad, ", "), l.Protocol, strings.Join(names, ", "))
 	}
 	return out, ok
 }
@@ -341,7 +357,7 @@ func (g *gatewayBuild) attach(src *source, refs []gwv1.ParentReference) {
 			continue
 		}
 		for _, m := range matched {
-			m.l.add(src, m.hosts)
+			m.l.add(src, i, m.hosts)
 		}
 		rep.attach(i, g.gw.Namespace+"/"+g.gw.Name)
 	}
@@ -350,18 +366,19 @@ func (g *gatewayBuild) attach(src *source, refs []gwv1.ParentReference) {
 	}
 }
 
-func (l *gwListener) add(src *source, hosts []string) {
+func (l *gwListener) add(src *source, parent int, hosts []string) {
 	for i := range l.routes {
-		if l.routes[i].src.id() == src.id() {
+		if ar := &l.routes[i]; ar.src.id() == src.id() {
 			for _, h := range hosts {
-				if !contains(l.routes[i].hosts, h) {
-					l.routes[i].hosts = append(l.routes[i].hosts, h)
+				if !contains(ar.hosts, h) {
+					ar.hosts = append(ar.hosts, h)
 				}
 			}
+			ar.parents = append(ar.parents, parent)
 			return
 		}
 	}
-	l.routes = append(l.routes, attachedRoute{src: src, hosts: hosts})
+	l.routes = append(l.routes, attachedRoute{src: src, hosts: hosts, parents: []int{parent}})
 }
 
 func contains(ss []string, s string) bool {
@@ -476,10 +493,70 @@ func wildcardCovers(p, h string) bool {
 	return len(h) > len(suffix) && strings.HasSuffix(h, suffix) && !strings.HasPrefix(h, ".")
 }
 
+// tcpRoutes keeps, of the TCPRoutes attached to each TCP listener, the one
+// that applies: a stream has nothing that tells routes or rules apart, so
+// of those with exactly one rule the oldest (then the first by
+// namespace/name). The others are detached from that listener, and a
+// parentRef left attached to no listener is Accepted=False (Conflicted or
+// UnsupportedValue).
+func (g *gatewayBuild) tcpRoutes() {
+	lost := map[*source]map[int]problem{}
+	kept := map[RouteKey]map[int]bool{}
+	for _, gl := range g.listeners {
+		if gl.spec.Protocol != gwv1.TCPProtocolType || len(gl.routes) == 0 {
+			continue
+		}
+		sort.SliceStable(gl.routes, func(i, j int) bool { return older(gl.routes[i].src, gl.routes[j].src) })
+		var win *attachedRoute
+		for i := range gl.routes {
+			ar := &gl.routes[i]
+			var p problem
+			switch {
+			case len(ar.src.rules) != 1:
+				p = problem{gwv1.RouteReasonUnsupportedValue, fmt.Sprintf(
+					"a TCPRoute has %d rules here; a stream has nothing that tells rules apart, so a TCPRoute must have exactly one", len(ar.src.rules))}
+			case win != nil:
+				p = problem{ReasonConflicted, fmt.Sprintf("TCPRoute %s applies to listener %s of Gateway %s/%s: of the TCPRoutes of a listener the oldest applies (then the first by namespace/name)",
+					win.src.key, gl.spec.Name, g.gw.Namespace, g.gw.Name)}
+			default:
+				win = ar
+				if kept[ar.src.id()] == nil {
+					kept[ar.src.id()] = map[int]bool{}
+				}
+				for _, i := range ar.parents {
+					kept[ar.src.id()][i] = true
+				}
+				continue
+			}
+			if lost[ar.src] == nil {
+				lost[ar.src] = map[int]problem{}
+			}
+			for _, i := range ar.parents {
+				lost[ar.src][i] = p
+			}
+		}
+		if win == nil {
+			gl.routes = nil
+		} else {
+			gl.routes = []attachedRoute{*win}
+		}
+	}
+	for src, ps := range lost {
+		rep := g.b.report(src)
+		for i, p := range ps {
+			if !kept[src.id()][i] {
+				rep.unattach(i)
+				rep.reject(i, p)
+				g.b.note("%s %s: %s", src.kind, src.key, p.message)
+			}
+		}
+	}
+}
+
 // gatewayPort is one port's listeners that get a filter chain.
 type gatewayPort struct {
-	port        gwv1.PortNumber
-	http, https []*gwListener
+	port             gwv1.PortNumber
+	http, https, tcp []*gwListener
 }
 
 // emit adds a Listener per port with served listeners: one HTTP chain for
@@ -495,9 +572,12 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			p = &gatewayPort{port: gl.spec.Port}
 			ports[gl.spec.Port] = p
 		}
-		if gl.spec.Protocol == gwv1.HTTPSProtocolType {
+		switch gl.spec.Protocol {
+		case gwv1.HTTPSProtocolType:
 			p.https = append(p.https, gl)
-		} else {
+		case gwv1.TCPProtocolType:
+			p.tcp = append(p.tcp, gl)
+		default:
 			p.http = append(p.http, gl)
 		}
 	}
@@ -516,6 +596,9 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			g.b.res.add(resource.RouteType, rds, g.routeConfig(rds, port, p.http))
 			chains = append(chains, &listenerv3.FilterChain{Name: "http/" + port, Filters: []*listenerv3.Filter{g.b.gatewayManager(rds, filters)}})
 		}
+		for _, gl := range p.tcp { // one: a second is a hostname conflict
+			chains = append(chains, tcpChain("tcp/"+port, nil, g.b.netRBACFilters(policies, nil), g.tcpProxy(port, gl)))
+		}
 		for _, gl := range p.https {
 			rds := "https." + port + "." + string(gl.spec.Name)
 			g.b.res.add(resource.RouteType, rds, g.routeConfig(rds, port, []*gwListener{gl}))
@@ -531,6 +614,17 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 		}
 		g.b.res.add(resource.ListenerType, name, l)
 	}
+}
+
+// tcpProxy is a TCP listener's tcp_proxy: to its TCPRoute's backends, or
+// to BlackHoleCluster (every connection closed) when it has none.
+func (g *gatewayBuild) tcpProxy(port string, gl *gwListener) *listenerv3.Filter {
+	if len(gl.routes) == 0 {
+		return tcpProxy(g.b.blackHole())
+	}
+	src := gl.routes[0].src
+	g.translated[src.id()] = true
+	return g.b.tcpBackends(src, "tcp."+port)
 }
 
 // httpsChain is an HTTPS listener's chain: selected by SNI (any when the

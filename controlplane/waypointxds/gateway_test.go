@@ -18,6 +18,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -125,7 +126,7 @@ func TestGatewayListenerStatus(t *testing.T) {
 		"http":              {"Accepted", "ResolvedRefs", "NoConflicts", true, 2, http},
 		"http-foo":          {"Accepted", "ResolvedRefs", "NoConflicts", true, 1, http},
 		"http-foo-again":    {"Accepted", "ResolvedRefs", "HostnameConflict", false, 0, http},
-		"tcp-80":            {"UnsupportedProtocol", "ResolvedRefs", "ProtocolConflict", false, 0, nil},
+		"tcp-80":            {"Accepted", "ResolvedRefs", "ProtocolConflict", false, 0, []string{"TCPRoute"}},
 		"https":             {"Accepted", "ResolvedRefs", "NoConflicts", true, 3, http},
 		"https-shared":      {"Accepted", "ResolvedRefs", "NoConflicts", true, 1, http},
 		"https-ungranted":   {"Accepted", "RefNotPermitted", "NoConflicts", false, 0, http},
@@ -507,6 +508,70 @@ func TestGatewayCertificateServes(t *testing.T) {
 		if resp, err := get(name); err == nil {
 			resp.Body.Close()
 			t.Errorf("%s: verified against a certificate for example.com and *.example.com", name)
+		}
+	}
+}
+
+// TestGatewayTCP: a TCP listener's chain relays to its TCPRoute's
+// backends after the Gateway's network RBAC; of two TCPRoutes the older
+// applies and the other is Conflicted; a TCPRoute of more rules is not
+// applied; a listener without a route closes every connection; an
+// HTTPRoute is not admitted there.
+func TestGatewayTCP(t *testing.T) {
+	f := load(t, "testdata/gateway/tcp.yaml")
+	res, reps, outs := buildGateways(t, f)
+	l := res[0][resource.ListenerType]["0.0.0.0_5432"].(*listenerv3.Listener)
+	if len(l.FilterChains) != 1 || l.FilterChains[0].Name != "tcp/5432" || len(l.ListenerFilters) != 0 {
+		t.Fatalf("5432: %v", l)
+	}
+	fs := l.FilterChains[0].Filters
+	if len(fs) != 2 || fs[0].Name != "envoy.filters.network.rbac" || fs[1].Name != "envoy.filters.network.tcp_proxy" {
+		t.Fatalf("5432's filters: %v", fs)
+	}
+	proxy := &tcpv3.TcpProxy{}
+	if err := fs[1].GetTypedConfig().UnmarshalTo(proxy); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, cw := range proxy.GetWeightedClusters().GetClusters() {
+		got = append(got, fmt.Sprintf("%s=%d", cw.Name, cw.Weight))
+	}
+	if !slices.Equal(got, []string{"outbound|5432||db.tcp.svc.cluster.local=3", "BlackHoleCluster=1"}) {
+		t.Errorf("5432's tcp_proxy: %v", got)
+	}
+	for _, port := range []string{"6379", "7000"} {
+		l := res[0][resource.ListenerType]["0.0.0.0_"+port].(*listenerv3.Listener)
+		proxy := &tcpv3.TcpProxy{}
+		if err := l.FilterChains[0].Filters[len(l.FilterChains[0].Filters)-1].GetTypedConfig().UnmarshalTo(proxy); err != nil {
+			t.Fatal(err)
+		}
+		if proxy.GetCluster() != BlackHoleCluster {
+			t.Errorf("%s's tcp_proxy goes to %q, want %s", port, proxy.GetCluster(), BlackHoleCluster)
+		}
+	}
+	attached := map[string]int32{}
+	for _, ls := range reps[0].Listeners {
+		attached[string(ls.Name)] = ls.AttachedRoutes
+	}
+	if attached["db"] != 1 || attached["cache"] != 0 || attached["idle"] != 0 {
+		t.Errorf("attachedRoutes %v", attached)
+	}
+	reasons := map[string]string{}
+	for _, o := range outs {
+		for i, p := range o.Parents {
+			reasons[fmt.Sprintf("%s/%d", o.Key, i)] = meta.FindStatusCondition(p.Conditions, "Accepted").Reason
+		}
+	}
+	want := map[string]string{
+		"TCPRoute tcp/db-old/0":     "Accepted",
+		"TCPRoute tcp/db-new/0":     string(ReasonConflicted),
+		"TCPRoute tcp/two-rules/0":  "UnsupportedValue",
+		"TCPRoute elsewhere/far/0":  "NotAllowedByListeners",
+		"HTTPRoute tcp/web-on-db/0": "NotAllowedByListeners",
+	}
+	for k, w := range want {
+		if reasons[k] != w {
+			t.Errorf("%s: Accepted reason %q, want %q", k, reasons[k], w)
 		}
 	}
 }

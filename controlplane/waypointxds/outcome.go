@@ -98,6 +98,9 @@ func (r *routeReport) attach(parent int, waypoint string) {
 	r.attached[parent] = waypoint
 }
 
+// unattach takes back an attachment (a TCPRoute another shadows).
+func (r *routeReport) unattach(parent int) { delete(r.attached, parent) }
+
 func (r *routeReport) reject(parent int, p problem) {
 	if r.rejected == nil {
 		r.rejected = map[int]problem{}

@@ -119,10 +119,11 @@
 // GatewayClass names apinames.GatewayController, or that has none:
 // Ingress), published under its proxy's identity GatewayKey
 // "<namespace>/<gateway>-istio". Its listeners are checked in spec order:
-// HTTP and HTTPS are served, any other protocol is Accepted=False
-// (UnsupportedProtocol); allowedRoutes.kinds other than HTTPRoute and
-// GRPCRoute make ResolvedRefs False (InvalidRouteKinds) and are left out
-// of supportedKinds; an HTTPS listener's tls.mode must be Terminate and
+// HTTP, HTTPS and TCP are served, any other protocol (TLS passthrough
+// among them, for now) is Accepted=False (UnsupportedProtocol);
+// allowedRoutes.kinds other than HTTPRoute and GRPCRoute (TCPRoute on a
+// TCP listener, whose hostname is ignored) make ResolvedRefs False
+// (InvalidRouteKinds) and are left out of supportedKinds; an HTTPS listener's tls.mode must be Terminate and
 // tls.options and the Gateway's spec.tls.frontend empty (else
 // UnsupportedValue). The first listener of a port sets its protocol (HTTPS
 // and TLS go together); a later one of another is Conflicted
@@ -150,8 +151,11 @@
 // else each route hostname equal to the listener's or covered by its
 // wildcard, and the listener's hostname when a route wildcard covers it.
 // A wildcard "*.example.com" covers names with at least one more label,
-// never example.com itself. TCPRoutes that name the Gateway are rejected
-// the same way (no listener takes them yet).
+// never example.com itself. A TCPRoute attaches the same way to TCP
+// listeners; of those a listener takes, the oldest with exactly one rule
+// applies (as at a waypoint's TCP port) and the others are Accepted=False
+// (Conflicted, or UnsupportedValue for other than one rule) unless they
+// apply on another listener.
 //
 // Per port with served listeners a Listener "0.0.0.0_<port>": the port's
 // HTTP listeners share one chain "http/<port>" and RouteConfiguration
@@ -159,7 +163,10 @@
 // matched by server_names (its hostname; none without one), a TLS
 // transport socket with its certificates and ALPN h2, http/1.1, and
 // RouteConfiguration "https.<port>.<name>"; the Listener gets the TLS
-// inspector. Every connection manager takes the client address from the
+// inspector. A TCP listener's port has one chain "tcp/<port>": network
+// RBAC filters, then a tcp_proxy to its TCPRoute's backends by weight (an
+// unusable backend's share to BlackHoleCluster), or to BlackHoleCluster
+// when no TCPRoute applies. Every connection manager takes the client address from the
 // connection (use_remote_address), strips the port of the Host before
 // matching, and has the RBAC filters of the AuthorizationPolicies whose
 // targetRefs name the Gateway (or the GatewayClass istio, in the root

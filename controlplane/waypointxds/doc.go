@@ -177,9 +177,9 @@
 // a port whose HTTP listeners have nested hostnames, a hostname a more
 // specific listener equals or covers is left to that listener's routes
 // (Gateway API's listener isolation: with listeners "*.example.com" and
-// "abc.example.com", a route of the first serves abc.example.com only
-// through the second's routes, never its own). No virtual host or no
-// route: 404.
+// "abc.example.com" on one port, a request for abc.example.com reaches
+// only the second listener's routes, even those of the first list it).
+// No virtual host or no route: 404.
 //
 // Status: each listener's supportedKinds, attachedRoutes (the routes
 // attached to it, including those on an HTTPS listener without a usable

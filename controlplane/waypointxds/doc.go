@@ -178,7 +178,8 @@
 // specific listener equals or covers is left to that listener's routes
 // (Gateway API's listener isolation: with listeners "*.example.com" and
 // "abc.example.com" on one port, a request for abc.example.com reaches
-// only the second listener's routes, even those of the first list it).
+// only the second listener's routes, never a route of the first that
+// names abc.example.com). spec.tls.backend is not supported (noted).
 // No virtual host or no route: 404.
 //
 // Status: each listener's supportedKinds, attachedRoutes (the routes

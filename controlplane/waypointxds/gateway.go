@@ -137,6 +137,9 @@ func BuildGateway(mesh Mesh, gw *gwv1.Gateway, st Stores) (Resources, GatewayRep
 	b := &builder{mesh: mesh.withDefaults(), st: st, res: Resources{}, clusters: map[string]clusterRef{},
 		wp: &ambient.Waypoint{Namespace: gw.Namespace, Name: gw.Name}, ingress: true}
 	g := &gatewayBuild{b: b, gw: gw, translated: map[RouteKey]bool{}}
+	if gw.Spec.TLS != nil && gw.Spec.TLS.Backend != nil {
+		b.note("Gateway %s/%s: spec.tls.backend (a client certificate for backends) is not supported; backends are reached in plain TCP or over HBONE", gw.Namespace, gw.Name)
+	}
 	for _, l := range gw.Spec.Listeners {
 		g.listeners = append(g.listeners, g.listener(l))
 	}

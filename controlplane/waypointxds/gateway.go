@@ -126,10 +126,10 @@ type gatewayBuild struct {
 	translated map[RouteKey]bool
 }
 
-// BuildGateway computes the resources of an ingress Gateway (GATEWAY.md's
-// xDS contract): one Listener per port of its HTTP and HTTPS listeners,
-// their RouteConfigurations from the HTTPRoutes and GRPCRoutes attached to
-// them, the Clusters and ClusterLoadAssignments of their backends and the
+// BuildGateway computes the resources of an ingress Gateway (package doc,
+// "Ingress gateways"): one Listener per port of its HTTP, HTTPS and TCP
+// listeners, their RouteConfigurations from the HTTPRoutes and GRPCRoutes
+// attached to them (tcp_proxy for TCPRoutes), the Clusters and ClusterLoadAssignments of their backends and the
 // RBAC filters of the AuthorizationPolicies that target the Gateway. It
 // reports the listeners' status and what became of the routes that name
 // the Gateway (see Outcomes).
@@ -373,7 +373,7 @@ func (l *gwListener) add(src *source, parent int, hosts []string) {
 	for i := range l.routes {
 		if ar := &l.routes[i]; ar.src.id() == src.id() {
 			for _, h := range hosts {
-				if !contains(ar.hosts, h) {
+				if !slices.Contains(ar.hosts, h) {
 					ar.hosts = append(ar.hosts, h)
 				}
 			}
@@ -382,15 +382,6 @@ func (l *gwListener) add(src *source, parent int, hosts []string) {
 		}
 	}
 	l.routes = append(l.routes, attachedRoute{src: src, hosts: hosts, parents: []int{parent}})
-}
-
-func contains(ss []string, s string) bool {
-	for _, v := range ss {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 type listenerMatch struct {
@@ -475,7 +466,7 @@ func intersectHostnames(listener string, route []gwv1.Hostname) []string {
 		default:
 			continue
 		}
-		if !contains(out, got) {
+		if !slices.Contains(out, got) {
 			out = append(out, got)
 		}
 	}

@@ -383,10 +383,13 @@ func (cp *ControlPlane) waitPublished(ctx context.Context, ctrl *ambient.Control
 // informerSet is the control plane's shared informers.
 type informerSet struct {
 	kube, configMaps informers.SharedInformerFactory
-	istio            istioinformers.SharedInformerFactory
-	gateway          gwinformers.SharedInformerFactory // nil without waypoints
-	ambient          ambient.Informers
-	waypoints        waypointxds.Informers // Gateways nil without waypoints
+	// secrets lists only TLS Secrets (ingress Gateways' certificates);
+	// nil without waypoints.
+	secrets   informers.SharedInformerFactory
+	istio     istioinformers.SharedInformerFactory
+	gateway   gwinformers.SharedInformerFactory // nil without waypoints
+	ambient   ambient.Informers
+	waypoints waypointxds.Informers // Gateways nil without waypoints
 }
 
 // newInformers makes the informers the parts share; the Gateway API ones
@@ -453,6 +456,13 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 		GRPCRoutes:      s.gateway.Gateway().V1().GRPCRoutes().Informer(),
 	}
 	s.waypoints.GatewayClasses = inf.GatewayClasses
+	// Ingress Gateways' certificates: the field selector keeps every
+	// other Secret out of the cache (and out of memory).
+	s.secrets = informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
+		}))
+	s.waypoints.Secrets = s.secrets.Core().V1().Secrets().Informer()
 	// TCPRoute is in Gateway API's experimental channel: without its CRD,
 	// waypoints run without TCPRoutes.
 	if gwres["tcproutes"] {
@@ -474,6 +484,7 @@ func (s *informerSet) start(ctx context.Context) {
 	s.istio.Start(ctx.Done())
 	if s.gateway != nil {
 		s.gateway.Start(ctx.Done())
+		s.secrets.Start(ctx.Done())
 	}
 }
 
@@ -482,6 +493,7 @@ func (s *informerSet) shutdown() {
 	s.configMaps.Shutdown()
 	s.istio.Shutdown()
 	if s.gateway != nil {
+		s.secrets.Shutdown()
 		s.gateway.Shutdown()
 	}
 }

@@ -49,24 +49,33 @@ type Attachment struct {
 // NewAttachment reads the attachment rule from a waypoint Gateway.
 func NewAttachment(gw *gwv1.Gateway) Attachment {
 	for _, l := range gw.Spec.Listeners {
-		if l.Protocol != apinames.ProtocolHBONE || l.Port != apinames.HBONEPort {
-			continue
+		if l.Protocol == apinames.ProtocolHBONE && l.Port == apinames.HBONEPort {
+			a, _ := ListenerAttachment(l)
+			return a
 		}
-		if l.AllowedRoutes == nil || l.AllowedRoutes.Namespaces == nil || l.AllowedRoutes.Namespaces.From == nil {
-			break
-		}
-		a := Attachment{From: *l.AllowedRoutes.Namespaces.From}
-		if a.From == gwv1.NamespacesFromSelector {
-			a.selector = labels.Nothing()
-			if sel := l.AllowedRoutes.Namespaces.Selector; sel != nil {
-				if s, err := metav1.LabelSelectorAsSelector(sel); err == nil {
-					a.selector = s
-				}
-			}
-		}
-		return a
 	}
 	return Attachment{From: gwv1.NamespacesFromSame}
+}
+
+// ListenerAttachment reads the namespaces a Gateway listener's
+// allowedRoutes admit: From Same unless it says otherwise. ok is false
+// for From Selector without a valid selector, which admits no namespace.
+func ListenerAttachment(l gwv1.Listener) (a Attachment, ok bool) {
+	if l.AllowedRoutes == nil || l.AllowedRoutes.Namespaces == nil || l.AllowedRoutes.Namespaces.From == nil {
+		return Attachment{From: gwv1.NamespacesFromSame}, true
+	}
+	a = Attachment{From: *l.AllowedRoutes.Namespaces.From}
+	if a.From != gwv1.NamespacesFromSelector {
+		return a, true
+	}
+	a.selector = labels.Nothing()
+	if sel := l.AllowedRoutes.Namespaces.Selector; sel != nil {
+		if s, err := metav1.LabelSelectorAsSelector(sel); err == nil {
+			a.selector = s
+			return a, true
+		}
+	}
+	return a, false
 }
 
 // Allows reports whether an object of namespace ns, whose labels are

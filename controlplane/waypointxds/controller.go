@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -37,14 +38,18 @@ type Informers struct {
 	// WorkloadEntries (networking.istio.io/v1) are endpoints of the
 	// Services that select them; optional.
 	WorkloadEntries cache.SharedIndexInformer
-	// GatewayClasses give their Gateways a default istio.io/waypoint-for;
-	// optional.
+	// GatewayClasses give their Gateways a default istio.io/waypoint-for,
+	// and tell which istio-class Gateways are ingress gateways of this
+	// controller; optional.
 	GatewayClasses cache.SharedIndexInformer
+	// Secrets of type kubernetes.io/tls (a field selector keeps the rest
+	// out of the cache) hold ingress Gateways' certificates; optional.
+	Secrets cache.SharedIndexInformer
 }
 
 func (inf Informers) all() []cache.SharedIndexInformer {
 	return []cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
-		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries, inf.WorkloadEntries}
+		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries, inf.WorkloadEntries, inf.Secrets}
 }
 
 func indexer(i cache.SharedIndexInformer) cache.Indexer {
@@ -67,11 +72,23 @@ type ControllerConfig struct {
 	// Status receives every route's outcome after each rebuild
 	// (*StatusWriter). Default: none.
 	Status RouteStatusSetter
+	// Gateways receives every ingress Gateway's listener status after
+	// each rebuild (the deployer, which writes Gateway status). Default:
+	// none.
+	Gateways GatewayListenersSetter
 }
 
 // RouteStatusSetter takes the routes' outcomes (*StatusWriter).
 type RouteStatusSetter interface {
 	SetRoutes(outcomes []RouteOutcome)
+}
+
+// GatewayListenersSetter takes the status.listeners of every ingress
+// Gateway, by "<namespace>/<gateway name>"; a Gateway not in the map is
+// not (or no longer) an ingress gateway. The map is the caller's no more:
+// the setter may keep it.
+type GatewayListenersSetter interface {
+	SetGatewayListeners(listeners map[string][]gwv1.ListenerStatus)
 }
 
 // Controller keeps every waypoint's resources in step with the cluster.
@@ -119,7 +136,7 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Control
 		st: Stores{Services: indexer(inf.Services), EndpointSlices: indexer(inf.EndpointSlices), Pods: indexer(inf.Pods),
 			Namespaces: indexer(inf.Namespaces), HTTPRoutes: indexer(inf.HTTPRoutes), GRPCRoutes: indexer(inf.GRPCRoutes),
 			TCPRoutes: indexer(inf.TCPRoutes), Policies: indexer(inf.Policies), ReferenceGrants: indexer(inf.ReferenceGrants),
-			ServiceEntries: indexer(inf.ServiceEntries), WorkloadEntries: indexer(inf.WorkloadEntries)},
+			ServiceEntries: indexer(inf.ServiceEntries), WorkloadEntries: indexer(inf.WorkloadEntries), Secrets: indexer(inf.Secrets)},
 		changed: debounce.New(cfg.Debounce, 10*cfg.Debounce),
 		built:   map[string]map[string]map[string]proto.Message{},
 		notes:   map[string]string{},
@@ -197,53 +214,79 @@ func (c *Controller) Synced() bool {
 	return c.synced
 }
 
-// rebuild computes every waypoint and publishes those that changed, then
-// hands the routes' outcomes to the status writer.
+// rebuild computes every waypoint and ingress Gateway and publishes those
+// that changed, then hands the routes' outcomes to the status writer and
+// the Gateways' listener status to their writer.
 func (c *Controller) rebuild() {
-	seen := map[string]*ambient.Waypoint{}
+	waypoints := map[string]*ambient.Waypoint{}
+	seen := map[string]bool{} // xDS keys built
+	listeners := map[string][]gwv1.ListenerStatus{}
 	var reports []Report
-	for _, o := range c.inf.Gateways.GetIndexer().List() {
+	gateways := c.inf.Gateways.GetIndexer().List()
+	sort.Slice(gateways, func(i, j int) bool { return keyOf(gateways[i]) < keyOf(gateways[j]) })
+	for _, o := range gateways {
 		gw := o.(*gwv1.Gateway)
-		wp := ambient.NewWaypointOfClass(gw, c.gatewayClass(string(gw.Spec.GatewayClassName)), "")
-		if wp == nil {
+		class := c.gatewayClass(string(gw.Spec.GatewayClassName))
+		if wp := ambient.NewWaypointOfClass(gw, class, ""); wp != nil {
+			key := wp.Key() // its service account, named after the Gateway
+			waypoints[key], seen[key] = wp, true
+			res, rep := Build(c.cfg.Mesh, wp, c.st)
+			reports = append(reports, rep)
+			c.publish("waypoint", key, res, rep.Notes)
 			continue
 		}
-		key := wp.Key() // its service account, named after the Gateway
-		seen[key] = wp
-		res, rep := Build(c.cfg.Mesh, wp, c.st)
-		reports = append(reports, rep)
-		notes := rep.Notes
-		c.builds.Inc()
-		if n := strings.Join(notes, "; "); n != c.notes[key] {
-			c.notes[key] = n
-			if n != "" {
-				c.log.Warn("waypoint configuration has problems", "waypoint", key, "problems", notes)
-			}
-		}
-		if same(c.built[key], res) {
+		if !Ingress(gw, class) {
 			continue
 		}
-		if err := c.pub.SetWaypoint(key, res); err != nil {
-			c.log.Error("publishing waypoint configuration failed", "waypoint", key, "error", err)
+		key := GatewayKey(gw.Namespace, gw.Name)
+		if seen[key] {
+			c.log.Error("ingress gateway not configured: its proxy's identity is a waypoint's", "gateway", keyOf(gw), "identity", key)
 			continue
 		}
-		c.built[key] = res
-		c.resources.WithLabelValues(key).Set(float64(Resources(res).Count()))
-		c.log.Info("waypoint configuration published", "waypoint", key, "listeners", len(res[resource.ListenerType]),
-			"routes", len(res[resource.RouteType]), "clusters", len(res[resource.ClusterType]))
+		seen[key] = true
+		res, rep := BuildGateway(c.cfg.Mesh, gw, c.st)
+		reports = append(reports, rep.Report)
+		listeners[keyOf(gw)] = rep.Listeners
+		c.publish("gateway", key, res, rep.Notes)
 	}
 	for key := range c.built {
-		if seen[key] == nil {
+		if !seen[key] {
 			c.pub.RemoveWaypoint(key)
 			delete(c.built, key)
 			delete(c.notes, key)
 			c.resources.DeleteLabelValues(key)
-			c.log.Info("waypoint configuration removed", "waypoint", key)
+			c.log.Info("proxy configuration removed", "proxy", key)
 		}
 	}
 	if c.cfg.Status != nil {
-		c.cfg.Status.SetRoutes(Outcomes(c.cfg.Mesh, c.st, seen, reports))
+		c.cfg.Status.SetRoutes(Outcomes(c.cfg.Mesh, c.st, waypoints, reports))
 	}
+	if c.cfg.Gateways != nil {
+		c.cfg.Gateways.SetGatewayListeners(listeners)
+	}
+}
+
+// publish logs a proxy's new problems and publishes its resources if they
+// changed; kind is "waypoint" or "gateway", for the log.
+func (c *Controller) publish(kind, key string, res Resources, notes []string) {
+	c.builds.Inc()
+	if n := strings.Join(notes, "; "); n != c.notes[key] {
+		c.notes[key] = n
+		if n != "" {
+			c.log.Warn("proxy configuration has problems", kind, key, "problems", notes)
+		}
+	}
+	if same(c.built[key], res) {
+		return
+	}
+	if err := c.pub.SetWaypoint(key, res); err != nil {
+		c.log.Error("publishing proxy configuration failed", kind, key, "error", err)
+		return
+	}
+	c.built[key] = res
+	c.resources.WithLabelValues(key).Set(float64(res.Count()))
+	c.log.Info("proxy configuration published", kind, key, "listeners", len(res[resource.ListenerType]),
+		"routes", len(res[resource.RouteType]), "clusters", len(res[resource.ClusterType]))
 }
 
 func same(a, b map[string]map[string]proto.Message) bool {

@@ -3,7 +3,9 @@
 // subset the waypoint proxy accepts (ARCHITECTURE.md "Waypoint") — from the
 // Services bound to it, their HTTPRoutes, GRPCRoutes and TCPRoutes (GAMMA: a
 // parentRef of kind Service) and the AuthorizationPolicies that target the waypoint's
-// Gateway or one of those Services.
+// Gateway or one of those Services; and each ingress Gateway's (class
+// istio; see Ingress gateways below) from the routes attached to its
+// listeners.
 //
 // # Binding
 //
@@ -110,6 +112,83 @@
 // ALLOW rule with any of them never matches on TCP, and a DENY or AUDIT
 // rule is kept without them, so it matches more (a DENY on a path alone
 // denies every stream of a TCP port).
+//
+// # Ingress gateways
+//
+// BuildGateway computes an ingress Gateway's resources (class istio whose
+// GatewayClass names apinames.GatewayController, or that has none:
+// Ingress), published under its proxy's identity GatewayKey
+// "<namespace>/<gateway>-istio". Its listeners are checked in spec order:
+// HTTP, HTTPS and TCP are served, any other protocol (TLS passthrough
+// among them, for now) is Accepted=False (UnsupportedProtocol);
+// allowedRoutes.kinds other than HTTPRoute and GRPCRoute (TCPRoute on a
+// TCP listener, whose hostname is ignored) make ResolvedRefs False
+// (InvalidRouteKinds) and are left out of supportedKinds; an HTTPS listener's tls.mode must be Terminate and
+// tls.options and the Gateway's spec.tls.frontend empty (else
+// UnsupportedValue). The first listener of a port sets its protocol (HTTPS
+// and TLS go together); a later one of another is Conflicted
+// (ProtocolConflict), a later one with the same hostname (or none, twice)
+// Conflicted (HostnameConflict); a conflicted listener takes no routes and
+// gets no chain.
+//
+// A certificateRef must name a Secret (group "", kind Secret) of type
+// kubernetes.io/tls in the Gateway's namespace, or in another one whose
+// ReferenceGrant lets Gateways of the Gateway's namespace refer to it
+// (else ResolvedRefs False, RefNotPermitted, as Gateway API and its
+// conformance tests ask); its tls.crt and tls.key must be PEM of a
+// certificate chain and the matching key, the check crypto/tls makes (else
+// InvalidCertificateRef). An HTTPS listener with any unusable reference
+// gets no chain (Programmed False, Invalid).
+//
+// A route attaches through a parentRef that names the Gateway (group and
+// kind default to Gateway's, namespace to the route's) to the listeners
+// its sectionName and port select (none: NoMatchingParent), of those the
+// accepted, unconflicted ones that admit its kind from its namespace
+// (none: NotAllowedByListeners), of those the ones whose hostname
+// intersects the route's (none: NoMatchingListenerHostname). The
+// intersection serves: the route's hostnames under a listener without
+// one; the listener's when the route has none ("*" when neither has);
+// else each route hostname equal to the listener's or covered by its
+// wildcard, and the listener's hostname when a route wildcard covers it.
+// A wildcard "*.example.com" covers names with at least one more label,
+// never example.com itself. A TCPRoute attaches the same way to TCP
+// listeners; of those a listener takes, the oldest with exactly one rule
+// applies (as at a waypoint's TCP port) and the others are Accepted=False
+// (Conflicted, or UnsupportedValue for other than one rule) unless they
+// apply on another listener.
+//
+// Per port with served listeners a Listener "0.0.0.0_<port>": the port's
+// HTTP listeners share one chain "http/<port>" and RouteConfiguration
+// "http.<port>"; each HTTPS listener has a chain "https/<port>/<name>"
+// matched by server_names (its hostname; none without one), a TLS
+// transport socket with its certificates and ALPN h2, http/1.1, and
+// RouteConfiguration "https.<port>.<name>"; the Listener gets the TLS
+// inspector. A TCP listener's port has one chain "tcp/<port>": network
+// RBAC filters, then a tcp_proxy to its TCPRoute's backends by weight (an
+// unusable backend's share to BlackHoleCluster), or to BlackHoleCluster
+// when no TCPRoute applies. Every connection manager takes the client address from the
+// connection (use_remote_address), strips the port of the Host before
+// matching, and has the RBAC filters of the AuthorizationPolicies whose
+// targetRefs name the Gateway (or the GatewayClass istio, in the root
+// namespace), then cors and router. A RouteConfiguration holds a virtual
+// host "<hostname>:<port>" per hostname served and per listener hostname,
+// domains [<hostname>], with the rules of every route serving that
+// hostname on its listeners, in Gateway API precedence across routes. On
+// a port whose HTTP listeners have nested hostnames, a hostname a more
+// specific listener equals or covers is left to that listener's routes
+// (Gateway API's listener isolation: with listeners "*.example.com" and
+// "abc.example.com" on one port, a request for abc.example.com reaches
+// only the second listener's routes, never a route of the first that
+// names abc.example.com). spec.tls.backend is not supported (noted).
+// No virtual host or no route: 404.
+//
+// Status: each listener's supportedKinds, attachedRoutes (the routes
+// attached to it, including those on an HTTPS listener without a usable
+// certificate) and the conditions Accepted, ResolvedRefs, Conflicted and
+// Programmed (True when it has a chain) with the Gateway's generation go
+// in GatewayReport.Listeners, which the controller hands to
+// ControllerConfig.Gateways; a route's parent entry for the Gateway is
+// written by StatusWriter under apinames.GatewayController.
 //
 // # Paths
 //

@@ -43,7 +43,11 @@ type RouteOutcome struct {
 // Accepted and ResolvedRefs, with Gateway API's reasons, and
 // ObservedGeneration set (LastTransitionTime is the status writer's).
 type ParentOutcome struct {
-	Ref        gwv1.ParentReference
+	Ref gwv1.ParentReference
+	// Controller is the controllerName of the entry: empty for the
+	// status writer's own (the waypoint controller's), or
+	// apinames.GatewayController for an ingress Gateway parent.
+	Controller gwv1.GatewayController
 	Conditions []metav1.Condition
 }
 
@@ -68,7 +72,19 @@ type routeReport struct {
 	// but does not (another TCPRoute applies, or the route's rules cannot
 	// be applied) to why, for its Accepted condition.
 	rejected map[int]problem
+	// ingress are the indexes of the parentRefs that name an ingress
+	// Gateway: attached or rejected there by Gateway API's rules.
+	ingress map[int]bool
 }
+
+func (r *routeReport) markIngress(parent int) {
+	if r.ingress == nil {
+		r.ingress = map[int]bool{}
+	}
+	r.ingress[parent] = true
+}
+
+func (r *routeReport) ingressAt(i int) bool { return r != nil && r.ingress[i] }
 
 type problem struct {
 	reason  gwv1.RouteConditionReason
@@ -81,6 +97,9 @@ func (r *routeReport) attach(parent int, waypoint string) {
 	}
 	r.attached[parent] = waypoint
 }
+
+// unattach takes back an attachment (a TCPRoute another shadows).
+func (r *routeReport) unattach(parent int) { delete(r.attached, parent) }
 
 func (r *routeReport) reject(parent int, p problem) {
 	if r.rejected == nil {
@@ -113,6 +132,9 @@ func (r *routeReport) merge(o *routeReport) {
 	}
 	for i, p := range o.rejected {
 		r.reject(i, p)
+	}
+	for i := range o.ingress {
+		r.markIngress(i)
 	}
 }
 
@@ -214,7 +236,10 @@ func (o *outcomes) route(src *source, gen int64, refs []gwv1.ParentReference) Ro
 	rep := o.reports[src.id()]
 	for i, ref := range refs {
 		var accepted *metav1.Condition
+		var controller gwv1.GatewayController
 		switch {
+		case rep.ingressAt(i):
+			accepted, controller = ingressParent(rep, i), apinames.GatewayController
 		case serviceParent(ref):
 			accepted = o.serviceParent(src, rep, i, ref)
 		case entryParent(ref):
@@ -229,9 +254,22 @@ func (o *outcomes) route(src *source, gen int64, refs []gwv1.ParentReference) Ro
 			rep = translateRules(o.mesh, o.st, src)
 		}
 		accepted.Type, accepted.ObservedGeneration = string(gwv1.RouteConditionAccepted), gen
-		out.Parents = append(out.Parents, ParentOutcome{Ref: ref, Conditions: []metav1.Condition{*accepted, resolvedRefs(rep, gen)}})
+		out.Parents = append(out.Parents, ParentOutcome{Ref: ref, Controller: controller, Conditions: []metav1.Condition{*accepted, resolvedRefs(rep, gen)}})
 	}
 	return out
+}
+
+// ingressParent is the Accepted condition of a parentRef to an ingress
+// Gateway: attached to some of its listeners, or why not.
+func ingressParent(rep *routeReport, i int) *metav1.Condition {
+	if gw, ok := rep.attachedTo(i); ok {
+		if len(rep.unsupported) > 0 {
+			return &metav1.Condition{Status: metav1.ConditionFalse, Reason: string(gwv1.RouteReasonUnsupportedValue), Message: joinProblems(rep.unsupported)}
+		}
+		return &metav1.Condition{Status: metav1.ConditionTrue, Reason: string(gwv1.RouteReasonAccepted), Message: "attached to Gateway " + gw}
+	}
+	p, _ := rep.rejectedAt(i)
+	return &metav1.Condition{Status: metav1.ConditionFalse, Reason: string(p.reason), Message: p.message}
 }
 
 // resolvedRefs is the ResolvedRefs condition of a route's report: the

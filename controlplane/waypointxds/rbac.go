@@ -66,7 +66,7 @@ func (b *builder) appliesTo(p *securityv1.AuthorizationPolicy, svc *corev1.Servi
 		switch {
 		case t.group == gatewayGroup && t.kind == "Gateway" && p.Namespace == b.wp.Namespace && t.name == b.wp.Name:
 			return true
-		case t.group == gatewayGroup && t.kind == "GatewayClass" && p.Namespace == b.mesh.RootNamespace && t.name == apinames.WaypointClass:
+		case t.group == gatewayGroup && t.kind == "GatewayClass" && p.Namespace == b.mesh.RootNamespace && t.name == b.className():
 			return true
 		case svc != nil && !entry && (t.group == "" || t.group == "core") && t.kind == "Service" && p.Namespace == svc.Namespace && t.name == svc.Name:
 			return true
@@ -75,6 +75,14 @@ func (b *builder) appliesTo(p *securityv1.AuthorizationPolicy, svc *corev1.Servi
 		}
 	}
 	return false
+}
+
+// className is the GatewayClass of the Gateway being built.
+func (b *builder) className() string {
+	if b.ingress {
+		return apinames.GatewayClass
+	}
+	return apinames.WaypointClass
 }
 
 // rbacSet is one RBAC filter's rules: those enforced and those of

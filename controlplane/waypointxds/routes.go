@@ -72,6 +72,9 @@ type source struct {
 	name    string
 	created metav1.Time
 	rules   []rule
+	// hostnames are an HTTPRoute's or GRPCRoute's, for a Gateway's
+	// listeners (a Service parent ignores them).
+	hostnames []gwv1.Hostname
 }
 
 // entry is one Envoy route with what sorts it.
@@ -138,7 +141,7 @@ func (b *builder) attached(svc *corev1.Service, port corev1.ServicePort) []*sour
 }
 
 func httpSource(r *gwv1.HTTPRoute) *source {
-	s := &source{key: r.Namespace + "/" + r.Name, kind: kindHTTPRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp}
+	s := &source{key: r.Namespace + "/" + r.Name, kind: kindHTTPRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp, hostnames: r.Spec.Hostnames}
 	for _, rr := range r.Spec.Rules {
 		ru := rule{filters: rr.Filters, timeouts: rr.Timeouts, retry: rr.Retry}
 		for _, m := range rr.Matches {
@@ -189,7 +192,7 @@ func httpMatch(m gwv1.HTTPRouteMatch) match {
 }
 
 func grpcSource(r *gwv1.GRPCRoute) *source {
-	s := &source{key: r.Namespace + "/" + r.Name, kind: kindGRPCRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp}
+	s := &source{key: r.Namespace + "/" + r.Name, kind: kindGRPCRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp, hostnames: r.Spec.Hostnames}
 	for _, rr := range r.Spec.Rules {
 		var ru rule
 		for _, f := range rr.Filters {

@@ -16,14 +16,17 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwtyped "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned/typed/apis/v1"
 
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/kubequeue"
 )
 
 // StatusWriter writes the routes' outcomes into their status.parents: one
-// entry per parentRef the outcome covers, with the controller's name, the
-// parentRef as the spec spells it, and the conditions Accepted and
-// ResolvedRefs. Entries of other controllers are left as they are, and the
-// controller's entries for parentRefs it no longer answers for are removed.
+// entry per parentRef the outcome covers, with the controller's name (the
+// waypoint controller's, or apinames.GatewayController for an ingress
+// Gateway parent), the parentRef as the spec spells it, and the conditions
+// Accepted and ResolvedRefs. Entries of other controllers are left as they
+// are, and the entries of either name for parentRefs it no longer answers
+// for are removed.
 // A condition keeps its lastTransitionTime while its status is unchanged.
 //
 // SetRoutes is cheap and may be called from any goroutine; the writes
@@ -183,15 +186,19 @@ func (w *StatusWriter) parents(gen int64, cur []gwv1.RouteParentStatus, o RouteO
 	}
 	var out []gwv1.RouteParentStatus
 	for _, p := range cur {
-		if p.ControllerName != w.controller {
+		if p.ControllerName != w.controller && p.ControllerName != apinames.GatewayController {
 			out = append(out, p)
 		}
 	}
 	now := metav1.NewTime(w.now())
 	for _, po := range o.Parents {
+		controller := po.Controller
+		if controller == "" {
+			controller = w.controller
+		}
 		var conds []metav1.Condition
 		for _, p := range cur {
-			if p.ControllerName == w.controller && equality.Semantic.DeepEqual(p.ParentRef, po.Ref) {
+			if p.ControllerName == controller && equality.Semantic.DeepEqual(p.ParentRef, po.Ref) {
 				conds = append(conds, p.Conditions...)
 				break
 			}
@@ -200,7 +207,7 @@ func (w *StatusWriter) parents(gen int64, cur []gwv1.RouteParentStatus, o RouteO
 			c.LastTransitionTime = now
 			meta.SetStatusCondition(&conds, c)
 		}
-		out = append(out, gwv1.RouteParentStatus{ParentRef: po.Ref, ControllerName: w.controller, Conditions: conds})
+		out = append(out, gwv1.RouteParentStatus{ParentRef: po.Ref, ControllerName: controller, Conditions: conds})
 	}
 	return out, !equality.Semantic.DeepEqual(out, cur)
 }

@@ -81,6 +81,45 @@ func TestStatusParents(t *testing.T) {
 	}
 }
 
+// TestStatusParentsIngress: an ingress Gateway parent's entry is written
+// under the gateway controller's name beside the waypoint controller's
+// entry for the same route, keeps its transition time, and is removed when
+// the route no longer names the Gateway; an entry under that name for a
+// parent the outcome does not cover is the writer's to remove, another
+// controller's entry for the same Gateway is not.
+func TestStatusParentsIngress(t *testing.T) {
+	t0, t1 := time.Unix(1000, 0), time.Unix(2000, 0)
+	w := &StatusWriter{controller: apinames.WaypointController, now: func() time.Time { return t0 }}
+	svc := gwv1.ParentReference{Group: ptr(gwv1.Group("")), Kind: ptr(gwv1.Kind("Service")), Name: "api"}
+	gw := gwv1.ParentReference{Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Name: "ingress"}
+	theirs := gwv1.RouteParentStatus{ParentRef: gw, ControllerName: "example.com/ingress", Conditions: []metav1.Condition{cond("Accepted", true, "Accepted", 1)}}
+	stale := gwv1.RouteParentStatus{ParentRef: gwv1.ParentReference{Name: "old"}, ControllerName: apinames.GatewayController,
+		Conditions: []metav1.Condition{cond("Accepted", true, "Accepted", 1)}}
+	both := RouteOutcome{Key: RouteKey{kindHTTPRoute, "shop", "r"}, Generation: 1, Parents: []ParentOutcome{
+		{Ref: svc, Conditions: []metav1.Condition{cond("Accepted", true, "Accepted", 1)}},
+		{Ref: gw, Controller: apinames.GatewayController, Conditions: []metav1.Condition{cond("Accepted", false, "NoMatchingListenerHostname", 1)}},
+	}}
+	cur, changed := w.parents(1, []gwv1.RouteParentStatus{theirs, stale}, both)
+	if !changed || len(cur) != 3 || cur[0].ControllerName != "example.com/ingress" || cur[1].ControllerName != apinames.WaypointController ||
+		cur[2].ControllerName != apinames.GatewayController || cur[2].ParentRef.Name != "ingress" {
+		t.Fatalf("first write: changed=%v %+v", changed, cur)
+	}
+	w.now = func() time.Time { return t1 }
+	if _, changed := w.parents(1, cur, both); changed {
+		t.Error("the same outcome again changed the status")
+	}
+	both.Parents[1].Conditions[0].Message = "other words"
+	next, _ := w.parents(1, cur, both)
+	if c := meta.FindStatusCondition(next[2].Conditions, "Accepted"); !c.LastTransitionTime.Time.Equal(t0) || c.Message != "other words" {
+		t.Errorf("the gateway entry's condition: %+v, want its transition time kept", c)
+	}
+	both.Parents = both.Parents[:1]
+	gone, _ := w.parents(1, next, both)
+	if len(gone) != 2 || gone[1].ControllerName != apinames.WaypointController {
+		t.Errorf("without the Gateway parent: %+v", gone)
+	}
+}
+
 func ptr[T any](v T) *T { return &v }
 
 // TestStatusWriterAPI runs the writer against a real API server: it writes

@@ -110,6 +110,12 @@ func (b *builder) tcpTarget(svc *corev1.Service, port corev1.ServicePort, self s
 	if src == nil {
 		return tcpProxy(self)
 	}
+	return b.tcpBackends(src, self)
+}
+
+// tcpBackends is the tcp_proxy to a TCPRoute's one rule's backends, by
+// weight, with statistics under stat.
+func (b *builder) tcpBackends(src *source, stat string) *listenerv3.Filter {
 	var cws []*tcpv3.TcpProxy_WeightedCluster_ClusterWeight
 	backends := src.rules[0].backends
 	if len(backends) > maxBackends {
@@ -133,7 +139,7 @@ func (b *builder) tcpTarget(svc *corev1.Service, port corev1.ServicePort, self s
 	case 1:
 		return tcpProxy(cws[0].Name)
 	}
-	return tcpFilter(&tcpv3.TcpProxy{StatPrefix: self, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{
+	return tcpFilter(&tcpv3.TcpProxy{StatPrefix: stat, ClusterSpecifier: &tcpv3.TcpProxy_WeightedClusters{
 		WeightedClusters: &tcpv3.TcpProxy_WeightedCluster{Clusters: cws}}})
 }
 

@@ -90,6 +90,9 @@ type Stores struct {
 	// ReferenceGrants (gateway.networking.k8s.io/v1) let a route use a
 	// backend in another namespace; nil allows none.
 	ReferenceGrants cache.Indexer
+	// Secrets hold the certificates of ingress Gateways' HTTPS listeners
+	// (only type kubernetes.io/tls is read); nil: none.
+	Secrets cache.Indexer
 	// ServiceEntries (networking.istio.io/v1) bound to the waypoint are
 	// served like Services; nil: none.
 	ServiceEntries cache.Indexer
@@ -130,7 +133,9 @@ type builder struct {
 	mesh Mesh
 	st   Stores
 	wp   *ambient.Waypoint
-	res  Resources
+	// ingress: wp stands for an ingress Gateway (BuildGateway).
+	ingress bool
+	res     Resources
 	// clusters to emit, by name: the Service and its port.
 	clusters map[string]clusterRef
 	chains   []*listenerv3.FilterChain

@@ -58,7 +58,8 @@ func load(t *testing.T, path string) *fixture {
 	slicesIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
 	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
-		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer(), ServiceEntries: newIndexer(), WorkloadEntries: newIndexer()}}
+		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer(), ServiceEntries: newIndexer(), WorkloadEntries: newIndexer(),
+		Secrets: newIndexer()}}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var raw map[string]any
@@ -102,6 +103,8 @@ func load(t *testing.T, path string) *fixture {
 			add(f.st.ServiceEntries, &networkingv1.ServiceEntry{})
 		case "WorkloadEntry":
 			add(f.st.WorkloadEntries, &networkingv1.WorkloadEntry{})
+		case "Secret":
+			add(f.st.Secrets, &corev1.Secret{})
 		case "AuthorizationPolicy":
 			add(f.st.Policies, &securityv1.AuthorizationPolicy{})
 		case "Gateway":

@@ -48,10 +48,9 @@ func buildGateways(t *testing.T, f *fixture) ([]Resources, []GatewayReport, []Ro
 
 // TestGoldenGateway translates every testdata/gateway/*.yaml and compares
 // the resources, the listeners' status and the routes' outcomes with the
-// .golden file (go test -update rewrites them). Unlike TestGolden it does
-// not run the waypoint's compiler over them: the proxy's gateway mode
-// (socket addresses, server_names, transport sockets, tls_inspector) is
-// built beside this translation.
+// .golden file (go test -update rewrites them). As TestGolden, it
+// compiles every resource with the proxy's own compiler, which takes them
+// in gateway mode: the two sides cannot drift apart unnoticed.
 func TestGoldenGateway(t *testing.T) {
 	inputs, _ := filepath.Glob("testdata/gateway/*.yaml")
 	if len(inputs) == 0 {
@@ -63,6 +62,7 @@ func TestGoldenGateway(t *testing.T) {
 			res, reps, outs := buildGateways(t, f)
 			var out []byte
 			for i, gw := range f.gateways {
+				compiled(t, res[i]) // the proxy in gateway mode takes every resource
 				out = append(out, dump(t, res[i], reps[i].Notes)...)
 				ls, err := sigsyaml.Marshal(reps[i].Listeners)
 				if err != nil {

@@ -188,13 +188,16 @@ func TestGolden(t *testing.T) {
 // the control plane sends must never be NACKed.
 func compiled(t *testing.T, res Resources) *config.Snapshot {
 	t.Helper()
-	snap := &config.Snapshot{Routes: map[string]*route.Table{}, Clusters: map[string]*config.Cluster{}, Assignments: map[string]*config.Assignment{}}
+	snap := &config.Snapshot{Listeners: map[string]*config.Listener{}, Routes: map[string]*route.Table{}, Clusters: map[string]*config.Cluster{}, Assignments: map[string]*config.Assignment{}}
 	for n, m := range res[resource.ListenerType] {
 		l, err := config.CompileListener(m.(*listenerv3.Listener))
 		if err != nil {
 			t.Fatalf("listener %s: %v", n, err)
 		}
-		snap.Listener = l
+		snap.Listeners[n] = l
+		if n == ListenerName {
+			snap.Listener = l
+		}
 	}
 	for n, m := range res[resource.RouteType] {
 		rt, err := route.Compile(m.(*routev3.RouteConfiguration))

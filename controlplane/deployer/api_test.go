@@ -712,6 +712,11 @@ var deployerNever = []authorizationv1.ResourceAttributes{
 	{Verb: "update", Group: "policy", Resource: "poddisruptionbudgets"},
 	{Verb: "update", Resource: "configmaps", Namespace: "default"},
 	{Verb: "update", Group: "gateway.networking.k8s.io", Resource: "gateways"},
+	// The ingress listeners' certificates are read, never written.
+	{Verb: "update", Resource: "secrets", Namespace: "default"},
+	{Verb: "patch", Resource: "secrets", Namespace: "default"},
+	{Verb: "delete", Resource: "secrets", Namespace: "default"},
+	{Verb: "create", Resource: "secrets", Namespace: "default"},
 }
 
 // describe says a request as a ClusterRole rule would.

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -109,7 +110,7 @@ func TestGolden(t *testing.T) {
 }
 
 // checkOwned checks what no patch may change: each object is named after
-// the Gateway, in its namespace, of the right kind, controlled by it,
+// the Gateway (ObjectName), in its namespace, of the right kind, controlled by it,
 // labelled with its name, and the selectors find the waypoint's pods.
 func checkOwned(t testing.TB, gw *gwv1.Gateway, o *Objects) {
 	t.Helper()
@@ -130,7 +131,7 @@ func checkOwned(t testing.TB, gw *gwv1.Gateway, o *Objects) {
 			om   metav1.ObjectMeta
 			want metav1.TypeMeta
 		}{o.HPA.TypeMeta, o.HPA.ObjectMeta, metav1.TypeMeta{APIVersion: "autoscaling/v2", Kind: "HorizontalPodAutoscaler"}})
-		if ref := o.HPA.Spec.ScaleTargetRef; ref != (autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: gw.Name}) {
+		if ref := o.HPA.Spec.ScaleTargetRef; ref != (autoscalingv2.CrossVersionObjectReference{APIVersion: "apps/v1", Kind: "Deployment", Name: ObjectName(gw)}) {
 			t.Errorf("HPA scales %+v, want the waypoint's Deployment", ref)
 		}
 		if o.Deployment.Spec.Replicas != nil {
@@ -151,8 +152,8 @@ func checkOwned(t testing.TB, gw *gwv1.Gateway, o *Objects) {
 		if c.tm != c.want {
 			t.Errorf("%s: type %s, want %s", c.want.Kind, c.tm, c.want)
 		}
-		if c.om.Name != gw.Name || c.om.Namespace != gw.Namespace {
-			t.Errorf("%s is %s/%s, want %s/%s", c.want.Kind, c.om.Namespace, c.om.Name, gw.Namespace, gw.Name)
+		if c.om.Name != ObjectName(gw) || c.om.Namespace != gw.Namespace {
+			t.Errorf("%s is %s/%s, want %s/%s", c.want.Kind, c.om.Namespace, c.om.Name, gw.Namespace, ObjectName(gw))
 		}
 		if diff := cmp.Diff(owner, c.om.OwnerReferences); diff != "" {
 			t.Errorf("%s owner references (-want +got):\n%s", c.want.Kind, diff)
@@ -432,25 +433,37 @@ func FuzzBuild(f *testing.F) {
 		"metadata: null",
 		"spec: {clusterIP: None, type: LoadBalancer}",
 		"secrets: [{name: x}]",
+		"spec: {type: NodePort}", "spec: {type: ExternalName}", "spec: {type: [ClusterIP]}", "spec: {type: NodePort, ports: [{port: 1}]}",
 	} {
 		f.Add(s, s, s)
 	}
-	gw, _ := readCase(f, "testdata/params.in.yaml")
+	waypoint, _ := readCase(f, "testdata/params.in.yaml")
+	ingress := waypoint.DeepCopy()
+	ingress.Spec.GatewayClassName = "istio"
 	f.Fuzz(func(t *testing.T, dep, svc, sa string) {
-		params := cm.DeepCopy()
-		params.Data = map[string]string{KeyDeployment: dep, KeyService: svc, KeyServiceAccount: sa}
-		objs, err := Build(testConfig, gw, params)
-		if err != nil {
-			var pe *ParamsError
-			if !errors.As(err, &pe) {
-				t.Fatalf("Build: %v (%T), want objects or a *ParamsError", err, err)
-			}
-			if !strings.Contains(pe.Error(), "ConfigMap shop/waypoint-params key ") {
-				t.Errorf("error %q does not name the ConfigMap and key", pe)
-			}
-			return
+		for _, gw := range []*gwv1.Gateway{waypoint, ingress} {
+			buildFuzzed(t, gw, cm, dep, svc, sa)
 		}
-		checkOwned(t, gw, objs)
-		renderObjects(t, objs)
 	})
+}
+
+func buildFuzzed(t *testing.T, gw *gwv1.Gateway, cm *corev1.ConfigMap, dep, svc, sa string) {
+	params := cm.DeepCopy()
+	params.Data = map[string]string{KeyDeployment: dep, KeyService: svc, KeyServiceAccount: sa}
+	objs, err := Build(testConfig, gw, params)
+	if err != nil {
+		var pe *ParamsError
+		if !errors.As(err, &pe) {
+			t.Fatalf("Build: %v (%T), want objects or a *ParamsError", err, err)
+		}
+		if !strings.Contains(pe.Error(), "ConfigMap shop/waypoint-params key ") {
+			t.Errorf("error %q does not name the ConfigMap and key", pe)
+		}
+		return
+	}
+	checkOwned(t, gw, objs)
+	renderObjects(t, objs)
+	if typ := objs.Service.Spec.Type; (Ingress(gw) && !slices.Contains(serviceTypes, string(typ))) || (!Ingress(gw) && typ != corev1.ServiceTypeClusterIP) {
+		t.Errorf("%s: Service type %q", gw.Spec.GatewayClassName, typ)
+	}
 }

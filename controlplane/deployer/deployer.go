@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"istio.io/api/label"
@@ -30,7 +31,7 @@ import (
 // FieldManager is the server-side apply manager of the deployed objects.
 const FieldManager = "weft-waypoint-deployer"
 
-// Deployer reconciles waypoint Gateways.
+// Deployer reconciles waypoint and ingress Gateways.
 type Deployer struct {
 	cfg      Config
 	kube     kubernetes.Interface
@@ -43,6 +44,13 @@ type Deployer struct {
 	ops     map[string]*kindOps             // by parameters key
 	params  informers.SharedInformerFactory // ConfigMaps, for parametersRef
 	results *prometheus.CounterVec
+
+	mu sync.Mutex
+	// listeners are the ingress Gateways' listener statuses as the
+	// configuration controller last computed them, by "<namespace>/<name>"
+	// (SetGatewayListeners).
+	listeners map[string][]gwv1.ListenerStatus
+	queue     *kubequeue.Queue[string] // nil unless Run is running
 }
 
 // Results of a reconcile: the result label of weft_waypoint_reconciles_total.
@@ -102,6 +110,14 @@ func (d *Deployer) Run(ctx context.Context) error {
 	queue = kubequeue.New(kubequeue.Config{Name: "waypoints", KeyAttr: "gateway", Logger: d.log},
 		func(ctx context.Context, key string) error { return d.sync(ctx, queue, key) })
 	defer queue.ShutDown()
+	d.mu.Lock()
+	d.queue = queue
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		d.queue = nil
+		d.mu.Unlock()
+	}()
 	enqueue := func(obj any) {
 		if k, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			queue.Add(k)
@@ -137,7 +153,20 @@ func (d *Deployer) Run(ctx context.Context) error {
 		f   func(any)
 	}{
 		{d.gateways, enqueue},
-		{d.classes, func(any) { queue.Add(classKey) }},
+		{d.classes, func(obj any) {
+			queue.Add(classKey)
+			// Whether a Gateway is ours may follow its class's controller.
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			if gc, ok := obj.(*gwv1.GatewayClass); ok {
+				for _, o := range d.gateways.GetIndexer().List() {
+					if gw := o.(*gwv1.Gateway); string(gw.Spec.GatewayClassName) == gc.Name {
+						enqueue(gw)
+					}
+				}
+			}
+		}},
 		{d.params.Core().V1().ConfigMaps().Informer(), byParams},
 	}
 	for _, k := range keys {
@@ -209,8 +238,22 @@ func paramsName(gw *gwv1.Gateway) string {
 // refusal is why a Gateway is not Accepted.
 type refusal struct{ reason, msg string }
 
+// ours reports whether the deployer deploys gw: a waypoint by its class's
+// name, an ingress gateway if its class is also handled by
+// Config.GatewayControllerName (a class "istio" may be Istio's own).
+func (d *Deployer) ours(gw *gwv1.Gateway) bool {
+	switch string(gw.Spec.GatewayClassName) {
+	case apinames.WaypointClass:
+		return true
+	case apinames.GatewayClass:
+		o, ok, err := d.classes.GetIndexer().GetByKey(apinames.GatewayClass)
+		return err == nil && ok && string(o.(*gwv1.GatewayClass).Spec.ControllerName) == d.cfg.GatewayControllerName
+	}
+	return false
+}
+
 // reconcile applies a Gateway's objects and writes its status. The result
-// is "" for a Gateway that is not a waypoint's; recheck says to look at it
+// is "" for a Gateway that is not the deployer's; recheck says to look at it
 // again later (an object it does not manage has its name).
 func (d *Deployer) reconcile(ctx context.Context, key string) (result string, recheck bool, err error) {
 	obj, ok, err := d.gateways.GetIndexer().GetByKey(key)
@@ -218,7 +261,7 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 		return "", false, err // deleted: the garbage collector removes what it owned
 	}
 	gw := obj.(*gwv1.Gateway)
-	if string(gw.Spec.GatewayClassName) != apinames.WaypointClass {
+	if !d.ours(gw) {
 		return "", false, nil
 	}
 	if gw.DeletionTimestamp != nil {
@@ -226,8 +269,14 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 		// applying would bring back what the garbage collector removes.
 		return "", false, nil
 	}
-	if err := checkName(gw.Name); err != nil {
+	if err := checkName(gw); err != nil {
 		return resultRefused, false, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalid), err.Error()}, nil)
+	}
+	if Ingress(gw) {
+		if r := checkIngress(gw); r != nil {
+			d.log.Warn("gateway refused", "gateway", key, "error", r.msg)
+			return resultRefused, false, d.writeStatus(ctx, gw, r, nil)
+		}
 	}
 	params, err := d.parameters(gw)
 	var objs *Objects
@@ -235,7 +284,7 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 		objs, err = Build(d.cfg, gw, params)
 	}
 	if pe := (*ParamsError)(nil); errors.As(err, &pe) {
-		d.log.Warn("waypoint parameters refused", "gateway", key, "error", pe.msg)
+		d.log.Warn("parameters refused", "gateway", key, "error", pe.msg)
 		return resultRefused, false, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), pe.msg}, nil)
 	} else if err != nil {
 		return "", false, err
@@ -251,7 +300,7 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 			continue
 		}
 		if why := manageable(lives[i], kindOf(o), gw); why != "" {
-			d.log.Warn("waypoint blocked by an object it does not manage", "gateway", key, "reason", why)
+			d.log.Warn("gateway blocked by an object it does not manage", "gateway", key, "reason", why)
 			return resultRefused, true, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalid), why}, nil)
 		}
 	}
@@ -263,7 +312,7 @@ func (d *Deployer) reconcile(ctx context.Context, key string) (result string, re
 			var st apierrors.APIStatus
 			errors.As(err, &st)
 			msg := fmt.Sprintf("ConfigMap %s/%s: the API server refuses the patched %s: %s", params.Namespace, params.Name, kindOf(o), st.Status().Message)
-			d.log.Warn("waypoint parameters refused", "gateway", key, "error", msg)
+			d.log.Warn("parameters refused", "gateway", key, "error", msg)
 			return resultRefused, false, d.writeStatus(ctx, gw, &refusal{string(gwv1.GatewayReasonInvalidParameters), msg}, nil)
 		}
 		if err != nil {
@@ -344,11 +393,7 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 	st := gwv1.GatewayStatus{Conditions: slices.Clone(gw.Status.Conditions)}
 	gen := gw.Generation
 	set := func(conds *[]metav1.Condition, typ string, ok bool, reason, msg string) {
-		s := metav1.ConditionFalse
-		if ok {
-			s = metav1.ConditionTrue
-		}
-		meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: s, Reason: reason, Message: msg, ObservedGeneration: gen})
+		meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: condStatus(ok), Reason: reason, Message: msg, ObservedGeneration: gen})
 	}
 	programmed := false
 	switch {
@@ -356,35 +401,23 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 		set(&st.Conditions, string(gwv1.GatewayConditionAccepted), false, refused.reason, refused.msg)
 		set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonInvalid), "not deployed: "+refused.msg)
 	default:
-		set(&st.Conditions, string(gwv1.GatewayConditionAccepted), true, string(gwv1.GatewayReasonAccepted), "waypoint deployed")
-		if svc != nil && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone {
-			programmed = true
-			host := svc.Name + "." + svc.Namespace + ".svc." + d.cfg.ClusterDomain
-			st.Addresses = []gwv1.GatewayStatusAddress{{Type: ptr(gwv1.HostnameAddressType), Value: host}}
-			ips := svc.Spec.ClusterIPs // one per family, the primary first
-			if len(ips) == 0 {
-				ips = []string{svc.Spec.ClusterIP}
-			}
-			for _, ip := range ips {
-				st.Addresses = append(st.Addresses, gwv1.GatewayStatusAddress{Type: ptr(gwv1.IPAddressType), Value: ip})
-			}
-			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed), "the waypoint's Service has an address")
+		set(&st.Conditions, string(gwv1.GatewayConditionAccepted), true, string(gwv1.GatewayReasonAccepted), kindOfProxy(gw)+" deployed")
+		var why string
+		if Ingress(gw) {
+			st.Addresses, why = ingressAddresses(svc)
 		} else {
-			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonAddressNotAssigned), "the waypoint's Service has no cluster IP")
+			st.Addresses, why = d.waypointAddresses(svc)
+		}
+		if programmed = why == ""; programmed {
+			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), true, string(gwv1.GatewayReasonProgrammed), "the "+kindOfProxy(gw)+"'s Service has an address")
+		} else {
+			set(&st.Conditions, string(gwv1.GatewayConditionProgrammed), false, string(gwv1.GatewayReasonAddressNotAssigned), why)
 		}
 	}
-	accepted := refused == nil
-	for _, l := range gw.Spec.Listeners {
-		ls := gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}, AttachedRoutes: attachedRoutes}
-		for _, old := range gw.Status.Listeners {
-			if old.Name == l.Name {
-				ls.Conditions = slices.Clone(old.Conditions)
-			}
-		}
-		set(&ls.Conditions, string(gwv1.ListenerConditionAccepted), accepted, reasonOf(accepted, string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonPending)), "")
-		set(&ls.Conditions, string(gwv1.ListenerConditionProgrammed), programmed, reasonOf(programmed, string(gwv1.ListenerReasonProgrammed), string(gwv1.ListenerReasonPending)), "")
-		set(&ls.Conditions, string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs), "")
-		st.Listeners = append(st.Listeners, ls)
+	if Ingress(gw) {
+		st.Listeners = d.ingressListeners(gw, refused == nil)
+	} else {
+		st.Listeners = waypointListeners(gw, refused == nil, programmed)
 	}
 	if statusEqual(gw.Status, st) {
 		return nil
@@ -399,6 +432,164 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 		return fmt.Errorf("writing the status of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
 	}
 	return nil
+}
+
+func condStatus(ok bool) metav1.ConditionStatus {
+	if ok {
+		return metav1.ConditionTrue
+	}
+	return metav1.ConditionFalse
+}
+
+// waypointAddresses are a waypoint's status.addresses: its Service's
+// hostname and cluster IPs; why says why there are none.
+func (d *Deployer) waypointAddresses(svc *corev1.Service) (addrs []gwv1.GatewayStatusAddress, why string) {
+	if svc == nil || svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil, "the waypoint's Service has no cluster IP"
+	}
+	host := svc.Name + "." + svc.Namespace + ".svc." + d.cfg.ClusterDomain
+	addrs = []gwv1.GatewayStatusAddress{{Type: ptr(gwv1.HostnameAddressType), Value: host}}
+	return append(addrs, clusterIPs(svc)...), ""
+}
+
+// clusterIPs are a Service's cluster IPs as addresses, one per family, the
+// primary first.
+func clusterIPs(svc *corev1.Service) []gwv1.GatewayStatusAddress {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []gwv1.GatewayStatusAddress
+	for _, ip := range ips {
+		out = append(out, gwv1.GatewayStatusAddress{Type: ptr(gwv1.IPAddressType), Value: ip})
+	}
+	return out
+}
+
+// ingressAddresses are an ingress gateway's status.addresses: for a
+// Service of type LoadBalancer the IPs and hostnames its load balancer
+// reports, else its cluster IPs (a NodePort Service is reached on every
+// node's address, which the deployer does not list); why says why there
+// are none.
+func ingressAddresses(svc *corev1.Service) (addrs []gwv1.GatewayStatusAddress, why string) {
+	if svc == nil {
+		return nil, "the gateway's Service is not applied"
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IP != "" {
+				addrs = append(addrs, gwv1.GatewayStatusAddress{Type: ptr(gwv1.IPAddressType), Value: in.IP})
+			}
+			if in.Hostname != "" {
+				addrs = append(addrs, gwv1.GatewayStatusAddress{Type: ptr(gwv1.HostnameAddressType), Value: in.Hostname})
+			}
+		}
+		if len(addrs) == 0 {
+			return nil, fmt.Sprintf("the gateway's Service %s/%s of type LoadBalancer has no load-balancer address yet", svc.Namespace, svc.Name)
+		}
+		return addrs, ""
+	}
+	if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil, fmt.Sprintf("the gateway's Service %s/%s has no cluster IP", svc.Namespace, svc.Name)
+	}
+	return clusterIPs(svc), ""
+}
+
+// waypointListeners are a waypoint's listener statuses: accepted and
+// programmed with the Gateway, no routes attached.
+func waypointListeners(gw *gwv1.Gateway, accepted, programmed bool) []gwv1.ListenerStatus {
+	var out []gwv1.ListenerStatus
+	set := func(conds *[]metav1.Condition, typ string, ok bool, reason string) {
+		meta.SetStatusCondition(conds, metav1.Condition{Type: typ, Status: condStatus(ok), Reason: reason, ObservedGeneration: gw.Generation})
+	}
+	for _, l := range gw.Spec.Listeners {
+		ls := gwv1.ListenerStatus{Name: l.Name, SupportedKinds: []gwv1.RouteGroupKind{}, AttachedRoutes: attachedRoutes}
+		ls.Conditions = oldListenerConditions(gw, l.Name)
+		set(&ls.Conditions, string(gwv1.ListenerConditionAccepted), accepted, reasonOf(accepted, string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonPending)))
+		set(&ls.Conditions, string(gwv1.ListenerConditionProgrammed), programmed, reasonOf(programmed, string(gwv1.ListenerReasonProgrammed), string(gwv1.ListenerReasonPending)))
+		set(&ls.Conditions, string(gwv1.ListenerConditionResolvedRefs), true, string(gwv1.ListenerReasonResolvedRefs))
+		out = append(out, ls)
+	}
+	return out
+}
+
+func oldListenerConditions(gw *gwv1.Gateway, name gwv1.SectionName) []metav1.Condition {
+	for _, old := range gw.Status.Listeners {
+		if old.Name == name {
+			return slices.Clone(old.Conditions)
+		}
+	}
+	return nil
+}
+
+// ingressListeners are an ingress gateway's listener statuses: the
+// configuration controller's (SetGatewayListeners) once it has computed
+// them; until then each listener is Accepted (if the Gateway is) and not
+// yet Programmed (Pending), with no routes and the kinds its protocol
+// admits by default. Only the configuration controller, which knows what
+// the proxy was sent, sets a listener Programmed.
+func (d *Deployer) ingressListeners(gw *gwv1.Gateway, accepted bool) []gwv1.ListenerStatus {
+	d.mu.Lock()
+	entry, ok := d.listeners[gw.Namespace+"/"+gw.Name]
+	d.mu.Unlock()
+	if ok {
+		out := make([]gwv1.ListenerStatus, len(entry))
+		for i := range entry {
+			entry[i].DeepCopyInto(&out[i])
+		}
+		return out
+	}
+	var out []gwv1.ListenerStatus
+	for _, l := range gw.Spec.Listeners {
+		ls := gwv1.ListenerStatus{Name: l.Name, SupportedKinds: supportedKinds(l.Protocol), AttachedRoutes: 0}
+		// Only these two, keeping their transition times.
+		for _, c := range oldListenerConditions(gw, l.Name) {
+			if c.Type == string(gwv1.ListenerConditionAccepted) || c.Type == string(gwv1.ListenerConditionProgrammed) {
+				ls.Conditions = append(ls.Conditions, c)
+			}
+		}
+		meta.SetStatusCondition(&ls.Conditions, metav1.Condition{Type: string(gwv1.ListenerConditionAccepted), Status: condStatus(accepted),
+			Reason: reasonOf(accepted, string(gwv1.ListenerReasonAccepted), string(gwv1.ListenerReasonPending)), ObservedGeneration: gw.Generation})
+		meta.SetStatusCondition(&ls.Conditions, metav1.Condition{Type: string(gwv1.ListenerConditionProgrammed), Status: metav1.ConditionFalse,
+			Reason: string(gwv1.ListenerReasonPending), Message: "the listener's configuration is not computed yet", ObservedGeneration: gw.Generation})
+		out = append(out, ls)
+	}
+	return out
+}
+
+// SetGatewayListeners hands the deployer the listener statuses of the
+// ingress Gateways, by "<namespace>/<name>", as the configuration
+// controller computed them (with their observedGeneration). It keeps the
+// latest map, and writes an entry as the Gateway's status.listeners,
+// requeueing the Gateways whose entry changed (or went). It keeps its own
+// copy: the caller may reuse m. Safe for concurrent use; before Run the
+// entries wait for it.
+func (d *Deployer) SetGatewayListeners(m map[string][]gwv1.ListenerStatus) {
+	next := make(map[string][]gwv1.ListenerStatus, len(m))
+	for k, ls := range m {
+		c := make([]gwv1.ListenerStatus, len(ls))
+		for i := range ls {
+			ls[i].DeepCopyInto(&c[i])
+		}
+		next[k] = c
+	}
+	d.mu.Lock()
+	prev, queue := d.listeners, d.queue
+	d.listeners = next
+	d.mu.Unlock()
+	if queue == nil {
+		return // Run reconciles every Gateway when it starts
+	}
+	for k, ls := range next {
+		if old, ok := prev[k]; !ok || mustJSON(old) != mustJSON(ls) {
+			queue.Add(k)
+		}
+	}
+	for k := range prev {
+		if _, ok := next[k]; !ok {
+			queue.Add(k)
+		}
+	}
 }
 
 // attachedRoutes is the attachedRoutes of every waypoint listener. A
@@ -425,16 +616,23 @@ func statusEqual(a, b gwv1.GatewayStatus) bool {
 	return string(ja) == string(jb)
 }
 
-// reconcileClasses accepts the GatewayClasses of our controller.
+// reconcileClasses accepts the GatewayClasses of our controllers: the
+// waypoint's and the ingress gateway's. It sets no supportedFeatures.
 func (d *Deployer) reconcileClasses(ctx context.Context) (string, error) {
 	for _, o := range d.classes.GetIndexer().List() {
 		gc := o.(*gwv1.GatewayClass)
-		if string(gc.Spec.ControllerName) != d.cfg.ControllerName {
+		var msg string
+		switch string(gc.Spec.ControllerName) {
+		case d.cfg.ControllerName:
+			msg = "handled by the Weft waypoint deployer"
+		case d.cfg.GatewayControllerName:
+			msg = "handled by the Weft gateway deployer"
+		default:
 			continue
 		}
 		conds := slices.Clone(gc.Status.Conditions)
 		meta.SetStatusCondition(&conds, metav1.Condition{Type: string(gwv1.GatewayClassConditionStatusAccepted), Status: metav1.ConditionTrue,
-			Reason: string(gwv1.GatewayClassReasonAccepted), Message: "handled by the Weft waypoint deployer", ObservedGeneration: gc.Generation})
+			Reason: string(gwv1.GatewayClassReasonAccepted), Message: msg, ObservedGeneration: gc.Generation})
 		if a, _ := json.Marshal(conds); string(a) == mustJSON(gc.Status.Conditions) {
 			continue
 		}

@@ -7,6 +7,16 @@
 // hostname and IP as addresses, the listeners) and the GatewayClass's
 // Accepted.
 //
+// It deploys an ingress gateway, by the same code, for each Gateway of
+// class istio whose GatewayClass names Config.GatewayControllerName: the
+// objects are named <gateway>-istio, the proxy runs in gateway mode, and
+// the Service is a LoadBalancer by default (ingress.go has the
+// differences). Such a Gateway is Programmed once its Service has an
+// address (the load balancer's, or the cluster IPs of a ClusterIP or
+// NodePort Service); its status.listeners are what the configuration
+// controller hands over with SetGatewayListeners. spec.addresses is not
+// supported (Accepted=False, UnsupportedAddress).
+//
 // It takes over nothing: an existing object of a waypoint's name is
 // written only if it is controlled by the Gateway, or carries the managed
 // label and is controlled by nothing else (Istio's rule). Otherwise the
@@ -117,9 +127,13 @@ type Config struct {
 	// ClusterID, TrustDomain, ClusterDomain: defaults "Kubernetes",
 	// "cluster.local", "cluster.local".
 	ClusterID, TrustDomain, ClusterDomain string
-	// ControllerName of the GatewayClass. Default
+	// ControllerName of the waypoint GatewayClass. Default
 	// "weft.dev/waypoint-controller".
 	ControllerName string
+	// GatewayControllerName is the controllerName the GatewayClass
+	// "istio" must have for the deployer to deploy its Gateways as
+	// ingress gateways. Default "weft.dev/gateway-controller".
+	GatewayControllerName string
 	// Recheck is how long a Gateway whose objects' names are taken by
 	// objects the deployer does not manage waits before it is looked at
 	// again (their deletion may not be watched). Default 30s.
@@ -144,6 +158,7 @@ func (c *Config) defaults() error {
 	def(&c.TrustDomain, "cluster.local")
 	def(&c.ClusterDomain, "cluster.local")
 	def(&c.ControllerName, apinames.WaypointController)
+	def(&c.GatewayControllerName, apinames.GatewayController)
 	if c.Recheck <= 0 {
 		c.Recheck = 30 * time.Second
 	}
@@ -179,11 +194,36 @@ type ParamsError struct{ msg string }
 
 func (e *ParamsError) Error() string { return e.msg }
 
-// checkName reports a Gateway name that cannot name a waypoint's objects (a
+// Ingress reports whether gw is an ingress gateway (class
+// apinames.GatewayClass) rather than a waypoint.
+func Ingress(gw *gwv1.Gateway) bool {
+	return string(gw.Spec.GatewayClassName) == apinames.GatewayClass
+}
+
+// ObjectName is the name of a Gateway's objects: the Gateway's own for a
+// waypoint, with apinames.GatewaySuffix for an ingress gateway (Istio's
+// names).
+func ObjectName(gw *gwv1.Gateway) string {
+	if Ingress(gw) {
+		return gw.Name + apinames.GatewaySuffix
+	}
+	return gw.Name
+}
+
+// what names the kind of proxy gw gets, for messages.
+func kindOfProxy(gw *gwv1.Gateway) string {
+	if Ingress(gw) {
+		return "gateway"
+	}
+	return "waypoint"
+}
+
+// checkName reports a Gateway name that cannot name its objects (a
 // Service name is a DNS-1035 label).
-func checkName(name string) error {
+func checkName(gw *gwv1.Gateway) error {
+	name := ObjectName(gw)
 	if errs := validation.IsDNS1035Label(name); len(errs) > 0 {
-		return fmt.Errorf("the Gateway's name %q cannot name the waypoint's Service: %s", name, strings.Join(errs, "; "))
+		return fmt.Errorf("the Gateway's name %q cannot name the %s's Service %q: %s", gw.Name, kindOfProxy(gw), name, strings.Join(errs, "; "))
 	}
 	return nil
 }
@@ -208,13 +248,22 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
-	if err := checkName(gw.Name); err != nil {
+	if err := checkName(gw); err != nil {
 		return nil, err
 	}
 	if err := checkRef(gw); err != nil {
 		return nil, err
 	}
-	name, ns := gw.Name, gw.Namespace
+	// gwName is the Gateway's, which its label and owner reference carry;
+	// name the objects'.
+	gwName, name, ns, ingress := gw.Name, ObjectName(gw), gw.Namespace, Ingress(gw)
+	svcType := corev1.ServiceTypeClusterIP
+	if ingress {
+		var err error
+		if svcType, err = serviceType(gw); err != nil {
+			return nil, err
+		}
+	}
 	labels := map[string]string{}
 	var annotations map[string]string
 	if inf := gw.Spec.Infrastructure; inf != nil {
@@ -231,15 +280,20 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			}
 		}
 	}
-	labels[label.IoK8sNetworkingGatewayGatewayName.Name] = name // the infrastructure may not take it away
+	labels[label.IoK8sNetworkingGatewayGatewayName.Name] = gwName // the infrastructure may not take it away
 	meta := func() metav1.ObjectMeta {
 		return metav1.ObjectMeta{Name: name, Namespace: ns, Labels: maps.Clone(labels), Annotations: maps.Clone(annotations),
 			OwnerReferences: []metav1.OwnerReference{{
-				APIVersion: gwv1.GroupVersion.String(), Kind: "Gateway", Name: name, UID: gw.UID,
+				APIVersion: gwv1.GroupVersion.String(), Kind: "Gateway", Name: gwName, UID: gw.UID,
 				Controller: ptr(true), BlockOwnerDeletion: ptr(true),
 			}}}
 	}
-	labels[label.GatewayManaged.Name] = managedValue(cfg.ControllerName)
+	controller := cfg.ControllerName
+	if ingress {
+		controller = cfg.GatewayControllerName
+	}
+	labels[label.GatewayManaged.Name] = managedValue(controller)
+	selector := map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: gwName}
 	podLabels := maps.Clone(labels)
 	delete(podLabels, label.GatewayManaged.Name) // the pods are the Deployment's
 	podLabels[label.IoIstioDataplaneMode.Name] = "none"
@@ -256,7 +310,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			ObjectMeta: meta(),
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr(int32(1)),
-				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}},
+				Selector: &metav1.LabelSelector{MatchLabels: maps.Clone(selector)},
 				Template: corev1.PodTemplateSpec{
 					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: podAnnotations(annotations)},
 					Spec: corev1.PodSpec{
@@ -321,11 +375,11 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
 			ObjectMeta: meta(),
 			Spec: corev1.ServiceSpec{
-				Type: corev1.ServiceTypeClusterIP,
+				Type: svcType,
 				// An address of each family the cluster has, as Istio's
 				// waypoints: clients of either family reach it.
 				IPFamilyPolicy: ptr(corev1.IPFamilyPolicyPreferDualStack),
-				Selector:       map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name},
+				Selector:       maps.Clone(selector),
 				Ports: []corev1.ServicePort{
 					{Name: apinames.MeshListener, Port: apinames.HBONEPort, TargetPort: intstr.FromInt32(apinames.HBONEPort), Protocol: corev1.ProtocolTCP},
 					{Name: "metrics", Port: PortMetrics, TargetPort: intstr.FromInt32(PortMetrics), Protocol: corev1.ProtocolTCP},
@@ -333,6 +387,9 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 				},
 			},
 		},
+	}
+	if ingress {
+		asIngress(o, gw)
 	}
 	if params == nil {
 		return o, nil
@@ -347,13 +404,14 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 			return nil, &ParamsError{fmt.Sprintf("%s%s is not one the deployer reads (%s)", where, k, strings.Join(keys, ", "))}
 		}
 	}
-	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, KeyServiceAccount, where); err != nil {
+	lists := overlaysFor(ingress)
+	if err := patch(o.ServiceAccount, params.Data[KeyServiceAccount], &corev1.ServiceAccount{}, lists, KeyServiceAccount, where); err != nil {
 		return nil, err
 	}
-	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, KeyDeployment, where); err != nil {
+	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, lists, KeyDeployment, where); err != nil {
 		return nil, err
 	}
-	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, KeyService, where); err != nil {
+	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, lists, KeyService, where); err != nil {
 		return nil, err
 	}
 	if v, ok := params.Data[KeyHPA]; ok {
@@ -364,7 +422,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 				where, KeyDeployment, KeyHPA, KeyHPA)}
 		}
 		o.HPA = &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: meta()}
-		if err := patch(o.HPA, v, &autoscalingv2.HorizontalPodAutoscaler{}, KeyHPA, where); err != nil {
+		if err := patch(o.HPA, v, &autoscalingv2.HorizontalPodAutoscaler{}, lists, KeyHPA, where); err != nil {
 			return nil, err
 		}
 		// The autoscaler owns the replica count: the Deployment leaves it.
@@ -372,7 +430,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	}
 	if v, ok := params.Data[KeyPDB]; ok {
 		o.PDB = &policyv1.PodDisruptionBudget{ObjectMeta: meta()}
-		if err := patch(o.PDB, v, &policyv1.PodDisruptionBudget{}, KeyPDB, where); err != nil {
+		if err := patch(o.PDB, v, &policyv1.PodDisruptionBudget{}, lists, KeyPDB, where); err != nil {
 			return nil, err
 		}
 	}
@@ -387,7 +445,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		if m.Labels == nil {
 			m.Labels = map[string]string{}
 		}
-		m.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] = name
+		m.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] = gwName
 		m.Labels[label.GatewayManaged.Name] = labels[label.GatewayManaged.Name]
 	}
 	own(&o.ServiceAccount.TypeMeta, &o.ServiceAccount.ObjectMeta, "v1", "ServiceAccount")
@@ -402,21 +460,21 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	if o.PDB != nil {
 		own(&o.PDB.TypeMeta, &o.PDB.ObjectMeta, "policy/v1", "PodDisruptionBudget")
 		o.PDB.Status = policyv1.PodDisruptionBudgetStatus{}
-		o.PDB.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}}
+		o.PDB.Spec.Selector = &metav1.LabelSelector{MatchLabels: maps.Clone(selector)}
 	}
-	o.Deployment.Spec.Selector = &metav1.LabelSelector{MatchLabels: map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}}
+	o.Deployment.Spec.Selector = &metav1.LabelSelector{MatchLabels: maps.Clone(selector)}
 	if o.Deployment.Spec.Template.Labels == nil {
 		o.Deployment.Spec.Template.Labels = map[string]string{}
 	}
-	o.Deployment.Spec.Template.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] = name
-	o.Service.Spec.Selector = map[string]string{label.IoK8sNetworkingGatewayGatewayName.Name: name}
+	o.Deployment.Spec.Template.Labels[label.IoK8sNetworkingGatewayGatewayName.Name] = gwName
+	o.Service.Spec.Selector = maps.Clone(selector)
 	return o, nil
 }
 
 // patch applies the YAML strategic-merge patch under key to obj in place.
 // It sets only what the key's allow-list (overlays) names; the result is
 // decoded strictly: an unknown, misspelt or duplicate field is an error.
-func patch[T any](obj *T, patchYAML string, schema *T, key, where string) error {
+func patch[T any](obj *T, patchYAML string, schema *T, lists map[string]*field, key, where string) error {
 	if strings.TrimSpace(patchYAML) == "" {
 		return nil
 	}
@@ -432,8 +490,8 @@ func patch[T any](obj *T, patchYAML string, schema *T, key, where string) error 
 	if _, ok := doc.(map[string]any); !ok {
 		return &ParamsError{fmt.Sprintf("%s is not a YAML mapping (a partial object)", where)}
 	}
-	if bad := checkOverlay(overlays[key], doc, ""); bad != "" {
-		return &ParamsError{fmt.Sprintf("%s sets %s, which may not be overridden; allowed: %s", where, bad, strings.Join(Allowed(key), ", "))}
+	if bad := checkOverlay(lists[key], doc, ""); bad != "" {
+		return &ParamsError{fmt.Sprintf("%s sets %s, which may not be overridden; allowed: %s", where, bad, strings.Join(allowed(lists[key]), ", "))}
 	}
 	orig, err := json.Marshal(obj)
 	if err != nil {

@@ -23,7 +23,8 @@ type field struct {
 	elem     *field
 	elemKey  string
 	elemVals []string
-	equals   string // for a scalar: the only value allowed, if set
+	equals   string   // for a scalar: the only value allowed, if set
+	oneOf    []string // for a scalar: the values allowed, if set
 }
 
 // A field is a leaf (a scalar may be set there) when it has no children.
@@ -36,6 +37,8 @@ func object(keys map[string]*field) *field { return &field{keys: keys} }
 func scalar() *field { return &field{} }
 
 func constant(v string) *field { return &field{equals: v} }
+
+func enum(vals ...string) *field { return &field{oneOf: vals} }
 
 func anything() *field { return &field{subtree: true} }
 
@@ -88,58 +91,78 @@ func objectMeta() *field {
 	return object(map[string]*field{"labels": stringMap(deniedObjectLabel), "annotations": stringMap(none)})
 }
 
-// overlays is the allow-list of each key of a parametersRef ConfigMap.
-var overlays = map[string]*field{
-	KeyDeployment: object(map[string]*field{
-		"apiVersion": constant("apps/v1"), "kind": constant("Deployment"),
+// overlays is the allow-list of each key of a waypoint's parametersRef
+// ConfigMap; ingressOverlays an ingress gateway's, which may also set the
+// Service's type.
+var overlays, ingressOverlays = newOverlays(false), newOverlays(true)
+
+func overlaysFor(ingress bool) map[string]*field {
+	if ingress {
+		return ingressOverlays
+	}
+	return overlays
+}
+
+func newOverlays(ingress bool) map[string]*field {
+	svc := map[string]*field{
+		"apiVersion": constant("v1"), "kind": constant("Service"),
 		"metadata": objectMeta(),
-		"spec": object(map[string]*field{
-			"replicas": scalar(),
-			"template": object(map[string]*field{
-				"metadata": object(map[string]*field{"labels": stringMap(deniedPodLabel), "annotations": stringMap(deniedPodAnnotation)}),
-				"spec": object(map[string]*field{
-					"affinity":                  anything(),
-					"tolerations":               anything(),
-					"nodeSelector":              stringMap(none),
-					"topologySpreadConstraints": anything(),
-					"containers": listBy("name", []string{"waypoint"}, object(map[string]*field{
-						"resources": object(map[string]*field{"limits": stringMap(none), "requests": stringMap(none)}),
-						"env":       listBy("name", tuningEnv, object(map[string]*field{"value": scalar()})),
-					})),
+	}
+	if ingress {
+		svc["spec"] = object(map[string]*field{"type": enum(serviceTypes...)})
+	}
+	return map[string]*field{
+		KeyDeployment: object(map[string]*field{
+			"apiVersion": constant("apps/v1"), "kind": constant("Deployment"),
+			"metadata": objectMeta(),
+			"spec": object(map[string]*field{
+				"replicas": scalar(),
+				"template": object(map[string]*field{
+					"metadata": object(map[string]*field{"labels": stringMap(deniedPodLabel), "annotations": stringMap(deniedPodAnnotation)}),
+					"spec": object(map[string]*field{
+						"affinity":                  anything(),
+						"tolerations":               anything(),
+						"nodeSelector":              stringMap(none),
+						"topologySpreadConstraints": anything(),
+						"containers": listBy("name", []string{"waypoint"}, object(map[string]*field{
+							"resources": object(map[string]*field{"limits": stringMap(none), "requests": stringMap(none)}),
+							"env":       listBy("name", tuningEnv, object(map[string]*field{"value": scalar()})),
+						})),
+					}),
 				}),
 			}),
 		}),
-	}),
-	KeyService: object(map[string]*field{
-		"apiVersion": constant("v1"), "kind": constant("Service"),
-		"metadata": objectMeta(),
-	}),
-	// The autoscaler's target and the budget's selector are the waypoint's
-	// own: a patch sets the bounds, metrics and behaviour only.
-	KeyHPA: object(map[string]*field{
-		"apiVersion": constant("autoscaling/v2"), "kind": constant("HorizontalPodAutoscaler"),
-		"metadata": objectMeta(),
-		"spec": object(map[string]*field{
-			"minReplicas": scalar(), "maxReplicas": scalar(),
-			"metrics": anything(), "behavior": anything(),
+		KeyService: object(svc),
+		// The autoscaler's target and the budget's selector are the waypoint's
+		// own: a patch sets the bounds, metrics and behaviour only.
+		KeyHPA: object(map[string]*field{
+			"apiVersion": constant("autoscaling/v2"), "kind": constant("HorizontalPodAutoscaler"),
+			"metadata": objectMeta(),
+			"spec": object(map[string]*field{
+				"minReplicas": scalar(), "maxReplicas": scalar(),
+				"metrics": anything(), "behavior": anything(),
+			}),
 		}),
-	}),
-	KeyPDB: object(map[string]*field{
-		"apiVersion": constant("policy/v1"), "kind": constant("PodDisruptionBudget"),
-		"metadata": objectMeta(),
-		"spec": object(map[string]*field{
-			"minAvailable": scalar(), "maxUnavailable": scalar(), "unhealthyPodEvictionPolicy": scalar(),
+		KeyPDB: object(map[string]*field{
+			"apiVersion": constant("policy/v1"), "kind": constant("PodDisruptionBudget"),
+			"metadata": objectMeta(),
+			"spec": object(map[string]*field{
+				"minAvailable": scalar(), "maxUnavailable": scalar(), "unhealthyPodEvictionPolicy": scalar(),
+			}),
 		}),
-	}),
-	KeyServiceAccount: object(map[string]*field{
-		"apiVersion": constant("v1"), "kind": constant("ServiceAccount"),
-		"metadata":                     objectMeta(),
-		"automountServiceAccountToken": scalar(),
-	}),
+		KeyServiceAccount: object(map[string]*field{
+			"apiVersion": constant("v1"), "kind": constant("ServiceAccount"),
+			"metadata":                     objectMeta(),
+			"automountServiceAccountToken": scalar(),
+		}),
+	}
 }
 
-// Allowed lists the paths a patch under key may set, for messages and docs.
-func Allowed(key string) []string {
+// Allowed lists the paths a patch under key may set for a waypoint
+// (ingress false) or an ingress gateway, for messages and docs.
+func Allowed(key string, ingress bool) []string { return allowed(overlaysFor(ingress)[key]) }
+
+func allowed(f *field) []string {
 	var out []string
 	var walk func(f *field, path string)
 	walk = func(f *field, path string) {
@@ -160,11 +183,13 @@ func Allowed(key string) []string {
 					walk(c, strings.TrimPrefix(path+"."+k, "."))
 				}
 			}
+		case len(f.oneOf) > 0:
+			out = append(out, path+"="+strings.Join(f.oneOf, "|"))
 		default:
 			out = append(out, path)
 		}
 	}
-	if f := overlays[key]; f != nil {
+	if f != nil {
 		walk(f, "")
 	}
 	slices.Sort(out)
@@ -227,6 +252,9 @@ func checkOverlay(f *field, doc any, path string) string {
 	default: // a scalar or null
 		if !f.leaf() || (f.equals != "" && v != f.equals) {
 			return orRoot(path)
+		}
+		if s, _ := v.(string); len(f.oneOf) > 0 && !slices.Contains(f.oneOf, s) {
+			return fmt.Sprintf("%s to %v (not one of %s)", path, v, strings.Join(f.oneOf, ", "))
 		}
 		return ""
 	}

@@ -206,10 +206,13 @@ func TestOverlayAllowed(t *testing.T) {
 // field added to it shows in review. Run with -update to rewrite it.
 func TestAllowedGolden(t *testing.T) {
 	var b strings.Builder
-	for _, key := range keys {
-		b.WriteString(key + ":\n")
-		for _, p := range Allowed(key) {
-			b.WriteString("  " + p + "\n")
+	for _, ingress := range []bool{false, true} {
+		b.WriteString(map[bool]string{false: "waypoint", true: "ingress gateway"}[ingress] + ":\n")
+		for _, key := range keys {
+			b.WriteString("  " + key + ":\n")
+			for _, p := range Allowed(key, ingress) {
+				b.WriteString("    " + p + "\n")
+			}
 		}
 	}
 	golden := filepath.Join("testdata", "allowed.golden.txt")

@@ -47,7 +47,7 @@ func manageable(live metav1.Object, kind string, gw *gwv1.Gateway) string {
 		return fmt.Sprintf("%s and is controlled by %s %s%s", what, c.Kind, c.Name, fix)
 	}
 	if _, ok := live.GetLabels()[label.GatewayManaged.Name]; !ok {
-		return fmt.Sprintf("%s and is not managed by the waypoint controller (it has no %s label)%s", what, label.GatewayManaged.Name, fix)
+		return fmt.Sprintf("%s and is not managed by the %s controller (it has no %s label)%s", what, kindOfProxy(gw), label.GatewayManaged.Name, fix)
 	}
 	return ""
 }
@@ -210,7 +210,7 @@ func (d *Deployer) upgradeFields(ctx context.Context, ops *kindOps, obj runtime.
 // removed) — only if the Gateway controls it, and only that version of it.
 func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, key string) error {
 	ops := d.ops[key]
-	live, err := d.liveOf(ctx, ops, gw.Namespace, gw.Name)
+	live, err := d.liveOf(ctx, ops, gw.Namespace, ObjectName(gw))
 	if err != nil || live == nil {
 		return err
 	}
@@ -218,7 +218,7 @@ func (d *Deployer) prune(ctx context.Context, gw *gwv1.Gateway, key string) erro
 		return nil // not the waypoint's: someone else's to keep
 	}
 	uid, rv := live.GetUID(), live.GetResourceVersion()
-	err = ops.delete(ctx, gw.Namespace, gw.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
+	err = ops.delete(ctx, gw.Namespace, ObjectName(gw), metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid, ResourceVersion: &rv}})
 	if apierrors.IsNotFound(err) {
 		return nil
 	}

@@ -74,7 +74,8 @@ func renderNotes(t *testing.T, h *helm, args ...string) string {
 func TestNotes(t *testing.T) {
 	h := newHelm(t)
 	label := "kubectl label namespace <ns> istio.io/dataplane-mode=ambient"
-	waypoint := []string{"gatewayClassName: istio-waypoint", "listeners: [{name: mesh, port: 15008, protocol: HBONE}]", "kubectl label namespace <ns> istio.io/use-waypoint=waypoint"}
+	waypoint := []string{"gatewayClassName: istio-waypoint", "listeners: [{name: mesh, port: 15008, protocol: HBONE}]", "kubectl label namespace <ns> istio.io/use-waypoint=waypoint",
+		"gatewayClassName: istio\n", "listeners: [{name: http, port: 80, protocol: HTTP}]"}
 	stdoutAudit := []string{"kubectl -n weft-system logs -l app=weft-webhook", `grep '"apiVersion":"audit.k8s.io/v1"'`}
 	unauthenticated := "does not authenticate its callers (webhook.clientCA.verify=none)"
 	for _, tc := range []struct {

@@ -137,6 +137,12 @@ type Config struct {
 	// Waypoints watches Gateways for waypoints. Default true; without the
 	// Gateway API CRDs the control plane runs without waypoints.
 	Waypoints *bool
+	// IngressGateways configures and deploys ingress Gateways (class
+	// istio, whose GatewayClass names weft.dev/gateway-controller) beside
+	// waypoints, reading the TLS Secrets their listeners name. Default
+	// true; false (the chart's gatewayClasses.istio.enabled) reads no
+	// Secret, and Gateways of class istio are another controller's.
+	IngressGateways *bool
 	// WaypointImage is the image of the waypoints deployed for Gateways of
 	// class istio-waypoint. Default "": waypoints are configured but not
 	// deployed (someone else deploys them).
@@ -175,6 +181,10 @@ func (c *Config) Validate() error {
 	if c.Waypoints == nil {
 		t := true
 		c.Waypoints = &t
+	}
+	if c.IngressGateways == nil {
+		t := true
+		c.IngressGateways = &t
 	}
 	if c.DefaultCertTTL == 0 {
 		c.DefaultCertTTL = spiffe.DefaultCertTTL
@@ -458,11 +468,13 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	s.waypoints.GatewayClasses = inf.GatewayClasses
 	// Ingress Gateways' certificates: the field selector keeps every
 	// other Secret out of the cache (and out of memory).
-	s.secrets = informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
-		}))
-	s.waypoints.Secrets = s.secrets.Core().V1().Secrets().Informer()
+	if *cp.cfg.IngressGateways {
+		s.secrets = informers.NewSharedInformerFactoryWithOptions(cp.clients.Kube, 0, informers.WithTransform(stripManagedFields),
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS)).String()
+			}))
+		s.waypoints.Secrets = s.secrets.Core().V1().Secrets().Informer()
+	}
 	// TCPRoute is in Gateway API's experimental channel: without its CRD,
 	// waypoints run without TCPRoutes.
 	if gwres["tcproutes"] {
@@ -484,6 +496,8 @@ func (s *informerSet) start(ctx context.Context) {
 	s.istio.Start(ctx.Done())
 	if s.gateway != nil {
 		s.gateway.Start(ctx.Done())
+	}
+	if s.secrets != nil {
 		s.secrets.Start(ctx.Done())
 	}
 }
@@ -492,8 +506,10 @@ func (s *informerSet) shutdown() {
 	s.kube.Shutdown()
 	s.configMaps.Shutdown()
 	s.istio.Shutdown()
-	if s.gateway != nil {
+	if s.secrets != nil {
 		s.secrets.Shutdown()
+	}
+	if s.gateway != nil {
 		s.gateway.Shutdown()
 	}
 }
@@ -575,6 +591,7 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 			Image: cfg.WaypointImage, ControlPlaneNamespace: cfg.Namespace,
 			XDSAddress: cfg.ServiceName + "." + cfg.Namespace + ".svc:" + portOf(cfg.SecureAddr),
 			ClusterID:  cfg.ClusterID, TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain,
+			NoIngress: !*cfg.IngressGateways,
 		}, cp.clients.Kube, cp.clients.Gateway, inf.Gateways, infs.gateway.Gateway().V1().GatewayClasses().Informer(),
 			log.With("part", "waypoint-deployer"), cp.reg)
 		if err != nil {
@@ -587,11 +604,16 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 	if err != nil {
 		return nil, err
 	}
-	p.wpConfig, err = waypointxds.NewController(waypointxds.ControllerConfig{
+	wcfg := waypointxds.ControllerConfig{
 		Mesh: waypointxds.Mesh{TrustDomain: cfg.TrustDomain, ClusterDomain: cfg.ClusterDomain, RootNamespace: cfg.RootNamespace,
 			PathNormalization: waypointxds.PathNormalization(cfg.PathNormalization), Network: cfg.Network},
 		Logger: log.With("part", "waypoint-config"), Registerer: cp.reg, Status: p.routeStatus,
-	}, wi, p.xds)
+		NoIngress: !*cfg.IngressGateways,
+	}
+	if p.deploy != nil { // a nil *Deployer in the interface would not be nil
+		wcfg.Gateways = p.deploy
+	}
+	p.wpConfig, err = waypointxds.NewController(wcfg, wi, p.xds)
 	if err != nil {
 		return nil, err
 	}

@@ -246,6 +246,9 @@ func (d *Deployer) ours(gw *gwv1.Gateway) bool {
 	case apinames.WaypointClass:
 		return true
 	case apinames.GatewayClass:
+		if d.cfg.NoIngress {
+			return false
+		}
 		o, ok, err := d.classes.GetIndexer().GetByKey(apinames.GatewayClass)
 		return err == nil && ok && string(o.(*gwv1.GatewayClass).Spec.ControllerName) == d.cfg.GatewayControllerName
 	}

@@ -134,6 +134,9 @@ type Config struct {
 	// "istio" must have for the deployer to deploy its Gateways as
 	// ingress gateways. Default "weft.dev/gateway-controller".
 	GatewayControllerName string
+	// NoIngress leaves every Gateway of class istio alone: ingress
+	// gateways are turned off (someone else's class may have the name).
+	NoIngress bool
 	// Recheck is how long a Gateway whose objects' names are taken by
 	// objects the deployer does not manage waits before it is looked at
 	// again (their deletion may not be watched). Default 30s.

@@ -76,6 +76,9 @@ type ControllerConfig struct {
 	// each rebuild (the deployer, which writes Gateway status). Default:
 	// none.
 	Gateways GatewayListenersSetter
+	// NoIngress configures no ingress Gateway: they are turned off, and
+	// a class istio may be another controller's.
+	NoIngress bool
 }
 
 // RouteStatusSetter takes the routes' outcomes (*StatusWriter).
@@ -235,7 +238,7 @@ func (c *Controller) rebuild() {
 			c.publish("waypoint", key, res, rep.Notes)
 			continue
 		}
-		if !Ingress(gw, class) {
+		if c.cfg.NoIngress || !Ingress(gw, class) {
 			continue
 		}
 		key := GatewayKey(gw.Namespace, gw.Name)

@@ -78,6 +78,9 @@ func TestControllerIngressGateways(t *testing.T) {
 	// Created through the client: the gateway-api fake files seeded
 	// Gateways under a wrong plural.
 	gwc := gwfake.NewSimpleClientset()
+	if _, err := gwc.GatewayV1().GatewayClasses().Create(context.Background(), ingressClass.DeepCopy(), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, gw := range []*gwv1.Gateway{
 		{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "edge"}, Spec: gwv1.GatewaySpec{GatewayClassName: apinames.GatewayClass,
 			Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}}},
@@ -130,14 +133,19 @@ func TestControllerIngressGateways(t *testing.T) {
 	rec.mu.Unlock()
 
 	// The class istio now belongs to another controller: not ours.
-	if _, err := gwc.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: apinames.GatewayClass},
-		Spec: gwv1.GatewayClassSpec{ControllerName: "example.com/other"}}, metav1.CreateOptions{}); err != nil {
+	other := ingressClass.DeepCopy()
+	other.Spec.ControllerName = "example.com/other"
+	if _, err := gwc.GatewayV1().GatewayClasses().Update(ctx, other, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	rec.until(t, "the Gateway of another controller's class is dropped", func() bool {
 		return rec.published["edge/web-istio"] == nil && len(rec.listeners) == 0 && rec.published["edge/wp"] != nil
 	})
+	// Back to our controller's class: ours again.
 	if err := gwc.GatewayV1().GatewayClasses().Delete(ctx, apinames.GatewayClass, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gwc.GatewayV1().GatewayClasses().Create(ctx, ingressClass.DeepCopy(), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	rec.until(t, "the Gateway is ours again", func() bool { return rec.published["edge/web-istio"] != nil })

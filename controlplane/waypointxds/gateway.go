@@ -2,6 +2,7 @@ package waypointxds
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strconv"
@@ -31,12 +32,14 @@ func GatewayKey(namespace, name string) string {
 
 // Ingress reports whether gw is an ingress gateway this control plane
 // configures: of class apinames.GatewayClass, whose GatewayClass (class;
-// nil when there is none) names apinames.GatewayController.
+// nil when there is none) exists and names apinames.GatewayController, as
+// the deployer requires. Without the class (the chart installs it unless
+// told not to) a Gateway of that name may be another controller's.
 func Ingress(gw *gwv1.Gateway, class *gwv1.GatewayClass) bool {
-	if gw == nil || string(gw.Spec.GatewayClassName) != apinames.GatewayClass {
+	if gw == nil || class == nil || string(gw.Spec.GatewayClassName) != apinames.GatewayClass {
 		return false
 	}
-	return class == nil || string(class.Spec.ControllerName) == apinames.GatewayController
+	return string(class.Spec.ControllerName) == apinames.GatewayController
 }
 
 // GatewayReport is what building an ingress Gateway found besides its
@@ -535,9 +538,15 @@ func (g *gatewayBuild) tcpRoutes() {
 			gl.routes = []attachedRoute{*win}
 		}
 	}
-	for src, ps := range lost {
+	// In a fixed order: the notes (and their log line) must not change
+	// from one build to the next.
+	srcs := slices.Collect(maps.Keys(lost))
+	sort.Slice(srcs, func(i, j int) bool { return srcs[i].id().String() < srcs[j].id().String() })
+	for _, src := range srcs {
+		ps := lost[src]
 		rep := g.b.report(src)
-		for i, p := range ps {
+		for _, i := range slices.Sorted(maps.Keys(ps)) {
+			p := ps[i]
 			if !kept[src.id()][i] {
 				rep.unattach(i)
 				rep.reject(i, p)

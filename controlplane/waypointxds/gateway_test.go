@@ -29,6 +29,10 @@ import (
 	"github.com/weftmesh/weft/internal/apinames"
 )
 
+// ingressClass is the chart's GatewayClass istio.
+var ingressClass = &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: apinames.GatewayClass},
+	Spec: gwv1.GatewayClassSpec{ControllerName: apinames.GatewayController}}
+
 // buildGateways builds every ingress Gateway of a fixture, and the routes'
 // outcomes from their reports.
 func buildGateways(t *testing.T, f *fixture) ([]Resources, []GatewayReport, []RouteOutcome) {
@@ -37,7 +41,7 @@ func buildGateways(t *testing.T, f *fixture) ([]Resources, []GatewayReport, []Ro
 	var reps []GatewayReport
 	var reports []Report
 	for _, gw := range f.gateways {
-		if !Ingress(gw, nil) {
+		if !Ingress(gw, ingressClass) {
 			t.Fatalf("fixture Gateway %s/%s is not an ingress gateway", gw.Namespace, gw.Name)
 		}
 		r, rep := BuildGateway(testMesh, gw, f.st)
@@ -388,8 +392,11 @@ func TestIngress(t *testing.T) {
 	class := func(c string) *gwv1.GatewayClass {
 		return &gwv1.GatewayClass{Spec: gwv1.GatewayClassSpec{ControllerName: gwv1.GatewayController(c)}}
 	}
-	if !Ingress(gw, nil) || !Ingress(gw, class(apinames.GatewayController)) {
-		t.Error("an istio Gateway of our class (or of no class object) is ours")
+	if !Ingress(gw, class(apinames.GatewayController)) {
+		t.Error("an istio Gateway of our class is ours")
+	}
+	if Ingress(gw, nil) {
+		t.Error("an istio Gateway without a GatewayClass object is nobody's yet")
 	}
 	if Ingress(gw, class("example.com/other")) {
 		t.Error("an istio class of another controller is not ours")

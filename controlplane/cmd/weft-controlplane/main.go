@@ -87,7 +87,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs := flag.NewFlagSet("weft-controlplane", flag.ContinueOnError)
 	e := envflag.New(getenv)
 	var trusted, extraDNS string
-	var xdsAuth, waypoints bool
+	var xdsAuth, waypoints, ingress bool
 	fs.StringVar(&cfg.Namespace, "namespace", e.String("POD_NAMESPACE", ""), "release namespace (env POD_NAMESPACE)")
 	fs.StringVar(&cfg.ServiceName, "service-name", e.String("SERVICE_NAME", "weft-controlplane"), "the control plane's Service, named in its certificate (env SERVICE_NAME)")
 	fs.StringVar(&extraDNS, "extra-dns-names", e.String("EXTRA_DNS_NAMES", ""), "comma-separated extra DNS names for the serving certificate (env EXTRA_DNS_NAMES)")
@@ -119,6 +119,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", e.Duration("PILOT_DEBOUNCE_AFTER", 10*time.Millisecond), "push once no change arrived for this long (env PILOT_DEBOUNCE_AFTER)")
 	fs.DurationVar(&cfg.DebounceMax, "debounce-max", e.Duration("PILOT_DEBOUNCE_MAX", 100*time.Millisecond), "push at most this long after a change (env PILOT_DEBOUNCE_MAX)")
 	fs.BoolVar(&waypoints, "waypoints", e.Bool("PILOT_ENABLE_AMBIENT_WAYPOINTS", true), "watch Gateways for waypoints (env PILOT_ENABLE_AMBIENT_WAYPOINTS)")
+	fs.BoolVar(&ingress, "ingress-gateways", e.Bool("INGRESS_GATEWAYS", true), "configure and deploy Gateways of class istio as ingress gateways, reading the TLS Secrets they name; needs --waypoints (env INGRESS_GATEWAYS)")
 	fs.StringVar(&cfg.WaypointImage, "waypoint-image", e.String("WEFT_WAYPOINT_IMAGE", ""), "image of the waypoints to deploy for Gateways of class istio-waypoint; empty deploys none (env WEFT_WAYPOINT_IMAGE)")
 	fs.StringVar(&opts.kubeconfig, "kubeconfig", e.String("KUBECONFIG", ""), "kubeconfig; default the in-cluster configuration (env KUBECONFIG)")
 	fs.StringVar(&opts.logFormat, "log-format", e.String("LOG_FORMAT", "json"), "json or text (env LOG_FORMAT)")
@@ -136,7 +137,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	}
 	cfg.TrustedNodeAccounts = splitList(trusted)
 	cfg.ExtraDNSNames = splitList(extraDNS)
-	cfg.XDSAuth, cfg.Waypoints = &xdsAuth, &waypoints
+	cfg.XDSAuth, cfg.Waypoints, cfg.IngressGateways = &xdsAuth, &waypoints, &ingress
 	if err := cfg.Validate(); err != nil {
 		return cfg, opts, err
 	}

@@ -66,7 +66,7 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // topology is the run's network namespaces: the underlay switch, the
-// control plane and the nodes, wired together.
+// control plane, the nodes and the outside client, wired together.
 type topology struct {
 	prefix      string
 	ul, cp, out *netns.NS   // out: the outside client's

@@ -81,7 +81,7 @@ func New(cfg Config, kube kubernetes.Interface, gw gwclient.Interface, gateways,
 			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = label.IoK8sNetworkingGatewayGatewayName.Name })),
 		params: informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTransform(stripManagedFields)),
 		results: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "weft_waypoint_reconciles_total", Help: "Waypoint Gateway reconciliations, by result (ok, refused, conflict, error).",
+			Name: "weft_waypoint_reconciles_total", Help: "Waypoint and ingress Gateway reconciliations, by result (ok, refused, conflict, error).",
 		}, []string{"result"}),
 	}
 	d.ops = d.kinds()

@@ -159,7 +159,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 		ln.Close()
 		return nil, fmt.Errorf("building the network: %w", err)
 	}
-	for _, ns := range append([]*netns.NS{c.topo.ul, c.topo.cp}, c.topo.nodes...) {
+	for _, ns := range append([]*netns.NS{c.topo.ul, c.topo.cp, c.topo.out}, c.topo.nodes...) {
 		if ino, err := ns.ID(); err == nil {
 			c.inodes[ino] = ns.Path()
 		}
@@ -185,6 +185,8 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	}
 	c.dns = &dnsServer{ns: c.topo.cp, addr: net.JoinHostPort(cpAddr.String(), "53"), client: c.client, log: c.log}
 	c.goBackground(bgCtx, "cluster DNS", c.dns.Run)
+	lb := &loadBalancer{client: c.client, pool: loadBalancerPool, log: c.log}
+	c.goBackground(bgCtx, "load balancer", lb.Run)
 
 	if cfg.NodeMode == NodeModeKubelet {
 		c.log.Info("writing image archives", "dir", c.imageDir())

@@ -20,7 +20,13 @@
 //   - an underlay joining the control plane and the nodes, inside a network
 //     namespace of its own;
 //   - cluster DNS for Services and pods (the kube-dns Service, 10.96.0.10),
-//     answered by the harness from inside the control-plane namespace.
+//     answered by the harness from inside the control-plane namespace;
+//   - a load balancer: every Service of type LoadBalancer gets an address
+//     of 10.98.0.0/24 in its status from a controller in the harness, and
+//     an outside namespace on the underlay, which is no node, routes that
+//     range to the nodes' kube-proxy; [Cluster.DialOutside] and
+//     [Cluster.OutsideHTTPClient] connect from there, as a client outside
+//     the cluster.
 //
 // Nothing of that topology touches the machine's own (root) network
 // namespace: no link, route or address is added there and no namespace has

@@ -28,6 +28,13 @@ var (
 	// the kubernetes Service.
 	serviceCIDR         = netip.MustParsePrefix("10.96.0.0/16")
 	kubernetesServiceIP = netip.MustParseAddr("10.96.0.1")
+	// loadBalancerPool holds the addresses the harness's load balancer
+	// gives Services of type LoadBalancer; every member of the underlay
+	// but the nodes routes it to the nodes, whose kube-proxy serves it.
+	loadBalancerPool = netip.MustParsePrefix("10.98.0.0/24")
+	// outsideAddr is the underlay address of the outside namespace: a
+	// client that is no node (DialOutside).
+	outsideAddr = netip.MustParseAddr("10.99.0.250")
 )
 
 // apiPort is the API server's port inside the control-plane namespace.
@@ -59,12 +66,12 @@ func ipNet(p netip.Prefix) *net.IPNet {
 }
 
 // topology is the run's network namespaces: the underlay switch, the
-// control plane and the nodes, wired together.
+// control plane, the nodes and the outside client, wired together.
 type topology struct {
-	prefix string
-	ul, cp *netns.NS
-	nodes  []*netns.NS // nodes[i-1] is node i
-	names  []string    // every namespace made, for teardown
+	prefix      string
+	ul, cp, out *netns.NS   // out: the outside client's
+	nodes       []*netns.NS // nodes[i-1] is node i
+	names       []string    // every namespace made, for teardown
 }
 
 // buildTopology makes the namespaces and links. On error it removes what it
@@ -123,6 +130,17 @@ func buildTopology(prefix string, n int) (t *topology, err error) {
 	// Routes to each node's pod CIDR via that node: from the control plane
 	// (webhooks, aggregated APIs) and from every other node.
 	if err := addRoutes(t.cp, n, 0); err != nil {
+		return nil, err
+	}
+	// The outside: a client on the underlay, no node, with a route to the
+	// load balancers' addresses through the nodes.
+	if t.out, err = t.create("out"); err != nil {
+		return nil, err
+	}
+	if err := t.attach(ul, br, t.out, "out", outsideAddr); err != nil {
+		return nil, err
+	}
+	if err := addLoadBalancerRoute(t.out, n); err != nil {
 		return nil, err
 	}
 	for i, ns := range t.nodes {
@@ -221,6 +239,26 @@ func addRoutes(ns *netns.NS, n, self int) error {
 	return nil
 }
 
+// addLoadBalancerRoute routes loadBalancerPool through every node (equal-
+// cost paths, one flow per node): any node's kube-proxy forwards a load
+// balancer's address to the Service's endpoints, as a cloud's load
+// balancer sends to any node.
+func addLoadBalancerRoute(ns *netns.NS, n int) error {
+	h, err := ns.Netlink()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	r := &netlink.Route{Dst: ipNet(loadBalancerPool)}
+	for i := 1; i <= n; i++ {
+		r.MultiPath = append(r.MultiPath, &netlink.NexthopInfo{Gw: nodeAddr(i).AsSlice()})
+	}
+	if err := h.RouteAdd(r); err != nil {
+		return fmt.Errorf("adding the route to the load balancers %s in %s: %w", loadBalancerPool, ns.Path(), err)
+	}
+	return nil
+}
+
 // sysctl writes a /proc/sys/net key inside ns (net sysctls are per
 // namespace, resolved by the writing thread's namespace).
 func sysctl(ns *netns.NS, key, value string) error {
@@ -235,7 +273,7 @@ func sysctl(ns *netns.NS, key, value string) error {
 // close deletes every namespace the topology made.
 func (t *topology) close() error {
 	var errs []error
-	for _, ns := range append([]*netns.NS{t.ul, t.cp}, t.nodes...) {
+	for _, ns := range append([]*netns.NS{t.ul, t.cp, t.out}, t.nodes...) {
 		if ns != nil {
 			ns.Close()
 		}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -419,6 +420,9 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 	}
 	if Ingress(gw) {
 		st.Listeners = d.ingressListeners(gw, refused == nil)
+		if refused == nil {
+			gatewayListenersValid(&st, gen)
+		}
 	} else {
 		st.Listeners = waypointListeners(gw, refused == nil, programmed)
 	}
@@ -435,6 +439,30 @@ func (d *Deployer) writeStatus(ctx context.Context, gw *gwv1.Gateway, refused *r
 		return fmt.Errorf("writing the status of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
 	}
 	return nil
+}
+
+// gatewayListenersValid qualifies an accepted ingress Gateway's Accepted
+// condition by its listeners, as Gateway API asks: with some listener not
+// accepted the reason is ListenersNotValid, and with none accepted the
+// Gateway is not accepted either (nor programmed: it serves nothing).
+func gatewayListenersValid(st *gwv1.GatewayStatus, gen int64) {
+	var bad []string
+	for _, l := range st.Listeners {
+		if c := meta.FindStatusCondition(l.Conditions, string(gwv1.ListenerConditionAccepted)); c != nil && c.Status == metav1.ConditionFalse {
+			bad = append(bad, fmt.Sprintf("%s (%s)", l.Name, c.Reason))
+		}
+	}
+	if len(bad) == 0 {
+		return
+	}
+	all := len(bad) == len(st.Listeners)
+	msg := "listeners not accepted: " + strings.Join(bad, ", ")
+	meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: string(gwv1.GatewayConditionAccepted), Status: condStatus(!all),
+		Reason: string(gwv1.GatewayReasonListenersNotValid), Message: msg, ObservedGeneration: gen})
+	if all {
+		meta.SetStatusCondition(&st.Conditions, metav1.Condition{Type: string(gwv1.GatewayConditionProgrammed), Status: metav1.ConditionFalse,
+			Reason: string(gwv1.GatewayReasonInvalid), Message: "no listener is accepted: " + msg, ObservedGeneration: gen})
+	}
 }
 
 func condStatus(ok bool) metav1.ConditionStatus {

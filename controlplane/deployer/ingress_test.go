@@ -2,11 +2,13 @@ package deployer
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
@@ -238,5 +240,40 @@ func TestIngressName(t *testing.T) {
 	gw.Name = strings.Repeat("a", 58)
 	if _, err := Build(testConfig, gw, nil); err == nil || !strings.Contains(err.Error(), "cannot name the gateway's Service") {
 		t.Errorf("58 characters: %v, want refused", err)
+	}
+}
+
+// TestGatewayListenersValid: the Gateway's Accepted follows its listeners
+// as the conformance suite's GatewayListenerUnsupportedProtocol expects.
+func TestGatewayListenersValid(t *testing.T) {
+	listener := func(name string, ok bool, reason string) gwv1.ListenerStatus {
+		st := metav1.ConditionTrue
+		if !ok {
+			st = metav1.ConditionFalse
+		}
+		return gwv1.ListenerStatus{Name: gwv1.SectionName(name), Conditions: []metav1.Condition{{Type: "Accepted", Status: st, Reason: reason}}}
+	}
+	accepted := []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted"}, {Type: "Programmed", Status: metav1.ConditionTrue, Reason: "Programmed"}}
+	for _, c := range []struct {
+		name                 string
+		listeners            []gwv1.ListenerStatus
+		accepted, programmed metav1.ConditionStatus
+		reason               string
+	}{
+		{"all valid", []gwv1.ListenerStatus{listener("http", true, "Accepted")}, metav1.ConditionTrue, metav1.ConditionTrue, "Accepted"},
+		{"one of two invalid", []gwv1.ListenerStatus{listener("http", true, "Accepted"), listener("invalid", false, "UnsupportedProtocol")},
+			metav1.ConditionTrue, metav1.ConditionTrue, "ListenersNotValid"},
+		{"all invalid", []gwv1.ListenerStatus{listener("invalid", false, "UnsupportedProtocol")}, metav1.ConditionFalse, metav1.ConditionFalse, "ListenersNotValid"},
+		{"not computed yet", []gwv1.ListenerStatus{{Name: "http"}}, metav1.ConditionTrue, metav1.ConditionTrue, "Accepted"},
+	} {
+		st := gwv1.GatewayStatus{Conditions: slices.Clone(accepted), Listeners: c.listeners}
+		gatewayListenersValid(&st, 3)
+		a, p := meta.FindStatusCondition(st.Conditions, "Accepted"), meta.FindStatusCondition(st.Conditions, "Programmed")
+		if a.Status != c.accepted || a.Reason != c.reason || p.Status != c.programmed {
+			t.Errorf("%s: Accepted %s/%s, Programmed %s; want %s/%s, %s", c.name, a.Status, a.Reason, p.Status, c.accepted, c.reason, c.programmed)
+		}
+		if c.reason == "ListenersNotValid" && (a.ObservedGeneration != 3 || !strings.Contains(a.Message, "invalid (UnsupportedProtocol)")) {
+			t.Errorf("%s: Accepted message %q, generation %d", c.name, a.Message, a.ObservedGeneration)
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"istio.io/api/label"
@@ -564,9 +565,23 @@ func (d *Deployer) ingressListeners(gw *gwv1.Gateway, accepted bool) []gwv1.List
 	entry, ok := d.listeners[gw.Namespace+"/"+gw.Name]
 	d.mu.Unlock()
 	if ok {
+		// The computed conditions carry no transition time: a condition
+		// keeps the time it has in the Gateway's status while its status
+		// stays, and takes now when it changes (the API server refuses a
+		// condition without one).
+		now := metav1.NewTime(time.Now())
 		out := make([]gwv1.ListenerStatus, len(entry))
 		for i := range entry {
 			entry[i].DeepCopyInto(&out[i])
+			old := oldListenerConditions(gw, out[i].Name)
+			for j := range out[i].Conditions {
+				c := &out[i].Conditions[j]
+				if o := meta.FindStatusCondition(old, c.Type); o != nil && o.Status == c.Status {
+					c.LastTransitionTime = o.LastTransitionTime
+				} else if c.LastTransitionTime.IsZero() {
+					c.LastTransitionTime = now
+				}
+			}
 		}
 		return out
 	}

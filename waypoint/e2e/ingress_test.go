@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weftmesh/weft/internal/testpki"
+	"github.com/weftmesh/weft/test/cluster"
+	"github.com/weftmesh/weft/test/echo"
+)
+
+// The ingress test's namespace: ambient, no waypoint; the shop app there
+// admits only the ingress gateway's identity.
+const (
+	ingressNS   = "ingress-demo"
+	shopHost    = "shop.example.com"
+	gatewaySAID = "cluster.local/ns/" + ingressNS + "/sa/public-istio"
+)
+
+// ingressManifest is the ingress Gateway (HTTP and HTTPS for shopHost),
+// its route to the shop app, and the shop app's L4 policy: only the
+// gateway's identity may connect.
+func ingressManifest(certPEM, keyPEM []byte) string {
+	return cluster.NamespaceManifest(ingressNS, map[string]string{"istio.io/dataplane-mode": "ambient"}) + "---\n" +
+		cluster.EchoApp(ingressNS, "shop", cluster.EchoOptions{}) + "---\n" + `apiVersion: v1
+kind: Secret
+metadata: {name: shop-cert, namespace: ` + ingressNS + `}
+type: kubernetes.io/tls
+data:
+  tls.crt: ` + base64.StdEncoding.EncodeToString(certPEM) + `
+  tls.key: ` + base64.StdEncoding.EncodeToString(keyPEM) + `
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: public, namespace: ` + ingressNS + `}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: http, port: 80, protocol: HTTP, hostname: ` + shopHost + `}
+  - name: https
+    port: 443
+    protocol: HTTPS
+    hostname: ` + shopHost + `
+    tls: {certificateRefs: [{name: shop-cert}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: shop, namespace: ` + ingressNS + `}
+spec:
+  parentRefs: [{name: public}]
+  hostnames: [` + shopHost + `]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /}}]
+    backendRefs: [{name: shop, port: 80}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: shop-from-ingress, namespace: ` + ingressNS + `}
+spec:
+  selector: {matchLabels: {app: shop}}
+  action: ALLOW
+  rules:
+  - from: [{source: {principals: ["` + gatewaySAID + `"]}}]
+`
+}
+
+// TestIngress sends requests from outside the cluster (a namespace on the
+// underlay, to the load balancer's address) through an ingress Gateway
+// into the ambient mesh: HTTPS terminated with the certificate of a
+// Secret, HTTP, the backend reached over HBONE with the gateway's own
+// identity (a policy admitting only that identity lets it in and keeps a
+// mesh client out), and what an outsider tries: another Host on the TLS
+// connection, another SNI, a forged X-Forwarded-For.
+func TestIngress(t *testing.T) {
+	m := setup(t)
+	c := m.c
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	root, err := testpki.NewRoot("ingress test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := root.Server(shopHost, []string{shopHost}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyPEM, err := leaf.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Apply(ctx, ingressManifest(leaf.CertPEM(), keyPEM)); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"shop", "public-istio"} {
+		if err := c.WaitDeployment(ctx, ingressNS, d); err != nil {
+			c.Dump(t.Logf)
+			t.Fatal(err)
+		}
+	}
+	if err := waitProgrammed(ctx, c, ingressNS, "public"); err != nil {
+		c.Dump(t.Logf)
+		t.Fatal(err)
+	}
+	lb, err := c.WaitLoadBalancer(ctx, ingressNS, "public-istio")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwPods, err := c.WaitPods(ctx, ingressNS, "gateway.networking.k8s.io/gateway-name=public", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gwIP := gwPods[0].Status.PodIP
+	roots := x509.NewCertPool()
+	roots.AddCert(root.Cert)
+
+	// client dials the load balancer's address from outside whatever the
+	// URL says, with sni as the TLS server name.
+	client := func(sni string) *http.Client {
+		return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{
+			DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				_, port, _ := net.SplitHostPort(addr)
+				return c.DialOutside(ctx, network, net.JoinHostPort(lb.String(), port))
+			},
+			TLSClientConfig:   &tls.Config{RootCAs: roots, ServerName: sni, MinVersion: tls.VersionTLS12},
+			ForceAttemptHTTP2: true,
+		}}
+	}
+	get := func(cl *http.Client, url, host string, header ...string) (int, *echo.Response, error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return 0, nil, err
+		}
+		req.Host = host
+		for i := 0; i+1 < len(header); i += 2 {
+			req.Header.Set(header[i], header[i+1])
+		}
+		resp, err := cl.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			return resp.StatusCode, nil, err
+		}
+		var r echo.Response
+		if err := json.Unmarshal(body, &r); err != nil {
+			return resp.StatusCode, nil, fmt.Errorf("not the echo app's answer: %v: %.200s", err, body)
+		}
+		return resp.StatusCode, &r, nil
+	}
+
+	// The route is in force once HTTPS reaches the shop: the gateway's
+	// configuration may follow the Deployment by a moment.
+	var first *echo.Response
+	err = c.WaitFor(ctx, "HTTPS through the ingress gateway to the shop", func(context.Context) (bool, error) {
+		code, r, err := get(client(shopHost), "https://"+shopHost+"/", shopHost)
+		if err != nil || code != http.StatusOK {
+			t.Logf("not yet: %d %v", code, err)
+			return false, nil
+		}
+		first = r
+		return true, nil
+	})
+	if err != nil {
+		c.Dump(t.Logf)
+		t.Fatal(err)
+	}
+
+	t.Run("https reaches the meshed backend from the gateway", func(t *testing.T) {
+		if !strings.HasPrefix(first.Pod, "shop-") {
+			t.Errorf("answered by %q, want a shop pod", first.Pod)
+		}
+		// ztunnel keeps the original source: the gateway's pod, which
+		// reached the shop over HBONE (the policy admits only its identity).
+		if host, _, _ := net.SplitHostPort(first.Peer); host != gwIP {
+			t.Errorf("the shop saw peer %s, want the gateway pod %s", first.Peer, gwIP)
+		}
+		if got := strings.Join(first.Headers["X-Forwarded-Proto"], ","); got != "https" {
+			t.Errorf("X-Forwarded-Proto %q, want https", got)
+		}
+		if got := strings.Join(first.Headers["X-Forwarded-For"], ","); !strings.Contains(got, cluster.OutsideAddr().String()) {
+			t.Errorf("X-Forwarded-For %q does not name the outside client %s", got, cluster.OutsideAddr())
+		}
+	})
+
+	t.Run("http reaches it too", func(t *testing.T) {
+		code, r, err := get(client(""), "http://"+shopHost+"/plain", shopHost)
+		if err != nil || code != http.StatusOK || !strings.HasPrefix(r.Pod, "shop-") {
+			t.Fatalf("HTTP: %d %v %+v", code, err, r)
+		}
+		if got := strings.Join(r.Headers["X-Forwarded-Proto"], ","); got != "http" {
+			t.Errorf("X-Forwarded-Proto %q, want http", got)
+		}
+	})
+
+	t.Run("other hosts get 404", func(t *testing.T) {
+		for _, c := range []struct{ url, host string }{
+			{"http://other.example.com/", "other.example.com"},
+			{"http://" + lb.String() + "/", lb.String()},
+			// The TLS connection is the shop's; the request names another host.
+			{"https://" + shopHost + "/", "other.example.com"},
+		} {
+			code, _, err := get(client(shopHost), c.url, c.host)
+			if err != nil || code != http.StatusNotFound {
+				t.Errorf("%s with Host %s: %d %v, want 404", c.url, c.host, code, err)
+			}
+		}
+	})
+
+	t.Run("an unknown SNI gets no certificate", func(t *testing.T) {
+		if code, _, err := get(client("other.example.com"), "https://other.example.com/", "other.example.com"); err == nil {
+			t.Errorf("TLS with SNI other.example.com answered %d, want a failed handshake", code)
+		}
+	})
+
+	t.Run("a forged X-Forwarded-For is not the source", func(t *testing.T) {
+		_, r, err := get(client(shopHost), "https://"+shopHost+"/", shopHost, "X-Forwarded-For", "10.1.2.3")
+		if err != nil || r == nil {
+			t.Fatalf("request failed: %v", err)
+		}
+		xff := strings.Join(r.Headers["X-Forwarded-For"], ",")
+		if !strings.HasSuffix(strings.ReplaceAll(xff, " ", ""), ","+cluster.OutsideAddr().String()) {
+			t.Errorf("X-Forwarded-For %q: the gateway must append the real peer %s last", xff, cluster.OutsideAddr())
+		}
+	})
+
+	t.Run("a mesh client without the gateway's identity is refused", func(t *testing.T) {
+		rs, _ := c.Request(ctx, appNS, m.client.Name, "http://shop."+ingressNS+".svc.cluster.local/", 1)
+		if len(rs) == 1 && rs[0].Response != nil {
+			t.Errorf("the client in %s reached the shop (answered by %s); only %s may", appNS, rs[0].Response.Pod, gatewaySAID)
+		}
+	})
+
+	t.Run("the Gateway's status", func(t *testing.T) {
+		gw, err := m.gw.GatewayV1().Gateways(ingressNS).Get(ctx, "public", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var addrs []string
+		for _, a := range gw.Status.Addresses {
+			addrs = append(addrs, a.Value)
+		}
+		if len(addrs) == 0 || addrs[0] != lb.String() {
+			t.Errorf("status.addresses %v, want the load balancer's %s", addrs, lb)
+		}
+		for _, l := range gw.Status.Listeners {
+			if l.AttachedRoutes != 1 {
+				t.Errorf("listener %s: attachedRoutes %d, want 1", l.Name, l.AttachedRoutes)
+			}
+			for _, cond := range l.Conditions {
+				if cond.Status != metav1.ConditionTrue && cond.Type != "Conflicted" {
+					t.Errorf("listener %s: %s %s (%s: %s)", l.Name, cond.Type, cond.Status, cond.Reason, cond.Message)
+				}
+			}
+		}
+	})
+}

@@ -1,7 +1,6 @@
 package waypointxds
 
 import (
-	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -9,7 +8,6 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -84,26 +82,7 @@ func TestGoldenGateway(t *testing.T) {
 				}
 				out = append(out, fmt.Sprintf("# parents of %s\n%s", o.Key, ps)...)
 			}
-			golden := strings.TrimSuffix(in, ".yaml") + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, out, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("reading golden file (run go test -update to create it): %v", err)
-			}
-			if !bytes.Equal(out, want) {
-				gl, wl := strings.Split(string(out), "\n"), strings.Split(string(want), "\n")
-				for i := range min(len(gl), len(wl)) {
-					if gl[i] != wl[i] {
-						t.Fatalf("%s differs at line %d:\n got: %s\nwant: %s\n(go test -update rewrites it)", golden, i+1, gl[i], wl[i])
-					}
-				}
-				t.Fatalf("%s differs in length: got %d lines, want %d", golden, len(gl), len(wl))
-			}
+			checkGolden(t, strings.TrimSuffix(in, ".yaml")+".golden", out)
 		})
 	}
 }

@@ -160,27 +160,33 @@ func TestGolden(t *testing.T) {
 				compiled(t, res) // the waypoint takes every resource
 				out = append(out, dump(t, res, rep.Notes)...)
 			}
-			golden := strings.TrimSuffix(in, ".yaml") + ".golden"
-			if *update {
-				if err := os.WriteFile(golden, out, 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(golden)
-			if err != nil {
-				t.Fatalf("reading golden file (run go test -update to create it): %v", err)
-			}
-			if !bytes.Equal(out, want) {
-				gl, wl := strings.Split(string(out), "\n"), strings.Split(string(want), "\n")
-				for i := range min(len(gl), len(wl)) {
-					if gl[i] != wl[i] {
-						t.Fatalf("%s differs at line %d:\n got: %s\nwant: %s\n(go test -update rewrites it)", golden, i+1, gl[i], wl[i])
-					}
-				}
-				t.Fatalf("%s differs in length: got %d lines, want %d", golden, len(gl), len(wl))
-			}
+			checkGolden(t, strings.TrimSuffix(in, ".yaml")+".golden", out)
 		})
+	}
+}
+
+// checkGolden compares out with the golden file, or rewrites it with
+// -update, and names the first line that differs.
+func checkGolden(t *testing.T, golden string, out []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(golden, out, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatalf("reading golden file (run go test -update to create it): %v", err)
+	}
+	if !bytes.Equal(out, want) {
+		gl, wl := strings.Split(string(out), "\n"), strings.Split(string(want), "\n")
+		for i := range min(len(gl), len(wl)) {
+			if gl[i] != wl[i] {
+				t.Fatalf("%s differs at line %d:\n got: %s\nwant: %s\n(go test -update rewrites it)", golden, i+1, gl[i], wl[i])
+			}
+		}
+		t.Fatalf("%s differs in length: got %d lines, want %d", golden, len(gl), len(wl))
 	}
 }
 

@@ -291,11 +291,7 @@ func (s *session) serveDownstream(st clientConn, ch *config.Chain) {
 		s.serveTCP(st, ch)
 		return
 	}
-	hl := h1server.NewHeadLimiter(st)
-	br := bufio.NewReaderSize(hl, 4096)
-	st.SetReadDeadline(time.Now().Add(sniffTimeout))
-	kind := sniff(br)
-	st.SetReadDeadline(time.Time{})
+	br, hl, kind := sniffConn(st)
 	s.use(ch, kind.proto())
 	s.serveHTTP(st, br, hl, kind)
 }

@@ -263,11 +263,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 			return
 		}
 	}
-	hl := h1server.NewHeadLimiter(st)
-	br := bufio.NewReaderSize(hl, 4096)
-	st.SetReadDeadline(time.Now().Add(sniffTimeout))
-	kind := sniff(br)
-	st.SetReadDeadline(time.Time{})
+	br, hl, kind := sniffConn(st)
 	conn := &peekConn{Conn: st, r: br}
 	ch := config.SelectFrom(chains, kind.proto())
 	if ch == nil {
@@ -342,6 +338,19 @@ func (k sniffed) proto() string {
 
 func (k sniffed) String() string {
 	return [...]string{"tcp", "http/1", "h2c", "unknown"}[k]
+}
+
+// sniffConn reads as many of c's first bytes as it takes to tell its
+// protocol, waiting at most sniffTimeout, through a head limiter (the HTTP
+// servers' bound on a request head) into the reader the stream is served
+// from.
+func sniffConn(c net.Conn) (*bufio.Reader, *h1server.HeadLimiter, sniffed) {
+	hl := h1server.NewHeadLimiter(c)
+	br := bufio.NewReaderSize(hl, 4096)
+	c.SetReadDeadline(time.Now().Add(sniffTimeout))
+	kind := sniff(br)
+	c.SetReadDeadline(time.Time{})
+	return br, hl, kind
 }
 
 // sniff tells HTTP/2 with prior knowledge (its whole preface), HTTP/1.x

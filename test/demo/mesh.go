@@ -71,6 +71,9 @@ func (d *Demo) meshStory(ctx context.Context, c *cluster.Cluster) error {
 	if err := d.waypointStory(ctx, c, client.Name, target); err != nil {
 		return err
 	}
+	if err := d.ingressStory(ctx, c); err != nil {
+		return err
+	}
 	if n := d.showAudit(c, 8); n == 0 {
 		return fmt.Errorf("the webhook's audit log has no record of namespace %s", ns)
 	}

@@ -144,6 +144,40 @@ func TestNotesCommands(t *testing.T) {
 		}
 	})
 
+	// The ingress example, with <ns> the demo's namespace: the Gateway is
+	// deployed and its LoadBalancer Service gets an address.
+	t.Run("ingress gateway", func(t *testing.T) {
+		notes, err := c.Helm(ctx, "get", "notes", "weft", "--namespace", meshNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := notesCommand(notes, "Let traffic in from outside the cluster")
+		if !strings.Contains(cmd, "kubectl apply") || !strings.Contains(cmd, "<ns>") {
+			t.Fatalf("NOTES show no ingress command:\n%s", notes)
+		}
+		if out, err := c.Shell(ctx, strings.ReplaceAll(cmd, "<ns>", appNS)); err != nil {
+			t.Fatalf("%s\n%v: %s", cmd, err, out)
+		}
+		defer func() {
+			if out, err := c.Kubectl(context.Background(), "delete", "gateway", "-n", appNS, "ingress"); err != nil {
+				t.Errorf("removing the NOTES' Gateway: %v: %s", err, out)
+			}
+		}()
+		if err := c.WaitDeployment(ctx, appNS, "ingress-istio"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.WaitLoadBalancer(ctx, appNS, "ingress-istio"); err != nil {
+			t.Fatal(err)
+		}
+		err = c.WaitFor(ctx, "Gateway "+appNS+"/ingress Programmed", func(ctx context.Context) (bool, error) {
+			out, err := c.Kubectl(ctx, "get", "gateway", "-n", appNS, "ingress", "-o", `jsonpath={.status.conditions[?(@.type=="Programmed")].status}`)
+			return err == nil && strings.TrimSpace(out) == "True", nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+
 	// Weft's images have no shell; their own binary answers -h.
 	t.Run("exec into a Weft pod", func(t *testing.T) {
 		out, err := c.Kubectl(ctx, "exec", "-n", meshNS, "deploy/weft-webhook", "--", "/usr/local/bin/weft-webhook", "-h")
@@ -172,7 +206,7 @@ func TestNotesCommands(t *testing.T) {
 
 // notesCommand returns the command NOTES show under the paragraph that
 // starts with heading: its indented lines, continuation lines included,
-// with the indentation removed.
+// with the paragraph's two-space indentation removed.
 func notesCommand(notes, heading string) string {
 	_, rest, ok := strings.Cut(notes, heading)
 	if !ok {
@@ -184,7 +218,9 @@ func notesCommand(notes, heading string) string {
 		case strings.TrimSpace(l) == "" && len(lines) == 0:
 			continue
 		case strings.HasPrefix(l, "  "):
-			lines = append(lines, strings.TrimSpace(l))
+			// Only the paragraph's own indentation goes: a here-document's
+			// YAML keeps its structure.
+			lines = append(lines, strings.TrimRight(strings.TrimPrefix(l, "  "), " "))
 		default:
 			return strings.Join(lines, "\n")
 		}

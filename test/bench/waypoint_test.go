@@ -240,10 +240,8 @@ func waypointLatency(b *testing.B, p *podPair, wp *waypointProc) {
 }
 
 func waypointRPS(b *testing.B, p *podPair, wp *waypointProc, nginxBin string) {
-	const conns, rounds = 16, 3
-	const d = 3 * time.Second
 	p.setRedirect(b, false) // the load generator in pod A talks to both proxies itself
-	ng := startNginx(b, p, nginxBin)
+	ng := startNginx(b, p, nginxBin, nginxServer{listen: fmt.Sprintf("%s:%d", podW, nginxPort)})
 	hb, src := p.hboneClient(b)
 	wpID := benchID("waypoint")
 	viaWaypoint := func() (net.Conn, error) {
@@ -251,29 +249,41 @@ func waypointRPS(b *testing.B, p *podPair, wp *waypointProc, nginxBin string) {
 			Addr: netip.MustParseAddrPort(podW + ":15008"), Authority: backendVIP + ":80"})
 	}
 	viaNginx := func() (net.Conn, error) { return p.dialFromA(fmt.Sprintf("%s:%d", podW, nginxPort)) }
+	rpsVersusNginx(b, "waypoint", "nginx", wp, viaWaypoint, ng, viaNginx)
+}
+
+// rpsVersusNginx runs the same closed-loop load (16 keep-alive
+// connections, three rounds of 3 s, after a warm-up) through the proxy
+// under test and through nginx, each dialed by its function, and prints
+// their requests/s, CPU cores and requests/s per core, named
+// <name>_rps... and <baseline>_rps..., and <name>_rps_vs_nginx, the ratio
+// of the medians per core.
+func rpsVersusNginx(b *testing.B, name, baseline string, wp *waypointProc, via func() (net.Conn, error), ng *exec.Cmd, viaNginx func() (net.Conn, error)) {
+	const conns, rounds = 16, 3
+	const d = 3 * time.Second
 	ngPIDs := append([]int{ng.Process.Pid}, childPIDs(ng.Process.Pid)...)
 	if len(ngPIDs) < 2 {
 		b.Fatal("nginx has no worker processes")
 	}
 	closedLoop(b, viaNginx, nil, conns, time.Second) // warm-up
-	closedLoop(b, viaWaypoint, nil, conns, time.Second)
+	closedLoop(b, via, nil, conns, time.Second)
 	var ngRPS, ngCores, wpRPS, wpCores, ngPerCore, wpPerCore []float64
 	for round := range rounds {
 		r, c := closedLoop(b, viaNginx, ngPIDs, conns, d)
 		ngRPS, ngCores, ngPerCore = append(ngRPS, r), append(ngCores, c), append(ngPerCore, r/c)
 		stop := wp.profile(b, "rps", round, d)
-		r, c = closedLoop(b, viaWaypoint, []int{wp.pid()}, conns, d)
+		r, c = closedLoop(b, via, []int{wp.pid()}, conns, d)
 		stop()
 		wpRPS, wpCores, wpPerCore = append(wpRPS, r), append(wpCores, c), append(wpPerCore, r/c)
-		b.Logf("round %d: nginx %.0f/s per core, waypoint %.0f/s per core (%.0f/s on %.3f cores)", round, ngPerCore[round], wpPerCore[round], r, c)
+		b.Logf("round %d: %s %.0f/s per core, %s %.0f/s per core (%.0f/s on %.3f cores)", round, baseline, ngPerCore[round], name, wpPerCore[round], r, c)
 	}
-	fmt.Printf("bench: nginx_rps %.0f\n", median(ngRPS))
-	fmt.Printf("bench: nginx_cpu_cores %.3f\n", median(ngCores))
-	fmt.Printf("bench: nginx_rps_per_core %.0f\n", median(ngPerCore))
-	fmt.Printf("bench: waypoint_rps %.0f\n", median(wpRPS))
-	fmt.Printf("bench: waypoint_cpu_cores %.3f\n", median(wpCores))
-	fmt.Printf("bench: waypoint_rps_per_core %.0f\n", median(wpPerCore))
-	fmt.Printf("bench: waypoint_rps_vs_nginx %.3f\n", median(wpPerCore)/median(ngPerCore))
+	fmt.Printf("bench: %s_rps %.0f\n", baseline, median(ngRPS))
+	fmt.Printf("bench: %s_cpu_cores %.3f\n", baseline, median(ngCores))
+	fmt.Printf("bench: %s_rps_per_core %.0f\n", baseline, median(ngPerCore))
+	fmt.Printf("bench: %s_rps %.0f\n", name, median(wpRPS))
+	fmt.Printf("bench: %s_cpu_cores %.3f\n", name, median(wpCores))
+	fmt.Printf("bench: %s_rps_per_core %.0f\n", name, median(wpPerCore))
+	fmt.Printf("bench: %s_rps_vs_nginx %.3f\n", name, median(wpPerCore)/median(ngPerCore))
 }
 
 // benchID is the SPIFFE ID of service account sa in benchNS.
@@ -422,7 +432,8 @@ func findNginx() (path, why string) {
 
 // nginxConf is nginx as a reverse proxy with keep-alive connections on
 // both sides and no access log (the waypoint runs with none either); %[1]s
-// is the run's directory.
+// is the run's directory, %[2]s the backend, %[3]s the listen directive's
+// parameters and %[4]s more directives of the server.
 const nginxConf = `daemon off;
 master_process on;
 worker_processes auto;
@@ -446,6 +457,7 @@ http {
 	}
 	server {
 		listen %[3]s;
+%[4]s
 		location / {
 			proxy_pass http://backend;
 			proxy_http_version 1.1;
@@ -455,10 +467,20 @@ http {
 }
 `
 
-// startNginx runs nginx in the waypoint's namespace, proxying nginxPort to
-// the server app, with its configuration, pid, log and temp files in a
-// temporary directory; it is stopped when the benchmark ends.
-func startNginx(b *testing.B, p *podPair, bin string) *exec.Cmd {
+// nginxServer is what nginx serves: listen is the listen directive's
+// address (and parameters, such as ssl), files are written into its
+// directory (a certificate and key), and directives are added to its
+// server block.
+type nginxServer struct {
+	listen     string
+	files      map[string][]byte
+	directives string
+}
+
+// startNginx runs nginx in the waypoint's namespace, proxying to the server
+// app, with its configuration, pid, log and temp files in a temporary
+// directory; it is stopped when the benchmark ends.
+func startNginx(b *testing.B, p *podPair, bin string, srv nginxServer) *exec.Cmd {
 	dir := b.TempDir()
 	// nginx's workers run as nobody: let them reach the temp paths.
 	for _, d := range []string{dir, filepath.Dir(dir)} {
@@ -466,9 +488,15 @@ func startNginx(b *testing.B, p *podPair, bin string) *exec.Cmd {
 			b.Fatal(err)
 		}
 	}
+	for name, data := range srv.files {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+			b.Fatal(err)
+		}
+	}
 	conf := filepath.Join(dir, "nginx.conf")
-	listen := fmt.Sprintf("%s:%d", podW, nginxPort)
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, podB+":8080", listen), 0o644); err != nil {
+	listen, _, _ := strings.Cut(srv.listen, " ")
+	directives := strings.ReplaceAll(srv.directives, "$DIR", dir)
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, podB+":8080", srv.listen, directives), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
@@ -524,10 +552,21 @@ type waypointProc struct {
 	profilePrefix string // WEFT_BENCH_WAYPOINT_CPUPROFILE
 }
 
-// startWaypoint writes the waypoint's SVID and bootstrap file and runs it
-// in the waypoint's namespace until the benchmark ends; it returns once
-// the waypoint is ready.
+// startWaypoint runs the waypoint on the mesh's bootstrap
+// (waypointBootstrap) with HBONE on 15008.
 func startWaypoint(b *testing.B, p *podPair, bin string) *waypointProc {
+	boot, err := waypointBootstrap()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return startProxy(b, p, bin, boot, "HBONE_ADDR=:15008")
+}
+
+// startProxy runs the waypoint binary in the waypoint's namespace on the
+// bootstrap file boot, with its SVID, the settings env added to the
+// benchmark's (metrics, readiness, no access log), until the benchmark
+// ends; it returns once the proxy is ready.
+func startProxy(b *testing.B, p *podPair, bin string, boot []byte, env ...string) *waypointProc {
 	dir := b.TempDir()
 	ca := p.ca
 	id, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, benchNS, "waypoint")
@@ -540,10 +579,6 @@ func startWaypoint(b *testing.B, p *podPair, bin string) *waypointProc {
 		chain = append(chain, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
 	}
 	key, err := x509.MarshalPKCS8PrivateKey(svid.Key)
-	if err != nil {
-		b.Fatal(err)
-	}
-	boot, err := waypointBootstrap()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -566,7 +601,7 @@ func startWaypoint(b *testing.B, p *podPair, bin string) *waypointProc {
 	}}}
 	wp.cmd = exec.Command(bin, "-bootstrap", filepath.Join(dir, "bootstrap.json"), "-cert", filepath.Join(dir, "cert.pem"),
 		"-key", filepath.Join(dir, "key.pem"), "-roots", filepath.Join(dir, "roots.pem"))
-	wp.cmd.Env = append(os.Environ(), "HBONE_ADDR=:15008", "METRICS_ADDR="+waypointMetrics, "READINESS_ADDR="+waypointReady, "ACCESS_LOG=off")
+	wp.cmd.Env = append(append(os.Environ(), "METRICS_ADDR="+waypointMetrics, "READINESS_ADDR="+waypointReady, "ACCESS_LOG=off"), env...)
 	if wp.profilePrefix != "" {
 		wp.cmd.Env = append(wp.cmd.Env, "DEBUG_ADDR="+waypointDebug)
 	}

@@ -144,7 +144,7 @@ spec:
 	if math.Abs(float64(counts["echo-v2"])-mean) > 5*sd {
 		return fmt.Errorf("echo-v2 answered %d of %d, want %.0f ± %.0f", counts["echo-v2"], splitRequests, mean, 5*sd)
 	}
-	d.showWaypointAccess(ctx, c, 2)
+	d.showProxyAccess(ctx, c, "waypoint", 2)
 	return d.l7PolicyStory(ctx, c, client, target)
 }
 
@@ -231,37 +231,49 @@ func (c counts) String() string {
 	return strings.Join(parts, " ")
 }
 
-// waypointPod returns the name of the app namespace's waypoint pod.
-func (d *Demo) waypointPod(ctx context.Context, c *cluster.Cluster) (string, error) {
-	pods, err := c.Client().CoreV1().Pods(d.cfg.AppNamespace).List(ctx, metav1.ListOptions{LabelSelector: "gateway.networking.k8s.io/gateway-name=waypoint"})
+// proxyPod returns the name of the pod of the app namespace's Gateway
+// gateway (a waypoint or an ingress gateway).
+func (d *Demo) proxyPod(ctx context.Context, c *cluster.Cluster, gateway string) (string, error) {
+	pods, err := c.Client().CoreV1().Pods(d.cfg.AppNamespace).List(ctx, metav1.ListOptions{LabelSelector: "gateway.networking.k8s.io/gateway-name=" + gateway})
 	if err != nil {
 		return "", err
 	}
 	if len(pods.Items) == 0 {
-		return "", errors.New("no waypoint pod")
+		return "", errors.New("no pod of Gateway " + gateway)
 	}
 	return pods.Items[0].Name, nil
 }
 
-// showWaypointAccess prints the waypoint's last n access-log lines.
-func (d *Demo) showWaypointAccess(ctx context.Context, c *cluster.Cluster, n int) {
-	pod, err := d.waypointPod(ctx, c)
+// showProxyAccess prints the last n access-log lines of the Gateway
+// gateway's proxy and returns how many it printed.
+func (d *Demo) showProxyAccess(ctx context.Context, c *cluster.Cluster, gateway string, n int) int {
+	pod, err := d.proxyPod(ctx, c, gateway)
 	if err != nil {
-		return
+		return 0
 	}
 	logs, err := c.Logs(d.cfg.AppNamespace, pod, "waypoint")
 	if err != nil {
-		return
+		return 0
 	}
-	for _, rec := range accessRecords(logs, n) {
+	recs := accessRecords(logs, n)
+	for _, rec := range recs {
 		d.say("%s access log: %v %v %v → %v  route=%v upstream=%v  from %v", pod, rec["method"], rec["path"], rec["status"],
-			rec["cluster"], rec["route"], rec["upstream"], rec["src_identity"])
+			rec["cluster"], rec["route"], rec["upstream"], orDefault(rec["src_identity"], rec["src_addr"]))
 	}
+	return len(recs)
+}
+
+// orDefault is v, or def when v is missing or empty.
+func orDefault(v, def any) any {
+	if v == nil || v == "" {
+		return def
+	}
+	return v
 }
 
 // showWaypointMetrics prints the waypoint's request counts of the story.
 func (d *Demo) showWaypointMetrics(ctx context.Context, c *cluster.Cluster) error {
-	pod, err := d.waypointPod(ctx, c)
+	pod, err := d.proxyPod(ctx, c, "waypoint")
 	if err != nil {
 		return err
 	}

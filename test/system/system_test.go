@@ -205,8 +205,8 @@ func TestNotesCommands(t *testing.T) {
 }
 
 // notesCommand returns the command NOTES show under the paragraph that
-// starts with heading: its indented lines, continuation lines included,
-// with the paragraph's two-space indentation removed.
+// starts with heading: the indented lines that follow it, continuation
+// lines included, with the paragraph's two-space indentation removed.
 func notesCommand(notes, heading string) string {
 	_, rest, ok := strings.Cut(notes, heading)
 	if !ok {
@@ -215,8 +215,8 @@ func notesCommand(notes, heading string) string {
 	var lines []string
 	for _, l := range strings.Split(rest, "\n")[1:] {
 		switch {
-		case strings.TrimSpace(l) == "" && len(lines) == 0:
-			continue
+		case !strings.HasPrefix(l, "  ") && len(lines) == 0:
+			continue // the rest of the paragraph's text, the blank line after it
 		case strings.HasPrefix(l, "  "):
 			// Only the paragraph's own indentation goes: a here-document's
 			// YAML keeps its structure.

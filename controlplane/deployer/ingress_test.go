@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -275,5 +276,55 @@ func TestGatewayListenersValid(t *testing.T) {
 		if c.reason == "ListenersNotValid" && (a.ObservedGeneration != 3 || !strings.Contains(a.Message, "invalid (UnsupportedProtocol)")) {
 			t.Errorf("%s: Accepted message %q, generation %d", c.name, a.Message, a.ObservedGeneration)
 		}
+	}
+}
+
+// TestIngressListenersTransitionTimes checks that the configuration
+// controller's listener conditions, which leave lastTransitionTime unset,
+// get one (the API server refuses a condition without): the old
+// condition's while the status stays, now when it changes or is new; a
+// time the entry sets is kept.
+func TestIngressListenersTransitionTimes(t *testing.T) {
+	old := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
+	set := metav1.NewTime(time.Now().Add(-time.Minute).Truncate(time.Second))
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "edge", Generation: 2}}
+	gw.Status.Listeners = []gwv1.ListenerStatus{{Name: "http", Conditions: []metav1.Condition{
+		{Type: "Accepted", Status: "True", Reason: "Accepted", LastTransitionTime: old},
+		{Type: "Programmed", Status: "False", Reason: "Pending", LastTransitionTime: old},
+	}}}
+	d := &Deployer{listeners: map[string][]gwv1.ListenerStatus{"ns/edge": {
+		{Name: "http", Conditions: []metav1.Condition{
+			{Type: "Accepted", Status: "True", Reason: "Accepted", ObservedGeneration: 2},
+			{Type: "Programmed", Status: "True", Reason: "Programmed", ObservedGeneration: 2},
+			{Type: "Conflicted", Status: "False", Reason: "NoConflicts", ObservedGeneration: 2},
+			{Type: "ResolvedRefs", Status: "True", Reason: "ResolvedRefs", ObservedGeneration: 2, LastTransitionTime: set},
+		}},
+		{Name: "other", Conditions: []metav1.Condition{{Type: "Accepted", Status: "True", Reason: "Accepted"}}},
+	}}}
+	before := time.Now().Add(-time.Second)
+	got := d.ingressListeners(gw, true)
+	if len(got) != 2 {
+		t.Fatalf("%d listeners, want 2", len(got))
+	}
+	recent := func(c *metav1.Condition) bool { return !c.LastTransitionTime.Time.Before(before) }
+	conds := got[0].Conditions
+	if c := meta.FindStatusCondition(conds, "Accepted"); !c.LastTransitionTime.Equal(&old) {
+		t.Errorf("Accepted, unchanged: transition %v, want the old %v", c.LastTransitionTime, old)
+	}
+	if c := meta.FindStatusCondition(conds, "Programmed"); !recent(c) {
+		t.Errorf("Programmed, changed: transition %v, want now", c.LastTransitionTime)
+	}
+	if c := meta.FindStatusCondition(conds, "Conflicted"); !recent(c) {
+		t.Errorf("Conflicted, new: transition %v, want now", c.LastTransitionTime)
+	}
+	if c := meta.FindStatusCondition(conds, "ResolvedRefs"); !c.LastTransitionTime.Equal(&set) {
+		t.Errorf("ResolvedRefs: transition %v, want the entry's %v", c.LastTransitionTime, set)
+	}
+	if c := meta.FindStatusCondition(got[1].Conditions, "Accepted"); !recent(c) {
+		t.Errorf("a listener without old status: transition %v, want now", c.LastTransitionTime)
+	}
+	// The deployer's own copy is left as it was.
+	if c := d.listeners["ns/edge"][0].Conditions[0]; !c.LastTransitionTime.IsZero() {
+		t.Errorf("the kept entry was changed: %v", c.LastTransitionTime)
 	}
 }

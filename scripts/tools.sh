@@ -199,6 +199,11 @@ conformance() {
 	src="$(cd tools/conformance && "$GO" list -m -f '{{.Dir}}' $m)" || die "cannot find the source of $m"
 	install -m 0644 "$src/tests/testdata/certs/dns/cert-chain.pem" "$BIN/conformance/cert.crt"
 	install -m 0644 "$src/tests/testdata/certs/dns/key.pem" "$BIN/conformance/cert.key"
+	# The GATEWAY-HTTP profile's backends: the suite's echo-basic, from the
+	# conformance module the main module pins, and pause, which stands in
+	# for the coredns image of the UDPRoute tests.
+	CGO_ENABLED=0 "$GO" build -trimpath -ldflags "-s -w" -o "$BIN/conformance/" \
+		sigs.k8s.io/gateway-api/conformance/echo-basic ./test/cmd/pause
 }
 
 # istioctl builds Istio's CLI from the snapshot the conformance group pins,

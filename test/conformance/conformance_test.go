@@ -47,6 +47,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
@@ -102,7 +103,7 @@ func repoDir() string {
 func writeArchives() ([]string, error) {
 	root := repoDir()
 	bin := filepath.Join(root, "bin", "conformance")
-	for _, f := range []string{"server", "client", "cert.crt", "cert.key"} {
+	for _, f := range []string{"server", "client", "cert.crt", "cert.key", "echo-basic", "pause"} {
 		if _, err := os.Stat(filepath.Join(bin, f)); err != nil {
 			return nil, fmt.Errorf("the conformance images' %s is missing from %s: run `make tools` (scripts/tools.sh conformance)", f, bin)
 		}
@@ -183,7 +184,7 @@ func claimed(mode string) ([]features.FeatureName, error) {
 		slices.Sort(out)
 		return out, nil
 	}
-	return nil, fmt.Errorf("WEFT_CONFORMANCE=%q: want core, mesh or all", mode)
+	return nil, fmt.Errorf("WEFT_CONFORMANCE=%q: want core, mesh, all, gateway or gateway-all", mode)
 }
 
 const (
@@ -195,6 +196,9 @@ func TestMeshConformance(t *testing.T) {
 	mode := os.Getenv("WEFT_CONFORMANCE")
 	if mode == "" {
 		mode = "core"
+	}
+	if _, ok := gatewayClaimed(mode); ok && mode != "core" {
+		t.Skipf("WEFT_CONFORMANCE=%s judges ingress Gateways only", mode)
 	}
 	claim, err := claimed(mode)
 	if err != nil {
@@ -215,29 +219,8 @@ func TestMeshConformance(t *testing.T) {
 	}
 	t.Logf("cluster and mesh ready in %v", time.Since(start).Round(time.Second))
 
-	ctrllog.SetLogger(logr.Discard())
-	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, gatewayv1.Install, gatewayv1beta1.Install, gatewayv1alpha2.Install, apiextensionsv1.AddToScheme} {
-		if err := add(scheme); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// The suite's exec streams (SPDY) do not take the harness's dialer
-	// into the control plane's namespace: everything goes through the
-	// kubeconfig's forwarder on the host, as kubectl does.
-	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cset, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts := client.Options{Scheme: scheme}
-	kc, err := client.New(rc, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := newSuiteClients(t, c)
+	kc, opts, cset, rc := sc.client, sc.opts, sc.cset, sc.rest
 	results := newResults()
 	cs, err := suite.NewConformanceTestSuite(suite.ConformanceOptions{
 		ConfigurableOptions: suite.ConfigurableOptions{
@@ -283,34 +266,77 @@ func TestMeshConformance(t *testing.T) {
 	// The suite allows its report only once Run's own cleanup has run:
 	// this one, registered first, runs after it.
 	var runStart time.Time
-	t.Cleanup(func() {
-		report, err := cs.Report()
-		if err != nil {
-			t.Errorf("the suite's report: %v", err)
-			return
-		}
-		out, err := yaml.Marshal(report)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		file := filepath.Join(repoDir(), "bin", "conformance", reportName(mode))
-		if err := os.WriteFile(file, out, 0o644); err != nil {
-			t.Error(err)
-		}
-		passed, failed, skipped := results.counts()
-		t.Logf("mode %s: %d passed, %d failed, %d not run; suite %v, whole test %v; report %s",
-			mode, len(passed), len(failed), len(skipped), time.Since(runStart).Round(time.Second), time.Since(start).Round(time.Second), file)
-		t.Logf("passed: %s", strings.Join(passed, " "))
-		t.Logf("failed: %s", strings.Join(failed, " "))
-		t.Logf("not run: %s", strings.Join(skipped, " "))
-		fmt.Printf("bench: conformance_mesh_passed %d\n", len(passed))
-		fmt.Printf("bench: conformance_mesh_failed %d\n", len(failed))
-	})
+	t.Cleanup(func() { writeReport(t, cs, results, "mesh", reportName(mode), mode, start, &runStart) })
 	runStart = time.Now()
 	if err := cs.Run(t, list); err != nil {
 		t.Error(err)
 	}
+}
+
+// suiteClients are the clients the suite is given.
+type suiteClients struct {
+	client client.Client
+	opts   client.Options
+	cset   *kubernetes.Clientset
+	rest   *rest.Config
+}
+
+// newSuiteClients builds the suite's clients from the cluster's kubeconfig.
+func newSuiteClients(t *testing.T, c *cluster.Cluster) suiteClients {
+	t.Helper()
+	ctrllog.SetLogger(logr.Discard())
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, gatewayv1.Install, gatewayv1beta1.Install, gatewayv1alpha2.Install, apiextensionsv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The suite's exec streams (SPDY) do not take the harness's dialer
+	// into the control plane's namespace: everything goes through the
+	// kubeconfig's forwarder on the host, as kubectl does.
+	rc, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cset, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := client.Options{Scheme: scheme}
+	kc, err := client.New(rc, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return suiteClients{client: kc, opts: opts, cset: cset, rest: rc}
+}
+
+// writeReport writes the suite's report to bin/conformance/<name> and
+// prints the figures as `bench: conformance_<profile>_passed N` and
+// `_failed N`. The suite allows its report only once Run's own cleanup
+// has run: callers register it with t.Cleanup before Run.
+func writeReport(t *testing.T, cs *suite.ConformanceTestSuite, results *testResults, profile, name, mode string, start time.Time, runStart *time.Time) {
+	report, err := cs.Report()
+	if err != nil {
+		t.Errorf("the suite's report: %v", err)
+		return
+	}
+	out, err := yaml.Marshal(report)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	file := filepath.Join(repoDir(), "bin", "conformance", name)
+	if err := os.WriteFile(file, out, 0o644); err != nil {
+		t.Error(err)
+	}
+	passed, failed, skipped := results.counts()
+	t.Logf("mode %s: %d passed, %d failed, %d not run; suite %v, whole test %v; report %s",
+		mode, len(passed), len(failed), len(skipped), time.Since(*runStart).Round(time.Second), time.Since(start).Round(time.Second), file)
+	t.Logf("passed: %s", strings.Join(passed, " "))
+	t.Logf("failed: %s", strings.Join(failed, " "))
+	t.Logf("not run: %s", strings.Join(skipped, " "))
+	fmt.Printf("bench: conformance_%s_passed %d\n", profile, len(passed))
+	fmt.Printf("bench: conformance_%s_failed %d\n", profile, len(failed))
 }
 
 // reportName is the report's file name in bin/conformance for a mode.

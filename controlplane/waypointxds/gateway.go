@@ -646,8 +646,9 @@ func (g *gatewayBuild) httpsChain(port string, gl *gwListener, hcm *listenerv3.F
 }
 
 // gatewayManager is an ingress chain's http_connection_manager: the
-// waypoint's, taking the client's address from the connection and
-// matching hosts without their port.
+// waypoint's, taking the client's address from the connection. It leaves
+// the Host as the client sent it, port included (Gateway API forwards it
+// so): the RouteConfiguration ignores the port in choosing a virtual host.
 func (b *builder) gatewayManager(rds string, filters []*hcmv3.HttpFilter) *listenerv3.Filter {
 	return b.hcmFilter(&hcmv3.HttpConnectionManager{
 		StatPrefix:       rds,
@@ -655,7 +656,6 @@ func (b *builder) gatewayManager(rds string, filters []*hcmv3.HttpFilter) *liste
 		RouteSpecifier:   &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: rds}},
 		HttpFilters:      append(append([]*hcmv3.HttpFilter(nil), filters...), corsFilter(), router()),
 		UseRemoteAddress: wrapperspb.Bool(true),
-		StripPortMode:    &hcmv3.HttpConnectionManager_StripAnyHostPort{StripAnyHostPort: true},
 	})
 }
 
@@ -682,7 +682,9 @@ func (g *gatewayBuild) routeConfig(name, port string, ls []*gwListener) *routev3
 			}
 		}
 	}
-	rc := &routev3.RouteConfiguration{Name: name}
+	// A Host with a port ("example.com:8080") selects the virtual host of
+	// its name: the listener's port is the connection's, not the Host's.
+	rc := &routev3.RouteConfiguration{Name: name, IgnorePortInHostMatching: true}
 	for _, h := range sortedKeys(byHost) {
 		es := byHost[h]
 		sort.SliceStable(es, func(i, j int) bool { return less(es[i], es[j]) })

@@ -260,11 +260,21 @@ func TestGatewayResources(t *testing.T) {
 			t.Errorf("chain %s: tls context %v", fc.Name, ctx)
 		}
 		m := hcmOf(t, fc)
-		if !m.GetUseRemoteAddress().GetValue() || !m.GetStripAnyHostPort() {
+		// The Host reaches the backend as the client sent it, port
+		// included: no strip_any_host_port (the RouteConfiguration ignores
+		// the port instead).
+		if !m.GetUseRemoteAddress().GetValue() || m.GetStripAnyHostPort() {
 			t.Errorf("chain %s: use_remote_address %v strip_any_host_port %v", fc.Name, m.GetUseRemoteAddress(), m.GetStripAnyHostPort())
 		}
 		if len(m.HttpFilters) != 3 || m.HttpFilters[0].Name != "envoy.filters.http.rbac" {
 			t.Errorf("chain %s: http filters %v, want the Gateway's one DENY, cors, router", fc.Name, m.HttpFilters)
+		}
+	}
+	// Every RouteConfiguration picks the virtual host by the Host's name
+	// whatever its port.
+	for name, r := range res[resource.RouteType] {
+		if !r.(*routev3.RouteConfiguration).GetIgnorePortInHostMatching() {
+			t.Errorf("route %s: ignore_port_in_host_matching unset", name)
 		}
 	}
 	if !slices.Equal(names, []string{"https/443/https", "https/443/https-shared"}) {

@@ -54,6 +54,9 @@ type gatewayFixture struct {
 	root    *testpki.Cert
 	roots   *x509.CertPool
 	backend netip.AddrPort
+	// ignorePort sets ignore_port_in_host_matching on the route
+	// configurations apply pushes.
+	ignorePort bool
 }
 
 func newGatewayFixture(t *testing.T) *gatewayFixture {
@@ -199,7 +202,7 @@ func (g *gatewayFixture) apply(listeners []*listenerv3.Listener, routes map[stri
 	t := g.t
 	rs := map[string]*anypb.Any{}
 	for name, vhs := range routes {
-		rs[name] = mustAny(t, &routev3.RouteConfiguration{Name: name, VirtualHosts: vhs})
+		rs[name] = mustAny(t, &routev3.RouteConfiguration{Name: name, VirtualHosts: vhs, IgnorePortInHostMatching: g.ignorePort})
 	}
 	if err := g.store.ApplyRoutes(rs, nil); err != nil {
 		t.Fatal(err)
@@ -802,5 +805,53 @@ func TestReadAheadConn(t *testing.T) {
 	case <-left:
 	case <-time.After(2 * time.Second):
 		t.Error("AfterPeerEnd did not call after the end")
+	}
+}
+
+// TestGatewayHostPortKept checks ignore_port_in_host_matching without
+// strip_any_host_port, as the control plane configures gateways: a Host
+// with a port selects the virtual host of its name and reaches the backend
+// as the client sent it, port included; what is not a port is not
+// stripped.
+func TestGatewayHostPortKept(t *testing.T) {
+	g := newGatewayFixture(t)
+	g.ignorePort = true
+	port := freePort(t)
+	l := httpListener(t, port)
+	h := &hcmv3.HttpConnectionManager{}
+	if err := l.FilterChains[0].Filters[0].GetTypedConfig().UnmarshalTo(h); err != nil {
+		t.Fatal(err)
+	}
+	h.StripPortMode = nil
+	l.FilterChains[0].Filters[0].ConfigType = &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, h)}
+	g.apply([]*listenerv3.Listener{l}, map[string][]*routev3.VirtualHost{
+		"http." + strconv.Itoa(int(port)): {toBackend("foo.example.com"), direct("*.wild.example.com", "wild")},
+	})
+	c := plainClient(t)
+	for _, host := range []string{"foo.example.com", "foo.example.com:1234", "FOO.example.com:80"} {
+		resp := gwGet(t, c, "http", port, host, nil)
+		if resp.StatusCode != 200 || resp.body != "backend /p" {
+			t.Errorf("Host %q: %d %q, want the backend", host, resp.StatusCode, resp.body)
+			continue
+		}
+		if got := resp.Header.Get("Seen-Host"); got != host {
+			t.Errorf("Host %q reached the backend as %q, want it unchanged", host, got)
+		}
+	}
+	for host, want := range map[string]string{
+		"a.wild.example.com:8443": "wild",
+		"foo.example.com:":        "", // not a port: the host is compared whole
+		"foo.example.com:http":    "",
+		"foo.example.com:123456":  "",
+		"bar.example.com:1234":    "",
+		"wild.example.com:80":     "",
+	} {
+		resp := gwGet(t, c, "http", port, host, nil)
+		switch {
+		case want == "" && resp.StatusCode != 404:
+			t.Errorf("Host %q: %d %q, want 404 (no virtual host)", host, resp.StatusCode, resp.body)
+		case want != "" && (resp.StatusCode != 200 || resp.body != want):
+			t.Errorf("Host %q: %d %q, want %q", host, resp.StatusCode, resp.body, want)
+		}
 	}
 }

@@ -23,8 +23,11 @@ type Table struct {
 	// Routes are every virtual host's routes, virtual hosts in order: what
 	// the configuration holds, for inspection. Matching goes through the
 	// virtual hosts (Match).
-	Routes  []*Route
-	domains domains
+	Routes []*Route
+	// IgnorePort (ignore_port_in_host_matching): a virtual host is chosen
+	// by the host without its port (StripPort); the request keeps it.
+	IgnorePort bool
+	domains    domains
 }
 
 // HeaderOp is one header to add.
@@ -122,7 +125,7 @@ type Route struct {
 // The fields the router supports in each message; Fields checks the names
 // against the descriptors when the package loads.
 var (
-	routeConfigFields = pbcheck.Fields[*routev3.RouteConfiguration]("name", "virtual_hosts", "validate_clusters")
+	routeConfigFields = pbcheck.Fields[*routev3.RouteConfiguration]("name", "virtual_hosts", "validate_clusters", "ignore_port_in_host_matching")
 	virtualHostFields = pbcheck.Fields[*routev3.VirtualHost]("name", "domains", "routes")
 	routeFields       = pbcheck.Fields[*routev3.Route]("name", "match", "route", "redirect", "direct_response",
 		"request_headers_to_add", "request_headers_to_remove", "response_headers_to_add", "response_headers_to_remove",
@@ -150,7 +153,7 @@ func Compile(rc *routev3.RouteConfiguration) (*Table, error) {
 	if err := routeConfigFields.Check(rc, where); err != nil {
 		return nil, err
 	}
-	t := &Table{Name: rc.GetName()}
+	t := &Table{Name: rc.GetName(), IgnorePort: rc.GetIgnorePortInHostMatching()}
 	for i, vh := range rc.GetVirtualHosts() {
 		vw := fmt.Sprintf("%s: virtual_hosts[%d]", where, i)
 		if err := virtualHostFields.Check(vh, vw); err != nil {

@@ -276,10 +276,14 @@ func (rt *Route) Matches(r *Request) bool {
 }
 
 // VirtualHost returns the virtual host whose domains take host (a Host or
-// :authority value as the request has it), or nil.
+// :authority value as the request has it; without its port when the table
+// ignores ports), or nil.
 func (t *Table) VirtualHost(host string) *VirtualHost {
 	if t == nil {
 		return nil
+	}
+	if t.IgnorePort {
+		host = StripPort(host)
 	}
 	return t.domains.find(host)
 }

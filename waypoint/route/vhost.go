@@ -32,7 +32,9 @@ type VirtualHost struct {
 // exact domain with that port, a wildcard that covers the port
 // (`example.*`, `*:8080`) or `*`, and never a portless exact domain. An
 // http_connection_manager with strip_any_host_port removes the port first
-// (StripPort). Nothing else is removed: a trailing dot is part of the host
+// (StripPort), from the request itself; a RouteConfiguration with
+// ignore_port_in_host_matching compares the host without its port and
+// leaves the request's as it is. Nothing else is removed: a trailing dot is part of the host
 // (Envoy strips it only with strip_trailing_host_dot, which the waypoint
 // does not take).
 

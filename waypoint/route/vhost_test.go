@@ -224,3 +224,57 @@ func FuzzVirtualHost(f *testing.F) {
 		_ = StripPort(host)
 	})
 }
+
+// TestIgnorePortInHostMatching checks ignore_port_in_host_matching: the
+// virtual host is chosen by the host without its port (any port, IPv6
+// literals kept whole), and what is not a port is not stripped.
+func TestIgnorePortInHostMatching(t *testing.T) {
+	rc := vhosts([]string{"example.com"}, []string{"*.example.com"}, []string{"[::1]"}, []string{"*"})
+	rc.IgnorePortInHostMatching = true
+	tb, err := Compile(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !tb.IgnorePort {
+		t.Fatal("IgnorePort not set")
+	}
+	for _, tc := range []struct{ host, want string }{
+		{"example.com", "example.com"},
+		{"example.com:1234", "example.com"},
+		{"EXAMPLE.COM:80", "example.com"},
+		{"a.example.com:8080", "*.example.com"},
+		{"[::1]:80", "[::1]"},
+		{"[::1]", "[::1]"},
+		{"example.com:", "*"},      // an empty port is no port
+		{"example.com:http", "*"},  // nor a name
+		{"example.com:99999", "*"}, // nor a number out of range
+		{"example.com:80:80", "*"}, // one port only
+		{"example.org:443", "*"},   // another host still goes to *
+		{"example.com.:80", "*"},   // the trailing dot stays part of the host
+		{"a.example.com:1:2", "*"}, // the wildcard does not take a port
+		{"example.com%3a80", "*"},  // an encoded colon is no separator
+		{"example.com :80", "*"},   // nor does a space make a host
+		{"xexample.com:80", "*"},   // exact means exact
+		{"[::1]:80]", "*"},         // garbage after the literal
+		{"[::1:80", "*"},           // an unclosed literal keeps its text
+		{"example.com:0080", "example.com"},
+	} {
+		vh := tb.VirtualHost(tc.host)
+		got := "<nil>"
+		if vh != nil {
+			got = vh.Name
+		}
+		if got != tc.want {
+			t.Errorf("host %q: virtual host %s, want %s", tc.host, got, tc.want)
+		}
+	}
+	// Without the option the port counts, as before.
+	rc.IgnorePortInHostMatching = false
+	tb, err = Compile(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vh := tb.VirtualHost("example.com:1234"); vh == nil || vh.Name != "*" {
+		t.Errorf("without ignore_port_in_host_matching: example.com:1234 went to %v, want *", vh)
+	}
+}

@@ -3,28 +3,37 @@
 // profile (GAMMA: HTTPRoute and GRPCRoute with a Service parent; profiles
 // MESH-HTTP and MESH-GRPC), run the way Istio runs it for ambient (the
 // suite's namespaces enrolled in ambient, the mesh namespace bound to a
-// waypoint), and istioctl (TestIstioctl), built from the Istio snapshot
-// tools/conformance pins.
+// waypoint); its GATEWAY-HTTP profile against the ingress GatewayClass
+// istio (TestGatewayConformance), the suite's requests sent from outside
+// the nodes to the Gateways' load balancer addresses; and istioctl
+// (TestIstioctl), built from the Istio snapshot tools/conformance pins.
 //
 // The suite execs its echo client in the pods (`kubectl exec` through the
 // kubelet), so the cluster runs real kubelets whatever WEFT_NODES says. Its
-// image, registry.k8s.io/gateway-api/echo-advanced, is Istio's echo app:
-// `make tools` builds it from source (tools/conformance into
-// bin/conformance) and the test writes its archive under that name
-// (images.yaml), which every node imports; nothing is pulled.
+// images (images.yaml) are built from source by `make tools` into
+// bin/conformance: echo-advanced is Istio's echo app, echo-basic the
+// suite's own backend, and the test writes their archives under the names
+// the manifests use, which every node imports; nothing is pulled.
 //
 // WEFT_CONFORMANCE picks what Weft claims:
 //
-//	core (default, make test)  the profiles' core features
-//	mesh (make conformance)    core and the extended features in
+//	core (default, make test)  the profiles' core features (both tests)
+//	mesh (make conformance)    Mesh: core and the extended features in
 //	                           supportedExtended, whose tests pass here
-//	all                        every feature a Mesh test needs, to find
-//	                           what passes (a probe, not a claim)
+//	all                        Mesh: every feature a Mesh test needs, to
+//	                           find what passes (a probe, not a claim)
+//	gateway                    GATEWAY-HTTP: core and the extended
+//	                           features in gatewaySupportedExtended
+//	gateway-all                GATEWAY-HTTP: every feature a Gateway test
+//	                           needs (a probe)
 //
 // The suite's ConformanceReport is written to bin/conformance/mesh-report.yaml
-// (mesh-core-report.yaml, mesh-all-report.yaml in the other modes) and the figures are
-// printed as `bench: conformance_mesh_passed N` and
-// `bench: conformance_mesh_failed N` (tests, each counted once).
+// (mesh-core-report.yaml, mesh-all-report.yaml in the other modes) and
+// bin/conformance/gateway-report.yaml (gateway-core-report.yaml,
+// gateway-all-report.yaml), and the figures are printed as
+// `bench: conformance_mesh_passed N`, `bench: conformance_mesh_failed N`,
+// `bench: conformance_gateway_passed N` and
+// `bench: conformance_gateway_failed N` (tests, each counted once).
 package conformance
 
 import (

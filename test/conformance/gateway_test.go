@@ -32,8 +32,7 @@ var gatewayCoreFeatures = []features.FeatureName{features.SupportGateway, featur
 // gatewaySupportedExtended are the extended features of ingress Gateways
 // Weft claims: only those whose every test passed in a
 // WEFT_CONFORMANCE=gateway-all run here. Left out, among others:
-// HTTPRoutePortRedirect and HTTPRouteSchemeRedirect
-// (HTTPRouteRedirectPortAndScheme fails), TLSRoute, TCPRoute, UDPRoute,
+// TLSRoute, TCPRoute, UDPRoute,
 // GRPCRoute on Gateways, BackendTLSPolicy, client certificates, CORS,
 // listener isolation, static addresses.
 var gatewaySupportedExtended = []features.FeatureName{
@@ -43,6 +42,8 @@ var gatewaySupportedExtended = []features.FeatureName{
 	features.SupportHTTPRouteResponseHeaderModification,
 	features.SupportHTTPRouteBackendRequestHeaderModification,
 	features.SupportHTTPRoutePathRedirect,
+	features.SupportHTTPRoutePortRedirect,
+	features.SupportHTTPRouteSchemeRedirect,
 	features.SupportHTTPRouteHostRewrite,
 	features.SupportHTTPRoutePathRewrite,
 	features.SupportHTTPRoute303RedirectStatusCode,

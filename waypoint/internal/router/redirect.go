@@ -9,11 +9,15 @@ import (
 )
 
 // Redirect answers r with rt's redirect (Envoy's RedirectAction): the
-// request's scheme, host, port and path unless the redirect replaces them,
-// the default port of the scheme left out, the query kept.
+// request's scheme (https when it came over a gateway's TLS, r.TLS), host,
+// port and path unless the redirect replaces them, the default port of the
+// scheme left out, the query kept.
 func Redirect(w http.ResponseWriter, r *http.Request, rt *route.Route) {
 	rd := rt.Redirect
 	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
 	if rd.Scheme != "" {
 		scheme = rd.Scheme
 	}

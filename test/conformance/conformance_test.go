@@ -162,13 +162,33 @@ var supportedExtended = []features.FeatureName{
 }
 
 // meshTests are the suite's tests of the Mesh profiles.
-func meshTests() []suite.ConformanceTest {
+func meshTests() []suite.ConformanceTest { return testsOf(features.SupportMesh) }
+
+// testsOf are the suite's tests that need feature f.
+func testsOf(f features.FeatureName) []suite.ConformanceTest {
 	var out []suite.ConformanceTest
 	for _, t := range tests.ConformanceTests {
-		if slices.Contains(t.Features, features.SupportMesh) {
+		if slices.Contains(t.Features, f) {
 			out = append(out, t)
 		}
 	}
+	return out
+}
+
+// featuresOf are the features any of ts needs, sorted: what a probe of
+// every feature claims.
+func featuresOf(ts []suite.ConformanceTest) []features.FeatureName {
+	set := map[features.FeatureName]bool{}
+	for _, t := range ts {
+		for _, f := range t.Features {
+			set[f] = true
+		}
+	}
+	var out []features.FeatureName
+	for f := range set {
+		out = append(out, f)
+	}
+	slices.Sort(out)
 	return out
 }
 
@@ -180,18 +200,7 @@ func claimed(mode string) ([]features.FeatureName, error) {
 	case "mesh":
 		return append(slices.Clone(coreFeatures), supportedExtended...), nil
 	case "all":
-		set := map[features.FeatureName]bool{}
-		for _, t := range meshTests() {
-			for _, f := range t.Features {
-				set[f] = true
-			}
-		}
-		var out []features.FeatureName
-		for f := range set {
-			out = append(out, f)
-		}
-		slices.Sort(out)
-		return out, nil
+		return featuresOf(meshTests()), nil
 	}
 	return nil, fmt.Errorf("WEFT_CONFORMANCE=%q: want core, mesh, all, gateway or gateway-all", mode)
 }
@@ -213,20 +222,10 @@ func TestMeshConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if why := cluster.SkipReason(); why != "" {
-		t.Skip(why)
-	}
-	if archiveErr != nil {
-		t.Fatal(archiveErr)
-	}
 	start := time.Now()
-	c := shared.Get(t)
+	c := meshCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	if err := c.InstallMesh(ctx, meshNS); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("cluster and mesh ready in %v", time.Since(start).Round(time.Second))
 
 	sc := newSuiteClients(t, c)
 	kc, opts, cset, rc := sc.client, sc.opts, sc.cset, sc.rest
@@ -346,6 +345,27 @@ func writeReport(t *testing.T, cs *suite.ConformanceTestSuite, results *testResu
 	t.Logf("not run: %s", strings.Join(skipped, " "))
 	fmt.Printf("bench: conformance_%s_passed %d\n", profile, len(passed))
 	fmt.Printf("bench: conformance_%s_failed %d\n", profile, len(failed))
+}
+
+// meshCluster returns the shared cluster with Weft installed, or skips t
+// where it cannot run.
+func meshCluster(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	if why := cluster.SkipReason(); why != "" {
+		t.Skip(why)
+	}
+	if archiveErr != nil {
+		t.Fatal(archiveErr)
+	}
+	start := time.Now()
+	c := shared.Get(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	if err := c.InstallMesh(ctx, meshNS); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster and mesh ready in %v", time.Since(start).Round(time.Second))
+	return c
 }
 
 // reportName is the report's file name in bin/conformance for a mode.

@@ -1,7 +1,6 @@
 package conformance
 
 import (
-	"context"
 	"io/fs"
 	"os"
 	"slices"
@@ -10,13 +9,10 @@ import (
 
 	gwconformance "sigs.k8s.io/gateway-api/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
-	"sigs.k8s.io/gateway-api/conformance/tests"
 	"sigs.k8s.io/gateway-api/conformance/utils/config"
 	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 	"sigs.k8s.io/gateway-api/conformance/utils/suite"
 	"sigs.k8s.io/gateway-api/pkg/features"
-
-	"github.com/weftmesh/weft/test/cluster"
 )
 
 // gatewayInDefaultRun says whether TestGatewayConformance runs in the
@@ -58,15 +54,7 @@ var gatewaySupportedExtended = []features.FeatureName{
 
 // gatewayTests are the suite's tests of Gateways (the profile picks those
 // of HTTP among them).
-func gatewayTests() []suite.ConformanceTest {
-	var out []suite.ConformanceTest
-	for _, t := range tests.ConformanceTests {
-		if slices.Contains(t.Features, features.SupportGateway) {
-			out = append(out, t)
-		}
-	}
-	return out
-}
+func gatewayTests() []suite.ConformanceTest { return testsOf(features.SupportGateway) }
 
 // gatewayClaimed returns the features to claim for Gateways in a mode, and
 // whether the test runs in it at all.
@@ -77,18 +65,7 @@ func gatewayClaimed(mode string) ([]features.FeatureName, bool) {
 	case "gateway":
 		return append(slices.Clone(gatewayCoreFeatures), gatewaySupportedExtended...), true
 	case "gateway-all":
-		set := map[features.FeatureName]bool{}
-		for _, t := range gatewayTests() {
-			for _, f := range t.Features {
-				set[f] = true
-			}
-		}
-		var out []features.FeatureName
-		for f := range set {
-			out = append(out, f)
-		}
-		slices.Sort(out)
-		return out, true
+		return featuresOf(gatewayTests()), true
 	}
 	return nil, false
 }
@@ -117,20 +94,8 @@ func TestGatewayConformance(t *testing.T) {
 	if !run {
 		t.Skipf("WEFT_CONFORMANCE=%s: ingress Gateways are judged with WEFT_CONFORMANCE=gateway or gateway-all", mode)
 	}
-	if why := cluster.SkipReason(); why != "" {
-		t.Skip(why)
-	}
-	if archiveErr != nil {
-		t.Fatal(archiveErr)
-	}
 	start := time.Now()
-	c := shared.Get(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	if err := c.InstallMesh(ctx, meshNS); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("cluster and mesh ready in %v", time.Since(start).Round(time.Second))
+	c := meshCluster(t)
 
 	sc := newSuiteClients(t, c)
 	timeouts := config.DefaultTimeoutConfig()

@@ -19,8 +19,8 @@ import (
 	"github.com/weftmesh/weft/internal/testpki"
 )
 
-// gatewayHCM is the http_connection_manager GATEWAY.md gives a gateway's
-// chains.
+// gatewayHCM is the http_connection_manager the control plane gives an
+// ingress gateway's chains.
 func gatewayHCM(t *testing.T, rds string) *listenerv3.Filter {
 	h := &hcmv3.HttpConnectionManager{StatPrefix: rds,
 		RouteSpecifier:   &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: rds}},

@@ -106,8 +106,8 @@ func freePort(t *testing.T) uint16 {
 
 const backendCluster = "outbound|80||backend.demo.svc.cluster.local"
 
-// gatewayHCM is the http_connection_manager GATEWAY.md gives gateway
-// chains, with rbac filters before the router.
+// gatewayHCM is the http_connection_manager the control plane gives
+// ingress gateway chains, with rbac filters before the router.
 func gatewayHCM(t *testing.T, rds string, filters ...*hcmv3.HttpFilter) *listenerv3.Filter {
 	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}})
 	h := &hcmv3.HttpConnectionManager{StatPrefix: rds,

@@ -38,7 +38,7 @@ images: ## Write OCI image archives of every component, the echo app and pause i
 
 .PHONY: test
 test: deps tools lint ## Run every test (root-only netns and cluster tests included) and a short fuzz of every parser.
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
 .PHONY: conformance

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,16 +165,8 @@ func TestBootstrapMode(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
-	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
+	ctx, stop := startRun(t, cfg)
+	defer stop()
 
 	_, client, _, _ := p.svid("client", "sleep")
 	d, err := hbone.NewDialer(hbone.DialerConfig{TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
@@ -310,16 +303,8 @@ func TestGatewayMode(t *testing.T) {
 		CertFile:  cert, KeyFile: key, RootsFile: filepath.Join(p.dir, "roots.pem"), Gateway: true,
 		HBONEAddr: freeAddr(t), MetricsAddr: freeAddr(t), ReadinessAddr: freeAddr(t),
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
-	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
+	_, stop := startRun(t, cfg)
+	defer stop()
 	if c, err := net.Dial("tcp", cfg.HBONEAddr); err == nil {
 		c.Close()
 		t.Error("the HBONE port is open in gateway mode")
@@ -341,4 +326,25 @@ func TestGatewayMode(t *testing.T) {
 	if !strings.Contains(m, `reporter="source"`) {
 		t.Errorf("the request is not reported as the source:\n%s", m)
 	}
+}
+
+// startRun runs the binary's run with cfg until stop (or the test's end),
+// which checks that it ended cleanly, and returns once it is ready.
+func startRun(t *testing.T, cfg Config) (ctx context.Context, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop) // also when it never gets ready
+	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
+	return ctx, stop
 }

@@ -393,6 +393,15 @@ metadata: {name: shop, labels: {istio.io/use-waypoint: none}}`},
 metadata: {name: web, labels: {istio.io/use-waypoint: waypoint}}`},
 	{name: "service-waypoint-for-workload", kind: "v1/Service", ns: "shop", object: `
 metadata: {name: web, labels: {istio.io/use-waypoint: wl-waypoint}}`},
+	{name: "service-ingress-use-waypoint", kind: "v1/Service", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/use-waypoint: waypoint, istio.io/ingress-use-waypoint: "true"}}`},
+	{name: "service-ingress-use-waypoint-bad", kind: "v1/Service", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/use-waypoint: waypoint, istio.io/ingress-use-waypoint: "yes"}}`},
+	{name: "namespace-ingress-use-waypoint-false", kind: "v1/Namespace", object: `
+metadata: {name: shop, labels: {istio.io/ingress-use-waypoint: "False"}}`},
+	{name: "pod-ingress-use-waypoint", kind: "v1/Pod", ns: "shop", object: `
+metadata: {name: web, labels: {istio.io/ingress-use-waypoint: "true"}}
+spec: {containers: [{name: web, image: web}]}`},
 	{name: "service-mode-unknown", kind: "v1/Service", ns: "shop", object: `
 metadata: {name: web, labels: {istio.io/dataplane-mode: "on"}}`},
 	{name: "service-labels-undecodable", kind: "v1/Service", ns: "shop", object: `

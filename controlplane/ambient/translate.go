@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"google.golang.org/protobuf/proto"
@@ -401,8 +402,24 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, refused *Refusa
 	s.LoadBalancing = loadBalancing(svc)
 	if !in.IsWaypoint {
 		s.Waypoint, refused = resolveWaypoint(in.Binding, in.Waypoint, apinames.WaypointForService, svc.Namespace, in.NamespaceLabels)
+		s.IngressUseWaypoint = s.Waypoint != nil && IngressUseWaypoint(svc.Labels, in.NamespaceLabels)
 	}
 	return s, refused
+}
+
+// IngressUseWaypoint reads istio.io/ingress-use-waypoint from a Service and
+// its namespace: the Service's own label wins, and a value is true when
+// strconv.ParseBool says so (the webhook refuses others; a value that does
+// not parse is false). When it is true and the Service is bound to a
+// waypoint, ingress gateways send the Service's traffic through that
+// waypoint rather than straight to its endpoints.
+func IngressUseWaypoint(svcLabels, nsLabels map[string]string) bool {
+	v, ok := svcLabels[label.IoIstioIngressUseWaypoint.Name]
+	if !ok {
+		v = nsLabels[label.IoIstioIngressUseWaypoint.Name]
+	}
+	on, err := strconv.ParseBool(v)
+	return err == nil && on
 }
 
 // AppProtocol maps a Service port's appProtocol, or else its name prefix

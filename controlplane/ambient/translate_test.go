@@ -362,6 +362,30 @@ func TestService(t *testing.T) {
 		}},
 		{name: "service waypoint", in: ServiceInput{Service: newService("shop", "cart", nil), Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc},
 			want: func(s *workloadpb.Service) *workloadpb.Service { s.Waypoint = hostWaypoint; return s }},
+		{name: "ingress through the waypoint", in: ServiceInput{Service: newService("shop", "cart", func(s *corev1.Service) {
+			s.Labels = map[string]string{"istio.io/ingress-use-waypoint": "true"}
+		}), Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc},
+			want: func(s *workloadpb.Service) *workloadpb.Service {
+				s.Waypoint, s.IngressUseWaypoint = hostWaypoint, true
+				return s
+			}},
+		{name: "ingress through the waypoint from the namespace", in: ServiceInput{Service: newService("shop", "cart", nil),
+			Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc, NamespaceLabels: map[string]string{"istio.io/ingress-use-waypoint": "True"}},
+			want: func(s *workloadpb.Service) *workloadpb.Service {
+				s.Waypoint, s.IngressUseWaypoint = hostWaypoint, true
+				return s
+			}},
+		{name: "the service's own ingress label wins over its namespace's", in: ServiceInput{Service: newService("shop", "cart", func(s *corev1.Service) {
+			s.Labels = map[string]string{"istio.io/ingress-use-waypoint": "false"}
+		}), Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc, NamespaceLabels: map[string]string{"istio.io/ingress-use-waypoint": "true"}},
+			want: func(s *workloadpb.Service) *workloadpb.Service { s.Waypoint = hostWaypoint; return s }},
+		{name: "an ingress label that is no boolean is false", in: ServiceInput{Service: newService("shop", "cart", func(s *corev1.Service) {
+			s.Labels = map[string]string{"istio.io/ingress-use-waypoint": "yes"}
+		}), Binding: Binding{Key: "shop/waypoint"}, Waypoint: wpSvc},
+			want: func(s *workloadpb.Service) *workloadpb.Service { s.Waypoint = hostWaypoint; return s }},
+		{name: "no ingress through a waypoint the service does not use", in: ServiceInput{Service: newService("shop", "cart", func(s *corev1.Service) {
+			s.Labels = map[string]string{"istio.io/ingress-use-waypoint": "true"}
+		})}, want: func(s *workloadpb.Service) *workloadpb.Service { return s }},
 		{name: "workload-only waypoint is not used by a service", in: ServiceInput{Service: newService("shop", "cart", nil), Binding: Binding{Key: "shop/waypoint"},
 			Waypoint: &Waypoint{Namespace: "shop", Name: "waypoint", For: "workload", Address: hostWaypoint}},
 			want: func(s *workloadpb.Service) *workloadpb.Service { return s }},

@@ -182,6 +182,18 @@
 // names abc.example.com). spec.tls.backend is not supported (noted).
 // No virtual host or no route: 404.
 //
+// A backend Service whose istio.io/ingress-use-waypoint (its own label,
+// else its namespace's; strconv.ParseBool) is true and that is bound to a
+// waypoint by ztunnel's rule (ambient.Check, the waypoint with an address)
+// is reached through the waypoint, as a mesh client's traffic is
+// (ingresswaypoint.go): its cluster's endpoints are the ready pods of the
+// waypoint's Service at 15008, with their identities, tunnel HBONE and the
+// authority "<cluster IP>:<port>" that the proxy asks the waypoint for. A
+// waypoint pod of unknown identity is left out; without a waypoint pod the
+// cluster has no endpoint (503), never a path around the waypoint. A
+// headless Service, which a waypoint cannot serve, is reached directly
+// (noted).
+//
 // Status: each listener's supportedKinds, attachedRoutes (the routes
 // attached to it, including those on an HTTPS listener without a usable
 // certificate) and the conditions Accepted, ResolvedRefs, Conflicted and

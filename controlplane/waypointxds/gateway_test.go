@@ -31,6 +31,22 @@ import (
 var ingressClass = &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: apinames.GatewayClass},
 	Spec: gwv1.GatewayClassSpec{ControllerName: apinames.GatewayController}}
 
+// ingressGateways are a fixture's ingress Gateways: all but its waypoints.
+func ingressGateways(t *testing.T, f *fixture) []*gwv1.Gateway {
+	t.Helper()
+	var out []*gwv1.Gateway
+	for _, gw := range f.gateways {
+		switch {
+		case gw.Spec.GatewayClassName == apinames.WaypointClass:
+		case !Ingress(gw, ingressClass):
+			t.Fatalf("fixture Gateway %s/%s is not an ingress gateway", gw.Namespace, gw.Name)
+		default:
+			out = append(out, gw)
+		}
+	}
+	return out
+}
+
 // buildGateways builds every ingress Gateway of a fixture, and the routes'
 // outcomes from their reports.
 func buildGateways(t *testing.T, f *fixture) ([]Resources, []GatewayReport, []RouteOutcome) {
@@ -38,10 +54,7 @@ func buildGateways(t *testing.T, f *fixture) ([]Resources, []GatewayReport, []Ro
 	var res []Resources
 	var reps []GatewayReport
 	var reports []Report
-	for _, gw := range f.gateways {
-		if !Ingress(gw, ingressClass) {
-			t.Fatalf("fixture Gateway %s/%s is not an ingress gateway", gw.Namespace, gw.Name)
-		}
+	for _, gw := range ingressGateways(t, f) {
 		r, rep := BuildGateway(testMesh, gw, f.st)
 		res, reps, reports = append(res, r), append(reps, rep), append(reports, rep.Report)
 	}
@@ -63,7 +76,7 @@ func TestGoldenGateway(t *testing.T) {
 			f := load(t, in)
 			res, reps, outs := buildGateways(t, f)
 			var out []byte
-			for i, gw := range f.gateways {
+			for i, gw := range ingressGateways(t, f) {
 				compiled(t, res[i]) // the proxy in gateway mode takes every resource
 				out = append(out, dump(t, res[i], reps[i].Notes)...)
 				ls, err := sigsyaml.Marshal(reps[i].Listeners)

@@ -99,6 +99,10 @@ type Stores struct {
 	// WorkloadEntries (networking.istio.io/v1) are endpoints of the
 	// Services that select them, as ztunnel sees them; nil: none.
 	WorkloadEntries cache.Indexer
+	// Gateways and GatewayClasses tell an ingress Gateway the waypoint a
+	// Service with istio.io/ingress-use-waypoint is bound to; nil: none
+	// (the Service's endpoints are reached directly).
+	Gateways, GatewayClasses cache.Indexer
 }
 
 // Resources are one waypoint's resources: by type URL, then by name.
@@ -489,6 +493,14 @@ func (b *builder) cluster(name string, ref clusterRef) {
 		return
 	}
 	b.res.add(resource.ClusterType, name, c)
+	if wp := b.ingressWaypoint(ref.svc); wp != nil {
+		if vip := serviceVIP(ref.svc); vip.IsValid() {
+			b.res.add(resource.EndpointType, name, b.waypointEndpoints(name, ref, wp, vip))
+			return
+		}
+		b.note("Service %s/%s: headless, so the gateway reaches its endpoints without its waypoint %s (a waypoint serves a Service at its cluster IP)",
+			ref.svc.Namespace, ref.svc.Name, wp.Key())
+	}
 	b.res.add(resource.EndpointType, name, b.endpoints(name, ref))
 }
 

@@ -59,7 +59,7 @@ func load(t *testing.T, path string) *fixture {
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
 	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
 		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer(), ServiceEntries: newIndexer(), WorkloadEntries: newIndexer(),
-		Secrets: newIndexer()}}
+		Secrets: newIndexer(), Gateways: newIndexer()}}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
 		var raw map[string]any
@@ -109,7 +109,7 @@ func load(t *testing.T, path string) *fixture {
 			add(f.st.Policies, &securityv1.AuthorizationPolicy{})
 		case "Gateway":
 			gw := &gwv1.Gateway{}
-			add(nil, gw)
+			add(f.st.Gateways, gw)
 			f.gateways = append(f.gateways, gw)
 		default:
 			t.Fatalf("%s: kind %v not handled", path, raw["kind"])

@@ -202,6 +202,12 @@ type Endpoint struct {
 	Workload     string
 	Namespace    string
 	WorkloadName string
+	// Authority, when valid, is the CONNECT target of an HBONE endpoint
+	// that relays for another destination (a waypoint an ingress gateway
+	// sends a Service's traffic through): the stream asks Addr, the
+	// relay's HBONE address, for Authority. Otherwise the stream asks for
+	// Addr itself at the endpoint's HBONE port.
+	Authority netip.AddrPort
 }
 
 // Assignment is a compiled ClusterLoadAssignment.
@@ -699,6 +705,16 @@ func CompileAssignment(a *endpointv3.ClusterLoadAssignment) (*Assignment, error)
 				ep.WorkloadName = f["workload_name"].GetStringValue()
 				if ep.HBONE && ep.Identity == "" {
 					return nil, fmt.Errorf("%s.metadata.filter_metadata.weft.identity is required for an HBONE endpoint", ew)
+				}
+				if v, ok := f["authority"]; ok {
+					a, err := netip.ParseAddrPort(v.GetStringValue())
+					switch {
+					case err != nil || a.Port() == 0:
+						return nil, fmt.Errorf("%s.metadata.filter_metadata.weft.authority %q is not an IP address and port", ew, v.GetStringValue())
+					case !ep.HBONE:
+						return nil, fmt.Errorf("%s.metadata.filter_metadata.weft.authority needs tunnel HBONE: only an HBONE endpoint relays", ew)
+					}
+					ep.Authority = netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 				}
 			}
 			out.Endpoints = append(out.Endpoints, ep)

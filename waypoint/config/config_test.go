@@ -7,6 +7,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -18,6 +19,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/weftmesh/weft/waypoint/urlpath"
@@ -272,5 +274,44 @@ func TestTCPWeightedClusters(t *testing.T) {
 				t.Errorf("got %v, want %q", err, tc.err)
 			}
 		})
+	}
+}
+
+// TestEndpointAuthority: an HBONE endpoint may relay for another
+// destination (metadata authority); an authority that is not an address
+// and port, or on an endpoint that is not HBONE, is refused with the field.
+func TestEndpointAuthority(t *testing.T) {
+	ep := func(fields map[string]any) *endpointv3.ClusterLoadAssignment {
+		md, err := structpb.NewStruct(fields)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &endpointv3.ClusterLoadAssignment{ClusterName: "c", Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+				SocketAddress: &corev3.SocketAddress{Address: "10.0.0.9", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 15008}}}}}},
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"weft": md}},
+		}}}}}
+	}
+	id := "spiffe://cluster.local/ns/shop/sa/waypoint"
+	a, err := CompileAssignment(ep(map[string]any{"tunnel": "HBONE", "identity": id, "authority": "10.96.0.5:80"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.Endpoints[0]; got.Authority != netip.MustParseAddrPort("10.96.0.5:80") || got.Addr != netip.MustParseAddrPort("10.0.0.9:15008") {
+		t.Errorf("endpoint %+v", got)
+	}
+	for _, c := range []struct {
+		fields map[string]any
+		want   string
+	}{
+		{map[string]any{"tunnel": "HBONE", "identity": id, "authority": "shop:80"}, `authority "shop:80" is not an IP address and port`},
+		{map[string]any{"tunnel": "HBONE", "identity": id, "authority": "10.96.0.5"}, "is not an IP address and port"},
+		{map[string]any{"tunnel": "HBONE", "identity": id, "authority": "10.96.0.5:0"}, "is not an IP address and port"},
+		{map[string]any{"tunnel": "HBONE", "identity": id, "authority": 80.0}, "is not an IP address and port"},
+		{map[string]any{"authority": "10.96.0.5:80"}, "authority needs tunnel HBONE"},
+	} {
+		if _, err := CompileAssignment(ep(c.fields)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: got %v, want %q", c.fields, err, c.want)
+		}
 	}
 }

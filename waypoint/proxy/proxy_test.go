@@ -180,6 +180,8 @@ type endpointSpec struct {
 	// identity, when set, makes the endpoint an HBONE one that must present
 	// this SPIFFE ID.
 	identity string
+	// authority, when set, makes the HBONE endpoint a relay asked for it.
+	authority netip.AddrPort
 }
 
 // applyClusters pushes the listener, the route table and clusters with
@@ -219,6 +221,9 @@ func (m *mesh) applyClusters(routes []*routev3.Route, clusters map[string]cluste
 			fields := map[string]any{"tunnel": "", "workload": name, "namespace": "demo", "workload_name": name}
 			if ep.identity != "" {
 				fields["tunnel"], fields["identity"] = "HBONE", ep.identity
+			}
+			if ep.authority.IsValid() {
+				fields["authority"] = ep.authority.String()
 			}
 			md, err := structpb.NewStruct(fields)
 			if err != nil {

@@ -151,6 +151,46 @@ func TestUpstreamHBONE(t *testing.T) {
 	}
 }
 
+// TestUpstreamHBONERelay sends through an HBONE endpoint that relays for
+// another destination (an ingress gateway's route through a Service's
+// waypoint): the stream goes to the relay's own address, asks it for the
+// authority, and is never sent to a relay presenting another identity.
+func TestUpstreamHBONERelay(t *testing.T) {
+	hl := listen(t)
+	m := newMesh(t, withHBONEPort(hl))
+	appID, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, "demo", "app")
+	direct := serveTunnel(t, m, hl, appID)
+	rl := listen(t) // the relay: at its own port, not the HBONE port
+	relayID, _ := spiffe.NewIdentity(spiffe.DefaultTrustDomain, "demo", "waypoint")
+	relayed := serveTunnel(t, m, rl, relayID)
+	app := backend(t, "app", nil)
+	relayAddr := rl.Addr().(*net.TCPAddr).AddrPort()
+	m.applyClusters([]*routev3.Route{
+		{Name: "wrong", Match: prefix("/wrong"), Action: toCluster("wrong")},
+		{Name: "via", Match: prefix("/"), Action: toCluster("via")},
+	}, map[string]clusterSpec{
+		"via":   {eps: []endpointSpec{{addr: relayAddr, identity: relayID.String(), authority: app}}},
+		"wrong": {eps: []endpointSpec{{addr: relayAddr, identity: appID.String(), authority: app}}},
+	})
+	r := m.do(get("/a"))
+	if b := body(r); r.StatusCode != 200 || !strings.HasPrefix(b, "app /a") {
+		t.Fatalf("GET through the relay: %d %q", r.StatusCode, b)
+	}
+	seen := relayed.seen()
+	if len(seen) != 1 || seen[0].authority != app.String() || seen[0].peer != m.wpID {
+		t.Errorf("the relay saw %+v, want one CONNECT %s from %s", seen, app, m.wpID)
+	}
+	if d := direct.seen(); len(d) != 0 {
+		t.Errorf("the stream went to the HBONE port, not the relay: %+v", d)
+	}
+	if r := m.do(get("/wrong")); r.StatusCode != 503 {
+		t.Errorf("relay presenting another identity: %d %q, want 503", r.StatusCode, body(r))
+	}
+	if n := len(relayed.seen()); n != 1 {
+		t.Errorf("a CONNECT reached the relay whose identity did not match (%d CONNECTs)", n)
+	}
+}
+
 // TestUpstreamHBONEStreamReuse: sequential HTTP/1.1 requests on one
 // downstream connection use one CONNECT stream to a tunnel endpoint.
 func TestUpstreamHBONEStreamReuse(t *testing.T) {

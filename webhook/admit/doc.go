@@ -65,6 +65,8 @@
 //	use-waypoint                 istio.io/use-waypoint is none or a Gateway name;
 //	                             istio.io/use-waypoint-namespace a namespace name
 //	use-waypoint-namespace       warning: the namespace label without istio.io/use-waypoint
+//	ingress-use-waypoint         istio.io/ingress-use-waypoint is a boolean (strconv.ParseBool)
+//	                             on a Service or Namespace; warning: no effect on workloads
 //	waypoint-missing             warning: the named waypoint does not exist (yet)
 //	waypoint-class               the named Gateway is not of class istio-waypoint
 //	waypoint-for-mismatch        the waypoint's istio.io/waypoint-for does not take this kind's

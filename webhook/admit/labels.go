@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"strconv"
 	"strings"
 
 	"istio.io/api/annotation"
@@ -195,6 +196,28 @@ func (a *Admitter) checkSubject(rv *review, s *subject) {
 		}
 	}
 	a.checkBinding(rv, s, lbase)
+	checkIngressUseWaypoint(rep, s, lbase)
+}
+
+// checkIngressUseWaypoint checks istio.io/ingress-use-waypoint: a boolean
+// (strconv.ParseBool's spellings, as Istio reads it) on a Service or a
+// Namespace, of no effect on workloads.
+func checkIngressUseWaypoint(rep *report, s *subject, lbase string) {
+	v, ok := s.meta.Labels[label.IoIstioIngressUseWaypoint.Name]
+	if !ok {
+		return
+	}
+	field := labelField(lbase, label.IoIstioIngressUseWaypoint.Name)
+	if !checkValue(rep, "ingress-use-waypoint", field, v) {
+		return
+	}
+	if s.kind == kindWorkload {
+		rep.warn("ingress-use-waypoint", field, "no effect on a workload: label its Service or namespace")
+		return
+	}
+	if _, err := strconv.ParseBool(v); err != nil {
+		rep.deny("ingress-use-waypoint", field, "Unsupported value %s: use true or false", q(v))
+	}
 }
 
 // checkPodAnnotations checks the ambient annotations the node agent and

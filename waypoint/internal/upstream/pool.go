@@ -98,9 +98,10 @@ type upstream struct {
 }
 
 type hostKey struct {
-	addr     netip.AddrPort
-	hbone    bool
-	identity string
+	addr      netip.AddrPort
+	hbone     bool
+	identity  string
+	authority netip.AddrPort
 }
 
 // host is one endpoint's connections.
@@ -155,7 +156,7 @@ func (c *Client) pool(snap *config.Snapshot, name string) *pool {
 	pl := &pool{cluster: cl, u: u, ver: a, cver: cl, failed: map[netip.AddrPort]time.Time{}}
 	hosts := make(map[hostKey]*host, len(a.Endpoints))
 	for _, ep := range a.Endpoints {
-		k := hostKey{ep.Addr, ep.HBONE, ep.Identity}
+		k := hostKey{ep.Addr, ep.HBONE, ep.Identity, ep.Authority}
 		h := hosts[k]
 		if h == nil {
 			h = u.hosts[k]

@@ -228,12 +228,18 @@ func (c *Client) dialEndpoint(ctx context.Context, ep config.Endpoint, timeout t
 	if err != nil {
 		return nil, fmt.Errorf("endpoint %s identity %q: %w", ep.Addr, ep.Identity, err)
 	}
-	return c.cfg.Dialer.Dial(ctx, hbone.Target{
+	t := hbone.Target{
 		Source:    c.cfg.Identity,
 		Peers:     []spiffeid.ID{peer},
 		Addr:      netip.AddrPortFrom(ep.Addr.Addr(), c.cfg.HBONEPort),
 		Authority: ep.Addr.String(),
-	})
+	}
+	if ep.Authority.IsValid() {
+		// A relay (a waypoint): its own HBONE address, asked for the
+		// destination behind it.
+		t.Addr, t.Authority = ep.Addr, ep.Authority.String()
+	}
+	return c.cfg.Dialer.Dial(ctx, t)
 }
 
 // tcpConn is a TCP relay's upstream connection, holding its slot.

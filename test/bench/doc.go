@@ -19,7 +19,8 @@
 //     ztunnel alone and the waypoint's RSS at 1000 req/s, and its requests/s
 //     per busy core against nginx as a reverse proxy to the same backend
 //     (nginx runs from a configuration the benchmark writes; `make bench`
-//     installs it).
+//     installs it), over HTTP/1.1 and over HTTP/2 (gRPC unary calls, nginx
+//     with grpc_pass to the same gRPC server).
 //
 // The namespace benchmarks need root and WEFT_ROOT_TESTS=1 (`make bench`
 // sets it); everything they build is in namespaces they create and remove.

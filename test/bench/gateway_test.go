@@ -127,5 +127,5 @@ func BenchmarkGateway(b *testing.B) {
 			return tc, nil
 		}
 	}
-	rpsVersusNginx(b, "gateway", "nginx_tls", gw, dialTLS(gatewayPort), ng, dialTLS(nginxTLSPort))
+	rpsVersusNginx(b, "gateway", "nginx_tls", h1Load, gw, dialTLS(gatewayPort), ng, dialTLS(nginxTLSPort))
 }

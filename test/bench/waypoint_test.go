@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -32,6 +33,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	httpopts "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/vishvananda/netlink"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -90,11 +92,18 @@ const (
 //	waypoint_rps_vs_nginx   requests/s per busy core of the waypoint (HBONE in, HTTP/1.1 keep-alive
 //	                        inside the streams, 1 KiB responses) ÷ the same for nginx as a reverse proxy
 //	                        (keep-alive upstream) to the same backend, under the same closed-loop load
+//	waypoint_h2_rps_vs_nginx the same for HTTP/2: gRPC unary calls answered with 1 KiB, 16 in flight
+//	                        over 4 connections (HBONE in, h2c inside the streams), ÷ nginx with http2
+//	                        on its plain listener and grpc_pass to the same gRPC server (waypointH2RPS)
 //
 // and the raw figures behind them. Every figure is measured against its
-// baseline in the same run. With WEFT_BENCH_WAYPOINT_CPUPROFILE=<prefix>
-// the waypoint serves pprof and each measured round's CPU profile is saved
-// to <prefix>-<latency|rps>-<round>.prof (`go tool pprof` merges several).
+// baseline in the same run. The throughput loads reach nginx over plain
+// TCP and the waypoint over HBONE, as a mesh client reaches it: the
+// waypoint's figures include terminating mutual TLS and the tunnel, which
+// nginx's do not. With WEFT_BENCH_WAYPOINT_CPUPROFILE=<prefix> the waypoint
+// serves pprof and each measured round's CPU profile is saved to
+// <prefix>-<latency|waypoint_rps|waypoint_h2_rps>-<round>.prof (`go tool
+// pprof` merges several).
 func BenchmarkWaypoint(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
 		b.Skip(why)
@@ -118,6 +127,15 @@ func BenchmarkWaypoint(b *testing.B) {
 		}
 		for range b.N {
 			waypointRPS(b, p, wp, bin)
+		}
+	})
+	b.Run("h2_rps_vs_nginx", func(b *testing.B) {
+		bin, why := findNginx()
+		if why != "" {
+			b.Skip(why)
+		}
+		for range b.N {
+			waypointH2RPS(b, p, wp, bin)
 		}
 	})
 }
@@ -205,18 +223,18 @@ func waypointLatency(b *testing.B, p *podPair, wp *waypointProc) {
 	// Alternate so that drift in the machine's load hits both sides alike.
 	for round := range rounds {
 		p.bindWaypoint(b, false)
-		p.openLoop(b, url, rate, time.Second, conns) // warm-up
+		p.openLoop(b, url, nil, rate, time.Second, conns) // warm-up
 		n0 := wp.requests(b)
-		base = append(base, p.openLoop(b, url, rate, d, conns)...)
+		base = append(base, p.openLoop(b, url, nil, rate, d, conns)...)
 		if n := wp.requests(b) - n0; n != 0 {
 			b.Fatalf("%d requests went through the waypoint with the binding removed", n)
 		}
 		p.bindWaypoint(b, true)
-		p.openLoop(b, url, rate, time.Second, conns)
+		p.openLoop(b, url, nil, rate, time.Second, conns)
 		n0 = wp.requests(b)
 		stop := wp.profile(b, "latency", round, d)
 		cpu0, t0 := procCPU(b, wp.pid()), time.Now()
-		lat := p.openLoop(b, url, rate, d, conns)
+		lat := p.openLoop(b, url, nil, rate, d, conns)
 		cpu += procCPU(b, wp.pid()) - cpu0
 		stop()
 		el += time.Since(t0)
@@ -249,30 +267,29 @@ func waypointRPS(b *testing.B, p *podPair, wp *waypointProc, nginxBin string) {
 			Addr: netip.MustParseAddrPort(podW + ":15008"), Authority: backendVIP + ":80"})
 	}
 	viaNginx := func() (net.Conn, error) { return p.dialFromA(fmt.Sprintf("%s:%d", podW, nginxPort)) }
-	rpsVersusNginx(b, "waypoint", "nginx", wp, viaWaypoint, ng, viaNginx)
+	rpsVersusNginx(b, "waypoint", "nginx", h1Load, wp, viaWaypoint, ng, viaNginx)
 }
 
-// rpsVersusNginx runs the same closed-loop load (16 keep-alive
-// connections, three rounds of 3 s, after a warm-up) through the proxy
-// under test and through nginx, each dialed by its function, and prints
-// their requests/s, CPU cores and requests/s per core, named
-// <name>_rps... and <baseline>_rps..., and <name>_rps_vs_nginx, the ratio
-// of the medians per core.
-func rpsVersusNginx(b *testing.B, name, baseline string, wp *waypointProc, via func() (net.Conn, error), ng *exec.Cmd, viaNginx func() (net.Conn, error)) {
-	const conns, rounds = 16, 3
+// rpsVersusNginx runs the same closed-loop load (three rounds of 3 s,
+// after a warm-up) through the proxy under test and through nginx, each
+// dialed by its function, and prints their requests/s, CPU cores and
+// requests/s per core, named <name>_rps... and <baseline>_rps..., and
+// <name>_rps_vs_nginx, the ratio of the medians per core.
+func rpsVersusNginx(b *testing.B, name, baseline string, load rpsLoad, wp *waypointProc, via func() (net.Conn, error), ng *exec.Cmd, viaNginx func() (net.Conn, error)) {
+	const rounds = 3
 	const d = 3 * time.Second
 	ngPIDs := append([]int{ng.Process.Pid}, childPIDs(ng.Process.Pid)...)
 	if len(ngPIDs) < 2 {
 		b.Fatal("nginx has no worker processes")
 	}
-	closedLoop(b, viaNginx, nil, conns, time.Second) // warm-up
-	closedLoop(b, via, nil, conns, time.Second)
+	load(b, viaNginx, nil, time.Second) // warm-up
+	load(b, via, nil, time.Second)
 	var ngRPS, ngCores, wpRPS, wpCores, ngPerCore, wpPerCore []float64
 	for round := range rounds {
-		r, c := closedLoop(b, viaNginx, ngPIDs, conns, d)
+		r, c := load(b, viaNginx, ngPIDs, d)
 		ngRPS, ngCores, ngPerCore = append(ngRPS, r), append(ngCores, c), append(ngPerCore, r/c)
-		stop := wp.profile(b, "rps", round, d)
-		r, c = closedLoop(b, via, []int{wp.pid()}, conns, d)
+		stop := wp.profile(b, name+"_rps", round, d)
+		r, c = load(b, via, []int{wp.pid()}, d)
 		stop()
 		wpRPS, wpCores, wpPerCore = append(wpRPS, r), append(wpCores, c), append(wpPerCore, r/c)
 		b.Logf("round %d: %s %.0f/s per core, %s %.0f/s per core (%.0f/s on %.3f cores)", round, baseline, ngPerCore[round], name, wpPerCore[round], r, c)
@@ -284,6 +301,17 @@ func rpsVersusNginx(b *testing.B, name, baseline string, wp *waypointProc, via f
 	fmt.Printf("bench: %s_cpu_cores %.3f\n", name, median(wpCores))
 	fmt.Printf("bench: %s_rps_per_core %.0f\n", name, median(wpPerCore))
 	fmt.Printf("bench: %s_rps_vs_nginx %.3f\n", name, median(wpPerCore)/median(ngPerCore))
+}
+
+// rpsLoad is a closed load rpsVersusNginx runs for d on connections that
+// dial opens, returning the completed requests per second and the CPU
+// cores the processes pids used meanwhile.
+type rpsLoad func(b *testing.B, dial func() (net.Conn, error), pids []int, d time.Duration) (rps, cores float64)
+
+// h1Load is the HTTP/1.1 load: 16 keep-alive connections, each with one
+// GET in flight at all times (closedLoop).
+func h1Load(b *testing.B, dial func() (net.Conn, error), pids []int, d time.Duration) (rps, cores float64) {
+	return closedLoop(b, dial, pids, 16, d)
 }
 
 // benchID is the SPIFFE ID of service account sa in benchNS.
@@ -320,7 +348,7 @@ func (p *podPair) hboneClient(b *testing.B) (*hbone.Dialer, spiffeid.ID) {
 // closedLoop keeps conns keep-alive connections busy for d, each sending
 // its next GET as soon as the previous 1 KiB response is read, and returns
 // the completed requests per second and the CPU cores the processes pids
-// used meanwhile (CPU seconds ÷ wall seconds, from /proc/<pid>/stat).
+// used meanwhile (drive).
 func closedLoop(b *testing.B, dial func() (net.Conn, error), pids []int, conns int, d time.Duration) (rps, cores float64) {
 	cs := make([]net.Conn, 0, conns)
 	defer func() {
@@ -336,6 +364,18 @@ func closedLoop(b *testing.B, dial func() (net.Conn, error), pids []int, conns i
 		cs = append(cs, c)
 	}
 	req := []byte("GET / HTTP/1.1\r\nHost: " + backendHost + "\r\n\r\n")
+	brs := make([]*bufio.Reader, len(cs))
+	for i, c := range cs {
+		brs[i] = bufio.NewReaderSize(c, 4096)
+	}
+	return drive(b, conns, pids, d, func(i int) error { return exchange(cs[i], brs[i], req) })
+}
+
+// drive runs workers goroutines for d, each calling do with its number
+// again as soon as it returns, and returns the calls completed per second
+// and the CPU cores the processes pids used meanwhile (CPU seconds ÷ wall
+// seconds, from /proc/<pid>/stat). An error from do fails the benchmark.
+func drive(b *testing.B, workers int, pids []int, d time.Duration, do func(worker int) error) (rps, cores float64) {
 	var total atomic.Int64
 	var errOnce sync.Once
 	var firstErr error
@@ -343,16 +383,14 @@ func closedLoop(b *testing.B, dial func() (net.Conn, error), pids []int, conns i
 	cpu0 := cpuOf(b, pids)
 	start := time.Now()
 	deadline := start.Add(d)
-	for _, c := range cs {
+	for i := range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			br := bufio.NewReaderSize(c, 4096)
 			var n int64
 			defer func() { total.Add(n) }()
 			for time.Now().Before(deadline) {
-				err := exchange(c, br, req)
-				if err != nil {
+				if err := do(i); err != nil {
 					errOnce.Do(func() { firstErr = err })
 					return
 				}
@@ -433,7 +471,7 @@ func findNginx() (path, why string) {
 // nginxConf is nginx as a reverse proxy with keep-alive connections on
 // both sides and no access log (the waypoint runs with none either); %[1]s
 // is the run's directory, %[2]s the backend, %[3]s the listen directive's
-// parameters and %[4]s more directives of the server.
+// parameters, %[4]s more directives of the server and %[5]s the location's.
 const nginxConf = `daemon off;
 master_process on;
 worker_processes auto;
@@ -459,9 +497,7 @@ http {
 		listen %[3]s;
 %[4]s
 		location / {
-			proxy_pass http://backend;
-			proxy_http_version 1.1;
-			proxy_set_header Connection "";
+%[5]s
 		}
 	}
 }
@@ -470,12 +506,20 @@ http {
 // nginxServer is what nginx serves: listen is the listen directive's
 // address (and parameters, such as ssl), files are written into its
 // directory (a certificate and key), and directives are added to its
-// server block.
+// server block. backend (default the server app, podB:8080) is its
+// upstream and pass the location's directives (default nginxHTTP1Pass).
 type nginxServer struct {
 	listen     string
 	files      map[string][]byte
 	directives string
+	backend    string
+	pass       string
 }
+
+// nginxHTTP1Pass proxies to the upstream over HTTP/1.1 keep-alive.
+const nginxHTTP1Pass = `			proxy_pass http://backend;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";`
 
 // startNginx runs nginx in the waypoint's namespace, proxying to the server
 // app, with its configuration, pid, log and temp files in a temporary
@@ -496,7 +540,8 @@ func startNginx(b *testing.B, p *podPair, bin string, srv nginxServer) *exec.Cmd
 	conf := filepath.Join(dir, "nginx.conf")
 	listen, _, _ := strings.Cut(srv.listen, " ")
 	directives := strings.ReplaceAll(srv.directives, "$DIR", dir)
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, podB+":8080", srv.listen, directives), 0o644); err != nil {
+	backend, pass := cmp.Or(srv.backend, podB+":8080"), cmp.Or(srv.pass, nginxHTTP1Pass)
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, backend, srv.listen, directives, pass), 0o644); err != nil {
 		b.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
@@ -702,10 +747,11 @@ func (wp *waypointProc) profile(b *testing.B, phase string, round int, d time.Du
 }
 
 // waypointBootstrap is the waypoint's bootstrap file (JSON): the Envoy
-// resources the control plane would send for two Services bound to it: the
-// server's (its VIP routed to pod B over HBONE, as in the mesh) and the
+// resources the control plane would send for three Services bound to it:
+// the server's (its VIP routed to pod B over HBONE, as in the mesh), the
 // throughput benchmark's backend (routed to the same app over plain TCP, as
-// nginx reaches it). It is checked the way the waypoint will read it.
+// nginx reaches it) and the HTTP/2 benchmark's gRPC backend (plain TCP,
+// HTTP/2 upstream). It is checked the way the waypoint will read it.
 func waypointBootstrap() ([]byte, error) {
 	var errs []error
 	toAny := func(m proto.Message) *anypb.Any {
@@ -717,9 +763,10 @@ func waypointBootstrap() ([]byte, error) {
 	l := &listenerv3.Listener{Name: "waypoint"}
 	var routes, clusters, endpoints []proto.Message
 	for _, s := range []struct {
-		host, vip string
-		hbone     bool
-	}{{serverHost, serverVIP, true}, {backendHost, backendVIP, false}} {
+		host, vip    string
+		hbone, http2 bool
+		port         uint32
+	}{{serverHost, serverVIP, true, false, 8080}, {backendHost, backendVIP, false, false, 8080}, {grpcHost, grpcVIP, false, true, grpcPort}} {
 		name, cluster := s.host+":80", "outbound|80||"+s.host
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 			Name: name,
@@ -741,8 +788,16 @@ func waypointBootstrap() ([]byte, error) {
 				Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster}}},
 			}},
 		}}})
-		clusters = append(clusters, &clusterv3.Cluster{Name: cluster, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(10 * time.Second)}) // Istio's default
+		c := &clusterv3.Cluster{Name: cluster, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(10 * time.Second)} // Istio's default
+		if s.http2 { // as the control plane writes a gRPC port's cluster
+			c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": toAny(&httpopts.HttpProtocolOptions{
+				UpstreamProtocolOptions: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_{ExplicitHttpConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig{
+					ProtocolConfig: &httpopts.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{Http2ProtocolOptions: &corev3.Http2ProtocolOptions{}},
+				}},
+			})}
+		}
+		clusters = append(clusters, c)
 		md := map[string]any{"tunnel": "", "workload": "server", "namespace": benchNS, "workload_name": "server"}
 		if s.hbone {
 			md["tunnel"] = "HBONE"
@@ -753,7 +808,7 @@ func waypointBootstrap() ([]byte, error) {
 		endpoints = append(endpoints, &endpointv3.ClusterLoadAssignment{ClusterName: cluster, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 			LbEndpoints: []*endpointv3.LbEndpoint{{
 				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
-					SocketAddress: &corev3.SocketAddress{Address: podB, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: 8080}}}}}},
+					SocketAddress: &corev3.SocketAddress{Address: podB, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: s.port}}}}}},
 				HealthStatus: corev3.HealthStatus_HEALTHY,
 				Metadata:     &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"weft": meta}},
 			}},

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -196,11 +197,7 @@ func (p *podPair) serveApps(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	body := bytes.Repeat([]byte("w"), 1024)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Write(body)
-	})}
+	srv := &http.Server{Handler: appHandler()}
 	go srv.Serve(httpLn)
 	go func() {
 		for {
@@ -212,6 +209,16 @@ func (p *podPair) serveApps(b *testing.B) {
 		}
 	}()
 	b.Cleanup(func() { srv.Close(); sinkLn.Close() })
+}
+
+// appHandler is the server app's HTTP handler: it reads the request body
+// and answers 1 KiB.
+func appHandler() http.Handler {
+	body := bytes.Repeat([]byte("w"), 1024)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Write(body)
+	})
 }
 
 // setRedirect installs or removes the in-pod rules in both pods.
@@ -293,10 +300,11 @@ func (p *podPair) throughput(b *testing.B) {
 // openLoop sends 1 KiB POSTs to url from pod A at a fixed rate for d over
 // conns keep-alive connections (a schedule that does not wait for
 // responses, like fortio's uniform mode) and returns each request's latency
-// from when it was sent.
-func (p *podPair) openLoop(b *testing.B, url string, rate int, d time.Duration, conns int) []time.Duration {
+// from when it was sent. An https url is fetched with the TLS settings tc
+// (nil for http), over HTTP/1.1.
+func (p *podPair) openLoop(b *testing.B, url string, tc *tls.Config, rate int, d time.Duration, conns int) []time.Duration {
 	tr := &http.Transport{
-		MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns,
+		MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns, TLSClientConfig: tc,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return p.dialFromA(addr) },
 	}
 	defer tr.CloseIdleConnections()
@@ -356,16 +364,16 @@ func (p *podPair) latency(b *testing.B) {
 	const d = 10 * time.Second
 	url := "http://" + podB + ":8080/"
 	p.setRedirect(b, false)
-	p.openLoop(b, url, rate, time.Second, conns) // warm-up
-	direct := p.openLoop(b, url, rate, d, conns)
+	p.openLoop(b, url, nil, rate, time.Second, conns) // warm-up
+	direct := p.openLoop(b, url, nil, rate, d, conns)
 	p.setRedirect(b, true)
-	p.openLoop(b, url, rate, time.Second, conns)
+	p.openLoop(b, url, nil, rate, time.Second, conns)
 	saved := p.profile(b, "load", d/2)
 	pid := p.zt.pid()
 	opened := p.zt.sum(b, "istio_tcp_connections_opened_total")
 	cpu0 := procCPU(b, pid)
 	t0 := time.Now()
-	mesh := p.openLoop(b, url, rate, d, conns)
+	mesh := p.openLoop(b, url, nil, rate, d, conns)
 	cpu := procCPU(b, pid) - cpu0
 	// Each connection is counted by both ends.
 	if n := p.zt.sum(b, "istio_tcp_connections_opened_total") - opened; n < 2 {

@@ -21,6 +21,11 @@
 //     (nginx runs from a configuration the benchmark writes; `make bench`
 //     installs it), over HTTP/1.1 and over HTTP/2 (gRPC unary calls, nginx
 //     with grpc_pass to the same gRPC server).
+//   - BenchmarkGateway: the waypoint binary as an ingress gateway
+//     terminating TLS in the waypoint's namespace; the latency it adds at
+//     1000 req/s of HTTPS over the same client talking TLS to the backend
+//     directly, and its requests/s per busy core against nginx terminating
+//     TLS with the same certificate.
 //
 // The namespace benchmarks need root and WEFT_ROOT_TESTS=1 (`make bench`
 // sets it); everything they build is in namespaces they create and remove.

@@ -15,15 +15,17 @@ import (
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
+// directTLSPort is the server app's own HTTPS port in pod B, with the
+// gateway's certificate: the gateway latency's baseline.
+const directTLSPort = 8443
+
 // The ingress gateway benchmark's ports in the waypoint's namespace: the
 // gateway's HTTPS listener and nginx's, both terminating TLS with the same
-// certificate for gatewayHost, as does the server app's HTTPS port.
+// certificate for gatewayHost.
 const (
-	gatewayPort  = 8443
-	nginxTLSPort = 8444
-	gatewayHost  = "shop.example.com"
-	// directTLSPort is the server app's own HTTPS port in pod B.
-	directTLSPort    = 8443
+	gatewayPort      = 8443
+	nginxTLSPort     = 8444
+	gatewayHost      = "shop.example.com"
 	gatewayBootstrap = `listeners:
 - name: 0.0.0.0_%[1]d
   address: {socket_address: {address: 0.0.0.0, port_value: %[1]d}}

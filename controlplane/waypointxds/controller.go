@@ -280,7 +280,9 @@ func (c *Controller) publish(kind, key string, res Resources, notes []string) {
 			c.log.Warn("proxy configuration has problems", kind, key, "problems", notes)
 		}
 	}
-	if same(c.built[key], res) {
+	// A proxy with nothing to serve still gets its empty configuration:
+	// its first answer is what makes it ready.
+	if prev, ok := c.built[key]; ok && same(prev, res) {
 		return
 	}
 	if err := c.pub.SetWaypoint(key, res); err != nil {

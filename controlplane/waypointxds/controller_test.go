@@ -84,6 +84,10 @@ func TestControllerIngressGateways(t *testing.T) {
 	for _, gw := range []*gwv1.Gateway{
 		{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "edge"}, Spec: gwv1.GatewaySpec{GatewayClassName: apinames.GatewayClass,
 			Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}}},
+		// Nothing to serve: its proxy must still get its (empty)
+		// configuration, or it never becomes ready.
+		{ObjectMeta: metav1.ObjectMeta{Name: "broken", Namespace: "edge"}, Spec: gwv1.GatewaySpec{GatewayClassName: apinames.GatewayClass,
+			Listeners: []gwv1.Listener{{Name: "https", Port: 443, Protocol: gwv1.HTTPSProtocolType}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "wp", Namespace: "edge"}, Spec: gwv1.GatewaySpec{GatewayClassName: apinames.WaypointClass,
 			Listeners: []gwv1.Listener{{Name: "mesh", Port: apinames.HBONEPort, Protocol: apinames.ProtocolHBONE}}}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "theirs", Namespace: "other"}, Spec: gwv1.GatewaySpec{GatewayClassName: "other",
@@ -121,14 +125,18 @@ func TestControllerIngressGateways(t *testing.T) {
 		}
 	}()
 	rec.until(t, "the ingress Gateway and the waypoint are published", func() bool {
-		return rec.published["edge/web-istio"] != nil && rec.published["edge/wp"] != nil && rec.listeners["edge/web"] != nil
+		_, broken := rec.published["edge/broken-istio"]
+		return rec.published["edge/web-istio"] != nil && rec.published["edge/wp"] != nil && rec.listeners["edge/web"] != nil && broken
 	})
 	rec.mu.Lock()
 	if _, ok := rec.published["edge/web-istio"][resource.ListenerType]["0.0.0.0_80"]; !ok {
 		t.Errorf("ingress resources: %v", rec.published["edge/web-istio"])
 	}
-	if len(rec.published) != 2 || len(rec.listeners) != 1 {
-		t.Errorf("published %d proxies and %d listener entries, want 2 and 1 (only the ingress Gateway's)", len(rec.published), len(rec.listeners))
+	if n := len(rec.published["edge/broken-istio"]); n != 0 {
+		t.Errorf("the Gateway with nothing to serve got %d resource types, want none", n)
+	}
+	if len(rec.published) != 3 || len(rec.listeners) != 2 {
+		t.Errorf("published %d proxies and %d listener entries, want 3 and 2 (only the ingress Gateways')", len(rec.published), len(rec.listeners))
 	}
 	rec.mu.Unlock()
 
@@ -139,7 +147,7 @@ func TestControllerIngressGateways(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.until(t, "the Gateway of another controller's class is dropped", func() bool {
-		return rec.published["edge/web-istio"] == nil && len(rec.listeners) == 0 && rec.published["edge/wp"] != nil
+		return rec.published["edge/web-istio"] == nil && rec.published["edge/broken-istio"] == nil && len(rec.listeners) == 0 && rec.published["edge/wp"] != nil
 	})
 	// Back to our controller's class: ours again.
 	if err := gwc.GatewayV1().GatewayClasses().Delete(ctx, apinames.GatewayClass, metav1.DeleteOptions{}); err != nil {
@@ -153,6 +161,6 @@ func TestControllerIngressGateways(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.until(t, "the deleted Gateway is removed", func() bool {
-		return rec.published["edge/web-istio"] == nil && len(rec.listeners) == 0
+		return rec.published["edge/web-istio"] == nil && len(rec.listeners) == 1
 	})
 }

@@ -482,6 +482,13 @@ func (cp *ControlPlane) newInformers() (*informerSet, error) {
 	} else {
 		cp.log.Info("the TCPRoute CRD (gateway.networking.k8s.io/v1) is not installed; waypoints apply no TCPRoutes")
 	}
+	// Without the TLSRoute CRD (an older Gateway API), ingress Gateways'
+	// TLS listeners take no routes.
+	if gwres["tlsroutes"] {
+		s.waypoints.TLSRoutes = s.gateway.Gateway().V1().TLSRoutes().Informer()
+	} else {
+		cp.log.Info("the TLSRoute CRD (gateway.networking.k8s.io/v1) is not installed; ingress gateways apply no TLSRoutes")
+	}
 	if gwres["referencegrants"] {
 		s.waypoints.ReferenceGrants = s.gateway.Gateway().V1().ReferenceGrants().Informer()
 	} else {
@@ -600,7 +607,7 @@ func (cp *ControlPlane) newParts(mesh *spiffe.CA, infs *informerSet, events reco
 	}
 	wi := infs.waypoints
 	p.routeStatus, err = waypointxds.NewStatusWriter(apinames.WaypointController, cp.clients.Gateway.GatewayV1(),
-		wi.HTTPRoutes.GetIndexer(), wi.GRPCRoutes.GetIndexer(), indexerOf(wi.TCPRoutes), log.With("part", "route-status"), cp.reg)
+		wi.HTTPRoutes.GetIndexer(), wi.GRPCRoutes.GetIndexer(), indexerOf(wi.TCPRoutes), indexerOf(wi.TLSRoutes), log.With("part", "route-status"), cp.reg)
 	if err != nil {
 		return nil, err
 	}

@@ -32,6 +32,8 @@ type Informers struct {
 	Gateways, Services, EndpointSlices, Pods, Namespaces cache.SharedIndexInformer
 	HTTPRoutes, GRPCRoutes, TCPRoutes, Policies          cache.SharedIndexInformer
 	ReferenceGrants                                      cache.SharedIndexInformer
+	// TLSRoutes attach to ingress Gateways' TLS listeners; optional.
+	TLSRoutes cache.SharedIndexInformer
 	// ServiceEntries (networking.istio.io/v1) bound to a waypoint are
 	// served by it (egress); optional.
 	ServiceEntries cache.SharedIndexInformer
@@ -49,7 +51,7 @@ type Informers struct {
 
 func (inf Informers) all() []cache.SharedIndexInformer {
 	return []cache.SharedIndexInformer{inf.Gateways, inf.Services, inf.EndpointSlices, inf.Pods, inf.Namespaces,
-		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries, inf.WorkloadEntries, inf.Secrets}
+		inf.HTTPRoutes, inf.GRPCRoutes, inf.TCPRoutes, inf.Policies, inf.GatewayClasses, inf.ReferenceGrants, inf.ServiceEntries, inf.WorkloadEntries, inf.Secrets, inf.TLSRoutes}
 }
 
 func indexer(i cache.SharedIndexInformer) cache.Indexer {
@@ -138,7 +140,7 @@ func NewController(cfg ControllerConfig, inf Informers, pub Publisher) (*Control
 		cfg: cfg, inf: inf, pub: pub, log: cfg.Logger,
 		st: Stores{Services: indexer(inf.Services), EndpointSlices: indexer(inf.EndpointSlices), Pods: indexer(inf.Pods),
 			Namespaces: indexer(inf.Namespaces), HTTPRoutes: indexer(inf.HTTPRoutes), GRPCRoutes: indexer(inf.GRPCRoutes),
-			TCPRoutes: indexer(inf.TCPRoutes), Policies: indexer(inf.Policies), ReferenceGrants: indexer(inf.ReferenceGrants),
+			TCPRoutes: indexer(inf.TCPRoutes), TLSRoutes: indexer(inf.TLSRoutes), Policies: indexer(inf.Policies), ReferenceGrants: indexer(inf.ReferenceGrants),
 			ServiceEntries: indexer(inf.ServiceEntries), WorkloadEntries: indexer(inf.WorkloadEntries), Secrets: indexer(inf.Secrets),
 			Gateways: indexer(inf.Gateways), GatewayClasses: indexer(inf.GatewayClasses)},
 		changed: debounce.New(cfg.Debounce, 10*cfg.Debounce),

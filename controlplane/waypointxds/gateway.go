@@ -102,6 +102,12 @@ func (l *gwListener) served() bool {
 	return l.usable() && (l.spec.Protocol != gwv1.HTTPSProtocolType || len(l.certs) > 0)
 }
 
+// tlsClass reports whether the listener is one of a port's TLS listeners
+// (HTTPS or TLS), whose chains the ClientHello's server name selects.
+func (l *gwListener) tlsClass() bool {
+	return l.spec.Protocol == gwv1.HTTPSProtocolType || l.spec.Protocol == gwv1.TLSProtocolType
+}
+
 func (l *gwListener) admits(kind, ns, home string, nsLabels map[string]string) bool {
 	if !kindIn(l.kinds, kind) {
 		return false
@@ -130,9 +136,9 @@ type gatewayBuild struct {
 }
 
 // BuildGateway computes the resources of an ingress Gateway (package doc,
-// "Ingress gateways"): one Listener per port of its HTTP, HTTPS and TCP
-// listeners, their RouteConfigurations from the HTTPRoutes and GRPCRoutes
-// attached to them (tcp_proxy for TCPRoutes), the Clusters and ClusterLoadAssignments of their backends and the
+// "Ingress gateways"): one Listener per port of its HTTP, HTTPS, TLS and
+// TCP listeners, their RouteConfigurations from the HTTPRoutes and
+// GRPCRoutes attached to them (tcp_proxy for TCPRoutes and TLSRoutes), the Clusters and ClusterLoadAssignments of their backends and the
 // RBAC filters of the AuthorizationPolicies that target the Gateway. It
 // reports the listeners' status and what became of the routes that name
 // the Gateway (see Outcomes).
@@ -149,6 +155,7 @@ func BuildGateway(mesh Mesh, gw *gwv1.Gateway, st Stores) (Resources, GatewayRep
 	g.conflicts()
 	g.attachRoutes()
 	g.tcpRoutes()
+	g.tlsRoutes()
 	g.emit(b.policies())
 	for _, src := range g.named {
 		if !g.translated[src.id()] {
@@ -178,8 +185,10 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType:
 	case gwv1.TCPProtocolType:
 		supported, gl.hostname = []gwv1.Kind{kindTCPRoute}, "" // a TCP listener's hostname is ignored
+	case gwv1.TLSProtocolType:
+		supported = []gwv1.Kind{kindTLSRoute}
 	default:
-		gl.accepted = no(gwv1.ListenerReasonUnsupportedProtocol, "protocol %s is not supported: ingress gateways serve HTTP, HTTPS and TCP listeners", l.Protocol)
+		gl.accepted = no(gwv1.ListenerReasonUnsupportedProtocol, "protocol %s is not supported: ingress gateways serve HTTP, HTTPS, TLS and TCP listeners", l.Protocol)
 		return gl
 	}
 	gl.kinds, gl.resolved = routeKinds(l, supported)
@@ -192,6 +201,8 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "an HTTP listener takes no tls: use protocol HTTPS")
 	case l.Protocol == gwv1.HTTPSProtocolType:
 		g.tls(gl)
+	case l.Protocol == gwv1.TLSProtocolType:
+		passthrough(gl)
 	}
 	return gl
 }
@@ -337,6 +348,10 @@ func (g *gatewayBuild) attachRoutes() {
 	for _, o := range list(g.b.st.TCPRoutes) {
 		r := o.(*gwv1.TCPRoute)
 		srcs, refs = append(srcs, tcpSource(r)), append(refs, r.Spec.ParentRefs)
+	}
+	for _, o := range list(g.b.st.TLSRoutes) {
+		r := o.(*gwv1.TLSRoute)
+		srcs, refs = append(srcs, tlsSource(r)), append(refs, r.Spec.ParentRefs)
 	}
 	order := make([]int, len(srcs))
 	for i := range order {
@@ -497,8 +512,7 @@ func wildcardCovers(p, h string) bool {
 // parentRef left attached to no listener is Accepted=False (Conflicted or
 // UnsupportedValue).
 func (g *gatewayBuild) tcpRoutes() {
-	lost := map[*source]map[int]problem{}
-	kept := map[RouteKey]map[int]bool{}
+	d := detachments{}
 	for _, gl := range g.listeners {
 		if gl.spec.Protocol != gwv1.TCPProtocolType || len(gl.routes) == 0 {
 			continue
@@ -507,29 +521,15 @@ func (g *gatewayBuild) tcpRoutes() {
 		var win *attachedRoute
 		for i := range gl.routes {
 			ar := &gl.routes[i]
-			var p problem
 			switch {
 			case len(ar.src.rules) != 1:
-				p = problem{gwv1.RouteReasonUnsupportedValue, fmt.Sprintf(
-					"a TCPRoute has %d rules here; a stream has nothing that tells rules apart, so a TCPRoute must have exactly one", len(ar.src.rules))}
+				d.lose(ar, oneRule(ar.src))
 			case win != nil:
-				p = problem{ReasonConflicted, fmt.Sprintf("TCPRoute %s applies to listener %s of Gateway %s/%s: of the TCPRoutes of a listener the oldest applies (then the first by namespace/name)",
-					win.src.key, gl.spec.Name, g.gw.Namespace, g.gw.Name)}
+				d.lose(ar, problem{ReasonConflicted, fmt.Sprintf("TCPRoute %s applies to listener %s of Gateway %s/%s: of the TCPRoutes of a listener the oldest applies (then the first by namespace/name)",
+					win.src.key, gl.spec.Name, g.gw.Namespace, g.gw.Name)})
 			default:
 				win = ar
-				if kept[ar.src.id()] == nil {
-					kept[ar.src.id()] = map[int]bool{}
-				}
-				for _, i := range ar.parents {
-					kept[ar.src.id()][i] = true
-				}
-				continue
-			}
-			if lost[ar.src] == nil {
-				lost[ar.src] = map[int]problem{}
-			}
-			for _, i := range ar.parents {
-				lost[ar.src][i] = p
+				d.keep(ar)
 			}
 		}
 		if win == nil {
@@ -538,16 +538,62 @@ func (g *gatewayBuild) tcpRoutes() {
 			gl.routes = []attachedRoute{*win}
 		}
 	}
+	g.settle(d)
+}
+
+// oneRule is the problem of a stream route (TCPRoute, TLSRoute) without
+// exactly one rule, which the schema asks for.
+func oneRule(src *source) problem {
+	return problem{gwv1.RouteReasonUnsupportedValue, fmt.Sprintf(
+		"a %s has %d rules here; a stream has nothing that tells rules apart, so a %s must have exactly one", src.kind, len(src.rules), src.kind)}
+}
+
+// detachments are the parentRefs of stream routes that listeners dropped
+// (with why) and those some listener kept.
+type detachments struct {
+	lost map[*source]map[int]problem
+	kept map[RouteKey]map[int]bool
+}
+
+func (d *detachments) keep(ar *attachedRoute) {
+	if d.kept == nil {
+		d.kept = map[RouteKey]map[int]bool{}
+	}
+	if d.kept[ar.src.id()] == nil {
+		d.kept[ar.src.id()] = map[int]bool{}
+	}
+	for _, i := range ar.parents {
+		d.kept[ar.src.id()][i] = true
+	}
+}
+
+func (d *detachments) lose(ar *attachedRoute, p problem) {
+	if d.lost == nil {
+		d.lost = map[*source]map[int]problem{}
+	}
+	if d.lost[ar.src] == nil {
+		d.lost[ar.src] = map[int]problem{}
+	}
+	for _, i := range ar.parents {
+		if _, ok := d.lost[ar.src][i]; !ok {
+			d.lost[ar.src][i] = p
+		}
+	}
+}
+
+// settle takes back the attachment of every parentRef that no listener
+// kept, and rejects it with why it was dropped.
+func (g *gatewayBuild) settle(d detachments) {
 	// In a fixed order: the notes (and their log line) must not change
 	// from one build to the next.
-	srcs := slices.Collect(maps.Keys(lost))
+	srcs := slices.Collect(maps.Keys(d.lost))
 	sort.Slice(srcs, func(i, j int) bool { return srcs[i].id().String() < srcs[j].id().String() })
 	for _, src := range srcs {
-		ps := lost[src]
+		ps := d.lost[src]
 		rep := g.b.report(src)
 		for _, i := range slices.Sorted(maps.Keys(ps)) {
 			p := ps[i]
-			if !kept[src.id()][i] {
+			if !d.kept[src.id()][i] {
 				rep.unattach(i)
 				rep.reject(i, p)
 				g.b.note("%s %s: %s", src.kind, src.key, p.message)
@@ -558,12 +604,13 @@ func (g *gatewayBuild) tcpRoutes() {
 
 // gatewayPort is one port's listeners that get a filter chain.
 type gatewayPort struct {
-	port             gwv1.PortNumber
-	http, https, tcp []*gwListener
+	port                  gwv1.PortNumber
+	http, https, tcp, tls []*gwListener
 }
 
 // emit adds a Listener per port with served listeners: one HTTP chain for
-// a port's HTTP listeners together, one TLS chain per HTTPS listener.
+// a port's HTTP listeners together, one TLS chain per HTTPS listener, one
+// passthrough chain per TLSRoute of a TLS listener.
 func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 	ports := map[gwv1.PortNumber]*gatewayPort{}
 	for _, gl := range g.listeners {
@@ -580,6 +627,8 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			p.https = append(p.https, gl)
 		case gwv1.TCPProtocolType:
 			p.tcp = append(p.tcp, gl)
+		case gwv1.TLSProtocolType:
+			p.tls = append(p.tls, gl)
 		default:
 			p.http = append(p.http, gl)
 		}
@@ -607,11 +656,17 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			g.b.res.add(resource.RouteType, rds, g.routeConfig(rds, port, []*gwListener{gl}))
 			chains = append(chains, g.httpsChain(port, gl, g.b.gatewayManager(rds, filters)))
 		}
+		for _, gl := range p.tls {
+			chains = append(chains, g.passthroughChains(port, gl, policies)...)
+		}
+		if len(chains) == 0 {
+			continue // TLS listeners without routes: nothing to listen for
+		}
 		name := "0.0.0.0_" + port
 		l := &listenerv3.Listener{Name: name, FilterChains: chains, Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
 			SocketAddress: &corev3.SocketAddress{Address: "0.0.0.0", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(n)}},
 		}}}
-		if len(p.https) > 0 {
+		if len(p.https)+len(p.tls) > 0 {
 			l.ListenerFilters = []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
 				ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(&tlsinspector.TlsInspector{})}}}
 		}

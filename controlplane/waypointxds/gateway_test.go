@@ -132,7 +132,8 @@ func TestGatewayListenerStatus(t *testing.T) {
 		"https-garbage":     {"Accepted", "InvalidCertificateRef", "NoConflicts", false, 0, http},
 		"https-configmap":   {"Accepted", "InvalidCertificateRef", "NoConflicts", false, 0, http},
 		"https-any":         {"Accepted", "ResolvedRefs", "NoConflicts", true, 1, http},
-		"tls":               {"UnsupportedProtocol", "ResolvedRefs", "NoConflicts", false, 0, nil},
+		"tls":               {"Accepted", "ResolvedRefs", "NoConflicts", true, 0, []string{"TLSRoute"}},
+		"udp":               {"UnsupportedProtocol", "ResolvedRefs", "NoConflicts", false, 0, nil},
 		"kinds":             {"Accepted", "InvalidRouteKinds", "NoConflicts", true, 1, []string{"HTTPRoute"}},
 	}
 	if len(rep.Listeners) != len(cases) {

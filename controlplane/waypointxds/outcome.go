@@ -19,11 +19,12 @@ const (
 	kindHTTPRoute = "HTTPRoute"
 	kindGRPCRoute = "GRPCRoute"
 	kindTCPRoute  = "TCPRoute"
+	kindTLSRoute  = "TLSRoute"
 )
 
 // RouteKey names a route.
 type RouteKey struct {
-	// Kind is "HTTPRoute", "GRPCRoute" or "TCPRoute".
+	// Kind is "HTTPRoute", "GRPCRoute", "TCPRoute" or "TLSRoute".
 	Kind, Namespace, Name string
 }
 
@@ -213,6 +214,10 @@ func Outcomes(mesh Mesh, st Stores, waypoints map[string]*ambient.Waypoint, repo
 		r := obj.(*gwv1.TCPRoute)
 		out = append(out, o.route(tcpSource(r), r.Generation, r.Spec.ParentRefs))
 	}
+	for _, obj := range list(st.TLSRoutes) {
+		r := obj.(*gwv1.TLSRoute)
+		out = append(out, o.route(tlsSource(r), r.Generation, r.Spec.ParentRefs))
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key.String() < out[j].Key.String() })
 	return out
 }
@@ -240,6 +245,9 @@ func (o *outcomes) route(src *source, gen int64, refs []gwv1.ParentReference) Ro
 		switch {
 		case rep.ingressAt(i):
 			accepted, controller = ingressParent(rep, i), apinames.GatewayController
+		case src.kind == kindTLSRoute && (serviceParent(ref) || entryParent(ref)):
+			accepted = &metav1.Condition{Status: metav1.ConditionFalse, Reason: string(gwv1.RouteReasonUnsupportedValue),
+				Message: "waypoints do not apply TLSRoutes: a TLSRoute attaches to an ingress Gateway's TLS listener; route a Service's TLS with a TCPRoute"}
 		case serviceParent(ref):
 			accepted = o.serviceParent(src, rep, i, ref)
 		case entryParent(ref):

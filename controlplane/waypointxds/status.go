@@ -35,32 +35,32 @@ import (
 // version fails with a conflict and is retried), only when the status
 // changes, and never with an outcome older than the route's generation.
 type StatusWriter struct {
-	controller      gwv1.GatewayController
-	client          gwtyped.GatewayV1Interface
-	http, grpc, tcp cache.Indexer
-	queue           *kubequeue.Queue[RouteKey]
-	writes          *prometheus.CounterVec
-	now             func() time.Time
+	controller           gwv1.GatewayController
+	client               gwtyped.GatewayV1Interface
+	http, grpc, tcp, tls cache.Indexer
+	queue                *kubequeue.Queue[RouteKey]
+	writes               *prometheus.CounterVec
+	now                  func() time.Time
 
 	mu   sync.Mutex
 	want map[RouteKey]RouteOutcome // guarded by mu
 }
 
 // NewStatusWriter returns a writer that reads routes from the HTTPRoute,
-// GRPCRoute and TCPRoute informers' stores (grpc and tcp may be nil) and
-// writes as controller, the waypoint GatewayClass's controllerName. It
-// starts nothing.
-func NewStatusWriter(controller string, client gwtyped.GatewayV1Interface, http, grpc, tcp cache.Indexer, log *slog.Logger,
+// GRPCRoute, TCPRoute and TLSRoute informers' stores (grpc, tcp and tls may
+// be nil) and writes as controller, the waypoint GatewayClass's
+// controllerName. It starts nothing.
+func NewStatusWriter(controller string, client gwtyped.GatewayV1Interface, http, grpc, tcp, tls cache.Indexer, log *slog.Logger,
 	reg prometheus.Registerer) (*StatusWriter, error) {
 	if controller == "" || client == nil || http == nil {
 		return nil, fmt.Errorf("creating route status writer: the controller name, the client and the HTTPRoute store are required")
 	}
 	w := &StatusWriter{
-		controller: gwv1.GatewayController(controller), client: client, http: http, grpc: grpc, tcp: tcp, now: time.Now,
+		controller: gwv1.GatewayController(controller), client: client, http: http, grpc: grpc, tcp: tcp, tls: tls, now: time.Now,
 		want: map[RouteKey]RouteOutcome{},
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_route_status_writes_total",
-			Help: "HTTPRoute, GRPCRoute and TCPRoute status writes, by result.",
+			Help: "HTTPRoute, GRPCRoute, TCPRoute and TLSRoute status writes, by result.",
 		}, []string{"result"}),
 	}
 	if reg != nil {
@@ -111,6 +111,8 @@ func (w *StatusWriter) sync(ctx context.Context, key RouteKey) error {
 		store = w.grpc
 	case kindTCPRoute:
 		store = w.tcp
+	case kindTLSRoute:
+		store = w.tls
 	}
 	var err error
 	switch r := getAny(store, key.Namespace+"/"+key.Name).(type) {
@@ -133,6 +135,13 @@ func (w *StatusWriter) sync(ctx context.Context, key RouteKey) error {
 			r = r.DeepCopy()
 			r.Status.Parents = ps
 			_, err := w.client.TCPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+			return err
+		})
+	case *gwv1.TLSRoute:
+		err = w.write(r.Generation, r.Status.Parents, o, func(ps []gwv1.RouteParentStatus) error {
+			r = r.DeepCopy()
+			r.Status.Parents = ps
+			_, err := w.client.TLSRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
 			return err
 		})
 	default:

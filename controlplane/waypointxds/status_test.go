@@ -23,7 +23,8 @@ import (
 var api = apitest.NewShared(
 	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_httproutes.yaml"),
 	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_grpcroutes.yaml"),
-	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_tcproutes.yaml"))
+	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_tcproutes.yaml"),
+	filepath.Join("..", "..", "charts", "weft", "crds", "gateway.networking.k8s.io_tlsroutes.yaml"))
 
 func TestMain(m *testing.M) { os.Exit(api.Main(m)) }
 
@@ -173,11 +174,22 @@ func TestStatusWriterAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	tlsr, err := gw.GatewayV1().TLSRoutes(ns).Create(ctx, &gwv1.TLSRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "api", Namespace: ns},
+		Spec: gwv1.TLSRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "edge"}}},
+			Hostnames: []gwv1.Hostname{"api.example.com"},
+			Rules: []gwv1.TLSRouteRule{{BackendRefs: []gwv1.BackendRef{{BackendObjectReference: gwv1.BackendObjectReference{
+				Name: "v1", Port: ptr(gwv1.PortNumber(80))}}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
 	inf := gwinformers.NewSharedInformerFactory(gw, 0)
 	httpInf, grpcInf := inf.Gateway().V1().HTTPRoutes().Informer(), inf.Gateway().V1().GRPCRoutes().Informer()
-	tcpInf := inf.Gateway().V1().TCPRoutes().Informer()
+	tcpInf, tlsInf := inf.Gateway().V1().TCPRoutes().Informer(), inf.Gateway().V1().TLSRoutes().Informer()
 	reg := prometheus.NewRegistry()
-	w, err := NewStatusWriter(apinames.WaypointController, gw.GatewayV1(), httpInf.GetIndexer(), grpcInf.GetIndexer(), tcpInf.GetIndexer(), nil, reg)
+	w, err := NewStatusWriter(apinames.WaypointController, gw.GatewayV1(), httpInf.GetIndexer(), grpcInf.GetIndexer(), tcpInf.GetIndexer(), tlsInf.GetIndexer(), nil, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +220,9 @@ func TestStatusWriterAPI(t *testing.T) {
 				Conditions: []metav1.Condition{cond("Accepted", true, "Accepted", 1), cond("ResolvedRefs", true, "ResolvedRefs", 1)}}}},
 			{Key: RouteKey{kindTCPRoute, ns, "api"}, Generation: tcp.Generation, Parents: []ParentOutcome{{Ref: tcp.Spec.ParentRefs[0],
 				Conditions: []metav1.Condition{cond("Accepted", false, ReasonConflicted, 1), cond("ResolvedRefs", true, "ResolvedRefs", 1)}}}},
+			{Key: RouteKey{kindTLSRoute, ns, "api"}, Generation: tlsr.Generation, Parents: []ParentOutcome{{Ref: tlsr.Spec.ParentRefs[0],
+				Controller: apinames.GatewayController,
+				Conditions: []metav1.Condition{cond("Accepted", true, "Accepted", 1), cond("ResolvedRefs", true, "ResolvedRefs", 1)}}}},
 		})
 	}
 	// ours finds the controller's entry and the other controller's.
@@ -242,9 +257,15 @@ func TestStatusWriterAPI(t *testing.T) {
 		mine, theirs := ours(r.Status.Parents)
 		g, err := gw.GatewayV1().GRPCRoutes(ns).Get(ctx, "api", metav1.GetOptions{})
 		tr, terr := gw.GatewayV1().TCPRoutes(ns).Get(ctx, "api", metav1.GetOptions{})
+		sr, serr := gw.GatewayV1().TLSRoutes(ns).Get(ctx, "api", metav1.GetOptions{})
 		return mine != nil && theirs != nil && meta.IsStatusConditionTrue(mine.Conditions, "ResolvedRefs") &&
-			err == nil && len(g.Status.Parents) == 1 && terr == nil && len(tr.Status.Parents) == 1
+			err == nil && len(g.Status.Parents) == 1 && terr == nil && len(tr.Status.Parents) == 1 && serr == nil && len(sr.Status.Parents) == 1
 	})
+	if sr, err := gw.GatewayV1().TLSRoutes(ns).Get(ctx, "api", metav1.GetOptions{}); err != nil ||
+		sr.Status.Parents[0].ControllerName != apinames.GatewayController ||
+		!meta.IsStatusConditionTrue(sr.Status.Parents[0].Conditions, "Accepted") {
+		t.Errorf("TLSRoute status %+v (%v)", sr.Status.Parents, err)
+	}
 	if tr, err := gw.GatewayV1().TCPRoutes(ns).Get(ctx, "api", metav1.GetOptions{}); err != nil ||
 		tr.Status.Parents[0].ControllerName != apinames.WaypointController ||
 		meta.FindStatusCondition(tr.Status.Parents[0].Conditions, "Accepted").Reason != string(ReasonConflicted) {

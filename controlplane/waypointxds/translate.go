@@ -87,6 +87,8 @@ type Stores struct {
 	HTTPRoutes, GRPCRoutes, Policies           cache.Indexer
 	// TCPRoutes may be nil.
 	TCPRoutes cache.Indexer
+	// TLSRoutes attach to ingress Gateways' TLS listeners; nil: none.
+	TLSRoutes cache.Indexer
 	// ReferenceGrants (gateway.networking.k8s.io/v1) let a route use a
 	// backend in another namespace; nil allows none.
 	ReferenceGrants cache.Indexer

@@ -58,7 +58,7 @@ func load(t *testing.T, path string) *fixture {
 	slicesIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{
 		cache.NamespaceIndex: cache.MetaNamespaceIndexFunc, ambient.IndexServiceName: ambient.SliceServiceIndex})
 	f := &fixture{st: Stores{Services: newIndexer(), EndpointSlices: slicesIdx, Pods: newIndexer(), Namespaces: newIndexer(),
-		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer(), ServiceEntries: newIndexer(), WorkloadEntries: newIndexer(),
+		HTTPRoutes: newIndexer(), GRPCRoutes: newIndexer(), TCPRoutes: newIndexer(), TLSRoutes: newIndexer(), Policies: newIndexer(), ReferenceGrants: newIndexer(), ServiceEntries: newIndexer(), WorkloadEntries: newIndexer(),
 		Secrets: newIndexer(), Gateways: newIndexer()}}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
@@ -97,6 +97,8 @@ func load(t *testing.T, path string) *fixture {
 			add(f.st.GRPCRoutes, &gwv1.GRPCRoute{})
 		case "TCPRoute":
 			add(f.st.TCPRoutes, &gwv1.TCPRoute{})
+		case "TLSRoute":
+			add(f.st.TLSRoutes, &gwv1.TLSRoute{})
 		case "ReferenceGrant":
 			add(f.st.ReferenceGrants, &gwv1.ReferenceGrant{})
 		case "ServiceEntry":

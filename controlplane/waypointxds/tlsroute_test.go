@@ -1,0 +1,221 @@
+package waypointxds
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// acceptedReasons maps "<kind> <ns>/<name>/<parent index>" to the reason of
+// its Accepted condition.
+func acceptedReasons(outs []RouteOutcome) map[string]string {
+	out := map[string]string{}
+	for _, o := range outs {
+		for i, p := range o.Parents {
+			out[fmt.Sprintf("%s/%d", o.Key, i)] = meta.FindStatusCondition(p.Conditions, "Accepted").Reason
+		}
+	}
+	return out
+}
+
+// The chains of testdata/gateway/tls.yaml as the proxy selects them: by
+// the ClientHello's server name in any case, an exact name before a
+// wildcard, a wildcard never covering its own suffix, names outside a
+// listener's hostname nowhere, and a ClientHello without a server name
+// nowhere (no chain of port 443 lists none).
+func TestGatewayTLSPassthrough(t *testing.T) {
+	f := load(t, "testdata/gateway/tls.yaml")
+	res, reps, outs := buildGateways(t, f)
+	snap := compiled(t, res[0])
+	l := snap.Listeners["0.0.0.0_443"]
+	if l == nil || !l.TLSInspector {
+		t.Fatalf("listener 0.0.0.0_443: %+v", l)
+	}
+	for sni, want := range map[string]string{
+		"www.example.com":   "https/443/web", // the HTTPS listener's, not route shop's
+		"WWW.Example.COM":   "https/443/web",
+		"shop.example.org":  "tls/443/any/tls/shop",
+		"SHOP.EXAMPLE.ORG":  "tls/443/any/tls/shop",
+		"split.example.org": "tls/443/any/tls/split",
+		"app.example.com":   "tls/443/wild/tls/app-old", // not app-new's, which is newer
+		"App.Example.Com":   "tls/443/wild/tls/app-old",
+		"api.example.com":   "tls/443/wild/tls/app-old", // route api's name is the wildcard listener's
+		"a.b.example.com":   "tls/443/wild/tls/app-old",
+		"db.example.com":    "tls/443/db/tls/db", // exact before the wildcard
+		"DB.example.com":    "tls/443/db/tls/db",
+		"example.com":       "", // *.example.com does not cover its suffix
+		".example.com":      "",
+		"x.example.net":     "", // route outside's name is outside its listener's
+		"two.example.org":   "", // a route with two rules is not applied
+		"h.example.org":     "",
+		"":                  "", // no SNI: no chain lists none
+		"db.example.com.":   "",
+		"shop.example.org.": "",
+	} {
+		c := l.SelectSNI(sni)
+		got := ""
+		if c != nil {
+			got = c.Name
+		}
+		if got != want {
+			t.Errorf("SNI %q: chain %q, want %q", sni, got, want)
+			continue
+		}
+		if c != nil && strings.HasPrefix(got, "tls/") && (c.TLS != nil || !c.TCP()) {
+			t.Errorf("SNI %q: chain %s ends TLS or does not relay: %+v", sni, got, c)
+		}
+	}
+	// The split keeps the share of the backend that does not exist.
+	if c := l.ChainNamed("tls/443/any/tls/split"); len(c.TCPWeighted) != 2 {
+		t.Errorf("split: %+v", c.TCPWeighted)
+	}
+	// A TLS listener without a route (idle) or not accepted (term) has no
+	// Listener: nothing would take its connections.
+	for _, name := range []string{"0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_10443"} {
+		if _, ok := res[0][resource.ListenerType][name]; ok {
+			t.Errorf("listener %s exists", name)
+		}
+	}
+	attached := map[string]int32{}
+	for _, ls := range reps[0].Listeners {
+		attached[string(ls.Name)] = ls.AttachedRoutes
+		if ls.Name == "term" {
+			if c := meta.FindStatusCondition(ls.Conditions, "Accepted"); c.Status != metav1.ConditionFalse || c.Reason != string(gwv1.ListenerReasonUnsupportedValue) {
+				t.Errorf("listener term: %+v", c)
+			}
+		}
+	}
+	if attached["any"] != 2 || attached["wild"] != 1 || attached["db"] != 1 || attached["idle"] != 0 {
+		t.Errorf("attachedRoutes %v", attached)
+	}
+	want := map[string]string{
+		"TLSRoute tls/app-old/0":   "Accepted",
+		"TLSRoute tls/app-new/0":   string(ReasonConflicted),
+		"TLSRoute tls/api/0":       string(ReasonConflicted),
+		"TLSRoute tls/shop/0":      "Accepted",
+		"TLSRoute tls/split/0":     "Accepted",
+		"TLSRoute tls/db/0":        "Accepted",
+		"TLSRoute tls/outside/0":   "NoMatchingListenerHostname",
+		"TLSRoute tls/two-rules/0": "UnsupportedValue",
+		"TLSRoute tls/on-http/0":   "NotAllowedByListeners",
+		"TLSRoute tls/on-http/1":   "NotAllowedByListeners", // term is not accepted
+		"TLSRoute tls/on-http/2":   "NoMatchingParent",
+		"TLSRoute tls/mesh/0":      "UnsupportedValue",
+		"HTTPRoute tls/web/1":      "NotAllowedByListeners",
+	}
+	reasons := acceptedReasons(outs)
+	for k, w := range want {
+		if reasons[k] != w {
+			t.Errorf("%s: Accepted reason %q, want %q", k, reasons[k], w)
+		}
+	}
+}
+
+// tlsGateway is a Gateway with TLS passthrough listeners (name=hostname,
+// "" for none) on port 443.
+func tlsGateway(listeners ...string) *gwv1.Gateway {
+	gw := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: "edge", Namespace: "tls"},
+		Spec: gwv1.GatewaySpec{GatewayClassName: "istio"}}
+	pass := gwv1.TLSModePassthrough
+	for _, l := range listeners {
+		name, host, _ := strings.Cut(l, "=")
+		gl := gwv1.Listener{Name: gwv1.SectionName(name), Port: 443, Protocol: gwv1.TLSProtocolType, TLS: &gwv1.ListenerTLSConfig{Mode: &pass}}
+		if host != "" {
+			h := gwv1.Hostname(host)
+			gl.Hostname = &h
+		}
+		gw.Spec.Listeners = append(gw.Spec.Listeners, gl)
+	}
+	return gw
+}
+
+func tlsRoute(name string, created int, hosts ...string) *gwv1.TLSRoute {
+	r := &gwv1.TLSRoute{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "tls", CreationTimestamp: metav1.Unix(int64(created), 0)}}
+	r.Spec.ParentRefs = []gwv1.ParentReference{{Name: "edge"}}
+	for _, h := range hosts {
+		r.Spec.Hostnames = append(r.Spec.Hostnames, gwv1.Hostname(h))
+	}
+	port := gwv1.PortNumber(443)
+	r.Spec.Rules = []gwv1.TLSRouteRule{{BackendRefs: []gwv1.BackendRef{{BackendObjectReference: gwv1.BackendObjectReference{Name: gwv1.ObjectName(name), Port: &port}}}}}
+	return r
+}
+
+// Names that differ only in case are one name: the older route has it;
+// the same name on two listeners goes to the more specific one; a route
+// without hostnames under a listener without one takes every name, and
+// ClientHellos without SNI too.
+func TestGatewayTLSClaims(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		listeners []string
+		routes    []*gwv1.TLSRoute
+		sni       map[string]string // server name → route of the chain ("" none)
+		reasons   map[string]string
+	}{{
+		name:      "case",
+		listeners: []string{"all="},
+		routes:    []*gwv1.TLSRoute{tlsRoute("new", 2, "a.example.com"), tlsRoute("old", 1, "A.EXAMPLE.COM")},
+		sni:       map[string]string{"a.example.com": "old", "A.example.com": "old", "b.example.com": ""},
+		reasons:   map[string]string{"new": string(ReasonConflicted), "old": "Accepted"},
+	}, {
+		name:      "same age, by name",
+		listeners: []string{"all="},
+		routes:    []*gwv1.TLSRoute{tlsRoute("b", 1, "a.example.com", "b.example.com"), tlsRoute("a", 1, "a.example.com")},
+		sni:       map[string]string{"a.example.com": "a", "b.example.com": "b"},
+		reasons:   map[string]string{"a": "Accepted", "b": "Accepted"}, // b keeps b.example.com
+	}, {
+		name:      "wildcard and its suffix",
+		listeners: []string{"wild=*.example.com"},
+		routes:    []*gwv1.TLSRoute{tlsRoute("suffix", 1, "example.com"), tlsRoute("wild", 2, "*.example.com")},
+		sni:       map[string]string{"example.com": "", "x.example.com": "wild", "x.y.example.com": "wild"},
+		reasons:   map[string]string{"suffix": "NoMatchingListenerHostname", "wild": "Accepted"},
+	}, {
+		name:      "isolation",
+		listeners: []string{"all=", "one=a.example.com"},
+		// Under listener all, a.example.com is listener one's, where the
+		// older route narrow has it; broad keeps b.example.com.
+		routes:  []*gwv1.TLSRoute{tlsRoute("broad", 2, "a.example.com", "b.example.com"), tlsRoute("narrow", 1, "*.example.com")},
+		sni:     map[string]string{"a.example.com": "narrow", "b.example.com": "broad", "c.example.com": "narrow"},
+		reasons: map[string]string{"broad": "Accepted", "narrow": "Accepted"},
+	}, {
+		name:      "no hostnames, no SNI",
+		listeners: []string{"all="},
+		routes:    []*gwv1.TLSRoute{tlsRoute("any", 1), tlsRoute("later", 2)},
+		sni:       map[string]string{"": "any", "whatever.example": "any"},
+		reasons:   map[string]string{"any": "Accepted", "later": string(ReasonConflicted)},
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := load(t, "testdata/gateway/tls.yaml")
+			f.st.TLSRoutes, f.st.HTTPRoutes = newIndexer(), newIndexer()
+			for _, r := range tc.routes {
+				f.st.TLSRoutes.Add(r)
+			}
+			f.gateways = []*gwv1.Gateway{tlsGateway(tc.listeners...)}
+			res, _, outs := buildGateways(t, f)
+			l := compiled(t, res[0]).Listeners["0.0.0.0_443"]
+			if l == nil {
+				t.Fatal("no listener 0.0.0.0_443")
+			}
+			for sni, want := range tc.sni {
+				got := ""
+				if c := l.SelectSNI(sni); c != nil {
+					got = c.Name[strings.LastIndex(c.Name, "/")+1:]
+				}
+				if got != want {
+					t.Errorf("SNI %q: route %q, want %q", sni, got, want)
+				}
+			}
+			reasons := acceptedReasons(outs)
+			for name, want := range tc.reasons {
+				if got := reasons["TLSRoute tls/"+name+"/0"]; got != want {
+					t.Errorf("%s: Accepted reason %q, want %q", name, got, want)
+				}
+			}
+		})
+	}
+}

@@ -256,6 +256,31 @@ spec:
   listeners:
   - {name: https, port: 443, protocol: HTTPS, hostname: a.example.com, tls: {certificateRefs: [{name: cert}]}}
   - {name: tls, port: 443, protocol: TLS, hostname: a.example.com, tls: {mode: Passthrough}}`},
+	{name: "ingress-tls-passthrough", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: https, port: 443, protocol: HTTPS, hostname: www.example.com, tls: {certificateRefs: [{name: cert}]}}
+  - {name: tls, port: 443, protocol: TLS, tls: {mode: Passthrough}}
+  - {name: tls-db, port: 443, protocol: TLS, hostname: "*.db.example.com", tls: {mode: Passthrough, certificateRefs: [{name: cert}]}}
+  - {name: tcp, port: 5432, protocol: TCP, allowedRoutes: {kinds: [{kind: TCPRoute}, {kind: TLSRoute}]}}
+  - {name: kinds, port: 8443, protocol: TLS, tls: {mode: Passthrough}, allowedRoutes: {kinds: [{kind: TLSRoute}, {kind: HTTPRoute}]}}`},
+	{name: "ingress-tls-terminate", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: tls, port: 443, protocol: TLS, tls: {mode: Terminate, certificateRefs: [{name: cert}]}}`},
+	{name: "ingress-tls-without-mode", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec: {gatewayClassName: istio, listeners: [{name: tls, port: 443, protocol: TLS}]}`},
+	{name: "ingress-tls-options", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: tls, port: 443, protocol: TLS, tls: {mode: Passthrough, options: {example.com/cipher: x}}}`},
 	{name: "ingress-protocol-unsupported", kind: gatewayKind, ns: "shop", object: `
 metadata: {name: public}
 spec:

@@ -29,7 +29,7 @@ func (a *Admitter) ingressClass(class string) bool {
 var ingressServiceTypes = []string{string(corev1.ServiceTypeLoadBalancer), string(corev1.ServiceTypeClusterIP), string(corev1.ServiceTypeNodePort)}
 
 // ingressProtocols are the listener protocols an ingress gateway serves.
-var ingressProtocols = []gwv1.ProtocolType{gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType}
+var ingressProtocols = []gwv1.ProtocolType{gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType, gwv1.TLSProtocolType, gwv1.TCPProtocolType}
 
 // validateIngress checks an ingress Gateway. It refuses only what can never
 // work: objects it cannot name, a Service type that does not exist,
@@ -97,7 +97,7 @@ func checkIngressListeners(rep *report, gw *gwv1.Gateway, ns string) {
 		}
 		if !slices.Contains(ingressProtocols, l.Protocol) {
 			rep.warn("ingress-listener-protocol", field+".protocol",
-				"listener %s serves nothing: only HTTP and HTTPS are served (UnsupportedProtocol)", q(string(l.Name)))
+				"listener %s serves nothing: only HTTP, HTTPS, TLS and TCP are (UnsupportedProtocol)", q(string(l.Name)))
 		}
 		for _, o := range byPort[l.Port] {
 			switch {
@@ -131,16 +131,25 @@ func orAny(host string) string {
 	return host
 }
 
-// ingressRouteKind reports whether an HTTP or HTTPS listener takes routes
-// of kind k.
+// ingressRouteKind reports whether a listener of protocol p takes routes
+// of kind k: HTTPRoute and GRPCRoute on HTTP and HTTPS, TLSRoute on TLS,
+// TCPRoute on TCP.
 func ingressRouteKind(p gwv1.ProtocolType, k gwv1.RouteGroupKind) bool {
-	if p != gwv1.HTTPProtocolType && p != gwv1.HTTPSProtocolType {
+	var kinds []gwv1.Kind
+	switch p {
+	case gwv1.HTTPProtocolType, gwv1.HTTPSProtocolType:
+		kinds = []gwv1.Kind{"HTTPRoute", "GRPCRoute"}
+	case gwv1.TLSProtocolType:
+		kinds = []gwv1.Kind{"TLSRoute"}
+	case gwv1.TCPProtocolType:
+		kinds = []gwv1.Kind{"TCPRoute"}
+	default:
 		return true // the listener itself is reported
 	}
 	if k.Group != nil && *k.Group != gwv1.GroupName {
 		return false
 	}
-	return k.Kind == "HTTPRoute" || k.Kind == "GRPCRoute"
+	return slices.Contains(kinds, k.Kind)
 }
 
 // checkIngressTLS checks an HTTPS listener's tls: termination with
@@ -148,6 +157,10 @@ func ingressRouteKind(p gwv1.ProtocolType, k gwv1.RouteGroupKind) bool {
 // about: the listener's status reports it (InvalidCertificateRef), and the
 // Secret or the ReferenceGrant may come later.
 func checkIngressTLS(rep *report, ns, field string, l *gwv1.Listener) {
+	if l.Protocol == gwv1.TLSProtocolType {
+		checkIngressPassthrough(rep, field, l)
+		return
+	}
 	if l.Protocol != gwv1.HTTPSProtocolType {
 		if l.TLS != nil && l.Protocol == gwv1.HTTPProtocolType {
 			rep.deny("ingress-listener-tls", field+".tls", "an HTTP listener has no TLS; remove tls, or use protocol HTTPS")
@@ -176,6 +189,26 @@ func checkIngressTLS(rep *report, ns, field string, l *gwv1.Listener) {
 			rep.warn("ingress-certificate-ref", rf+".namespace",
 				"used only while a ReferenceGrant in %s allows it", *ref.Namespace)
 		}
+	}
+}
+
+// checkIngressPassthrough checks a TLS listener's tls: Passthrough, the
+// mode Weft serves (the backend ends TLS). Terminate is admitted with a
+// warning, as the listener's status reports it (UnsupportedValue) and
+// Gateway API's conformance tests create such a listener to read that
+// status; certificates, which Gateway API ignores in Passthrough mode,
+// are warned about.
+func checkIngressPassthrough(rep *report, field string, l *gwv1.Listener) {
+	switch t := l.TLS; {
+	case t == nil || t.Mode == nil:
+		rep.deny("ingress-listener-tls", field+".tls.mode",
+			"a TLS listener needs tls.mode; set Passthrough and the backend ends TLS (for termination use protocol HTTPS)")
+	case *t.Mode != gwv1.TLSModePassthrough:
+		rep.warn("ingress-listener-tls", field+".tls.mode", "%s is not served on TLS (UnsupportedValue); use Passthrough or HTTPS", *t.Mode)
+	case len(t.Options) > 0:
+		rep.deny("ingress-listener-tls", field+".tls.options", "Weft's ingress gateways take no TLS options; remove tls.options")
+	case len(t.CertificateRefs) > 0:
+		rep.warn("ingress-listener-tls", field+".tls.certificateRefs", "ignored: in Passthrough the backend ends TLS; remove them")
 	}
 }
 

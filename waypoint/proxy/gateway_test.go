@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -853,5 +855,162 @@ func TestGatewayHostPortKept(t *testing.T) {
 		case want != "" && (resp.StatusCode != 200 || resp.body != want):
 			t.Errorf("Host %q: %d %q, want %q", host, resp.StatusCode, resp.body, want)
 		}
+	}
+}
+
+// tlsEcho is a backend that ends TLS itself with its own certificate and
+// echoes every byte it receives, after a line naming itself and the
+// server name the client sent.
+type tlsEcho struct {
+	name    string
+	cert    *tls.Certificate
+	addr    netip.AddrPort
+	accepts atomic.Int32
+}
+
+func newTLSEcho(t *testing.T, g *gatewayFixture, name string, dns ...string) *tlsEcho {
+	c, err := g.root.Server(dns[0], dns, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &tlsEcho{name: name, cert: c.TLS()}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{*e.cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.addr = ln.Addr().(*net.TCPAddr).AddrPort()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.accepts.Add(1)
+			go func() {
+				defer c.Close()
+				tc := c.(*tls.Conn)
+				if tc.Handshake() != nil {
+					return
+				}
+				fmt.Fprintf(tc, "%s %s\n", e.name, tc.ConnectionState().ServerName)
+				io.Copy(tc, tc)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return e
+}
+
+// endpointCluster pushes EDS clusters to loopback endpoints, with the
+// passthrough cluster, replacing the fixture's.
+func (g *gatewayFixture) endpointClusters(eps map[string]netip.AddrPort) {
+	t := g.t
+	cs := map[string]*anypb.Any{}
+	las := map[string]*anypb.Any{}
+	for name, ep := range eps {
+		cs[name] = mustAny(t, &clusterv3.Cluster{Name: name, ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+			EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{}, ConnectTimeout: durationpb.New(time.Second)})
+		las[name] = mustAny(t, &endpointv3.ClusterLoadAssignment{ClusterName: name, Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Address: ep.Addr().String(), PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(ep.Port())}}}}}},
+		}}}}})
+	}
+	if err := g.store.ApplyClusters(cs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.store.ApplyEndpoints(las, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// passChain is a TLS passthrough chain: server names, no transport socket,
+// a tcp_proxy to cluster.
+func passChain(t *testing.T, name, cluster string, serverNames ...string) *listenerv3.FilterChain {
+	proxy := &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, &tcpv3.TcpProxy{
+		StatPrefix: name, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})}}
+	return &listenerv3.FilterChain{Name: name, FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: serverNames}, Filters: []*listenerv3.Filter{proxy}}
+}
+
+// TLS passthrough with several chains of several server names each, as the
+// control plane writes a TLS listener's TLSRoutes: the ClientHello's
+// server name picks the chain (exact before the longest wildcard, in any
+// case), the backend's own certificate answers, which the client verifies
+// through the gateway, and the bytes arrive and return unchanged. A server
+// name no chain lists, a wildcard's own suffix and a ClientHello without
+// SNI are refused, and no backend sees them.
+func TestGatewayPassthroughSNI(t *testing.T) {
+	g := newGatewayFixture(t)
+	a := newTLSEcho(t, g, "A", "a.example.com", "*.a.example.com")
+	b := newTLSEcho(t, g, "B", "b.example.com", "*.example.com", "z.a.example.com")
+	port := freePort(t)
+	g.apply([]*listenerv3.Listener{tlsListener(t, port,
+		passChain(t, "tls/a", "outbound|443||a", "a.example.com", "*.a.example.com"),
+		passChain(t, "tls/b", "outbound|443||b", "b.example.com", "*.example.com", "z.a.example.com"),
+		g.tlsChain("https/c", []string{"c.example.com"}, []string{"c.example.com"}, "https.c"),
+	)}, map[string][]*routev3.VirtualHost{"https.c": {direct("*", "terminated here")}})
+	g.endpointClusters(map[string]netip.AddrPort{"outbound|443||a": a.addr, "outbound|443||b": b.addr})
+
+	payload := make([]byte, 256<<10)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	for _, tc := range []struct {
+		sni  string
+		want *tlsEcho
+	}{
+		{"a.example.com", a},
+		{"A.Example.COM", a},
+		{"x.a.example.com", a}, // *.a.example.com, longer than *.example.com
+		{"z.a.example.com", b}, // exact before a wildcard
+		{"b.example.com", b},
+		{"other.example.com", b}, // *.example.com
+	} {
+		t.Run(tc.sni, func(t *testing.T) {
+			c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{ServerName: tc.sni, RootCAs: g.roots})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if leaf := c.ConnectionState().PeerCertificates[0]; !leaf.Equal(tc.want.cert.Leaf) {
+				t.Fatalf("certificate %v, want backend %s's", leaf.DNSNames, tc.want.name)
+			}
+			go func() { c.Write(payload); c.CloseWrite() }()
+			br := bufio.NewReader(c)
+			line, err := br.ReadString('\n')
+			if want := tc.want.name + " " + strings.ToLower(tc.sni) + "\n"; err != nil || strings.ToLower(line) != strings.ToLower(want) {
+				t.Fatalf("backend says %q (%v), want %q", line, err, want)
+			}
+			got, err := io.ReadAll(br)
+			if err != nil || !bytes.Equal(got, payload) {
+				t.Errorf("echo: %d bytes (%v), want the %d sent unchanged", len(got), err, len(payload))
+			}
+		})
+	}
+	// The HTTPS chain's name is ended at the gateway, with its certificate.
+	c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{ServerName: "c.example.com", RootCAs: g.roots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaf := c.ConnectionState().PeerCertificates[0]; leaf.Equal(a.cert.Leaf) || leaf.Equal(b.cert.Leaf) || leaf.DNSNames[0] != "c.example.com" {
+		t.Errorf("c.example.com: certificate %v, want the gateway's", leaf.DNSNames)
+	}
+	c.Close()
+
+	before := a.accepts.Load() + b.accepts.Load()
+	for _, sni := range []string{"example.com", "a.example.org", "c.example.org", ""} {
+		conf := &tls.Config{ServerName: sni, RootCAs: g.roots}
+		if sni == "" {
+			conf.InsecureSkipVerify = true // no SNI: nothing to verify the name against
+		}
+		c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), conf)
+		if err == nil {
+			c.Close()
+			t.Errorf("SNI %q: handshake succeeded, want it refused", sni)
+		}
+	}
+	if after := a.accepts.Load() + b.accepts.Load(); after != before {
+		t.Errorf("refused connections reached a backend (%d connections)", after-before)
 	}
 }

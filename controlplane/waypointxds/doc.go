@@ -119,13 +119,17 @@
 // GatewayClass names apinames.GatewayController, or that has none:
 // Ingress), published under its proxy's identity GatewayKey
 // "<namespace>/<gateway>-istio". Its listeners are checked in spec order:
-// HTTP, HTTPS and TCP are served, any other protocol (TLS passthrough
-// among them, for now) is Accepted=False (UnsupportedProtocol);
-// allowedRoutes.kinds other than HTTPRoute and GRPCRoute (TCPRoute on a
-// TCP listener, whose hostname is ignored) make ResolvedRefs False
-// (InvalidRouteKinds) and are left out of supportedKinds; an HTTPS listener's tls.mode must be Terminate and
-// tls.options and the Gateway's spec.tls.frontend empty (else
-// UnsupportedValue). The first listener of a port sets its protocol (HTTPS
+// HTTP, HTTPS, TLS and TCP are served, any other protocol is
+// Accepted=False (UnsupportedProtocol); allowedRoutes.kinds other than
+// HTTPRoute and GRPCRoute (TLSRoute on a TLS listener, TCPRoute on a TCP
+// listener, whose hostname is ignored) make ResolvedRefs False
+// (InvalidRouteKinds) and are left out of supportedKinds; an HTTPS
+// listener's tls.mode must be Terminate and tls.options and the Gateway's
+// spec.tls.frontend empty (else UnsupportedValue); a TLS listener's
+// tls.mode must be Passthrough (Terminate, Gateway API's extended
+// TLSRouteModeTerminate, is UnsupportedValue) and its tls.options empty;
+// its certificateRefs are ignored, as Gateway API says, and its Accepted
+// message says so. The first listener of a port sets its protocol (HTTPS
 // and TLS go together); a later one of another is Conflicted
 // (ProtocolConflict), a later one with the same hostname (or none, twice)
 // Conflicted (HostnameConflict); a conflicted listener takes no routes and
@@ -155,7 +159,19 @@
 // listeners; of those a listener takes, the oldest with exactly one rule
 // applies (as at a waypoint's TCP port) and the others are Accepted=False
 // (Conflicted, or UnsupportedValue for other than one rule) unless they
-// apply on another listener.
+// apply on another listener. A TLSRoute attaches the same way to TLS
+// listeners, with the server names of the intersection (a ClientHello's
+// SNI, compared in lower case). Of the names of a port's TLS listeners, a
+// name that a more specific HTTPS or TLS listener of the port equals or
+// covers is left to that listener (listener isolation, as for HTTP: a
+// name is listed by one chain only), and a name that two routes claim
+// goes to the older (then the first by namespace/name; Gateway API's
+// conflict rule, and Istio's). A TLSRoute left with no name on a listener,
+// or with other than one rule (the v1 schema allows one), is detached
+// from it, and a parentRef left attached nowhere is Accepted=False
+// (Conflicted, or UnsupportedValue); one that keeps some of its names is
+// Accepted, the names it lost logged. A TLSRoute whose parent is a
+// Service is UnsupportedValue: waypoints apply none.
 //
 // Per port with served listeners a Listener "0.0.0.0_<port>": the port's
 // HTTP listeners share one chain "http/<port>" and RouteConfiguration
@@ -166,7 +182,16 @@
 // inspector. A TCP listener's port has one chain "tcp/<port>": network
 // RBAC filters, then a tcp_proxy to its TCPRoute's backends by weight (an
 // unusable backend's share to BlackHoleCluster), or to BlackHoleCluster
-// when no TCPRoute applies. Every connection manager takes the client address from the
+// when no TCPRoute applies. A TLS listener has a chain
+// "tls/<port>/<listener>/<namespace>/<route>" per TLSRoute it keeps,
+// matched by the route's server_names (none, taking every name and a
+// ClientHello without SNI, for a route without hostnames under a listener
+// without one): network RBAC filters, then a tcp_proxy to the route's
+// backends as for a TCPRoute, and no transport socket, so the connection
+// goes on as it came and the backend ends TLS; it shares the port's
+// Listener and TLS inspector with the HTTPS listeners. A port whose only
+// listeners are TLS listeners without routes gets no Listener (nothing
+// would take a connection). Every connection manager takes the client address from the
 // connection (use_remote_address), strips the port of the Host before
 // matching, and has the RBAC filters of the AuthorizationPolicies whose
 // targetRefs name the Gateway (or the GatewayClass istio, in the root

@@ -186,6 +186,11 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 	case gwv1.TCPProtocolType:
 		supported, gl.hostname = []gwv1.Kind{kindTCPRoute}, "" // a TCP listener's hostname is ignored
 	case gwv1.TLSProtocolType:
+		// A mode not served takes no kind (Gateway API's conformance
+		// suite expects supportedKinds empty then).
+		if passthrough(gl); !gl.accepted.ok {
+			return gl
+		}
 		supported = []gwv1.Kind{kindTLSRoute}
 	default:
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedProtocol, "protocol %s is not supported: ingress gateways serve HTTP, HTTPS, TLS and TCP listeners", l.Protocol)
@@ -201,8 +206,6 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "an HTTP listener takes no tls: use protocol HTTPS")
 	case l.Protocol == gwv1.HTTPSProtocolType:
 		g.tls(gl)
-	case l.Protocol == gwv1.TLSProtocolType:
-		passthrough(gl)
 	}
 	return gl
 }

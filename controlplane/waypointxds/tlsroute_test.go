@@ -88,6 +88,9 @@ func TestGatewayTLSPassthrough(t *testing.T) {
 			if c := meta.FindStatusCondition(ls.Conditions, "Accepted"); c.Status != metav1.ConditionFalse || c.Reason != string(gwv1.ListenerReasonUnsupportedValue) {
 				t.Errorf("listener term: %+v", c)
 			}
+			if ls.SupportedKinds == nil || len(ls.SupportedKinds) != 0 {
+				t.Errorf("listener term: supportedKinds %v, want [] (a mode not served takes no kind)", ls.SupportedKinds)
+			}
 		}
 	}
 	if attached["any"] != 2 || attached["wild"] != 1 || attached["db"] != 1 || attached["idle"] != 0 {

@@ -979,7 +979,9 @@ func TestGatewayPassthroughSNI(t *testing.T) {
 			go func() { c.Write(payload); c.CloseWrite() }()
 			br := bufio.NewReader(c)
 			line, err := br.ReadString('\n')
-			if want := tc.want.name + " " + strings.ToLower(tc.sni) + "\n"; err != nil || strings.ToLower(line) != strings.ToLower(want) {
+			// The backend sees the ClientHello as the client sent it, SNI
+			// case and all.
+			if want := tc.want.name + " " + tc.sni + "\n"; err != nil || line != want {
 				t.Fatalf("backend says %q (%v), want %q", line, err, want)
 			}
 			got, err := io.ReadAll(br)

@@ -19,6 +19,10 @@ type EchoOptions struct {
 	Image string
 	// Annotations are the pods' annotations.
 	Annotations map[string]string
+	// TLSSecret names a kubernetes.io/tls Secret of the namespace: when
+	// set, the pods also serve HTTP/1.1 over TLS on 8443, ended with its
+	// certificate, and the Service's port tls (443) leads there.
+	TLSSecret string
 }
 
 var echoTmpl = template.Must(template.New("echo").Parse(`apiVersion: v1
@@ -65,11 +69,17 @@ spec:
       - name: echo
         image: {{.Image}}
         imagePullPolicy: IfNotPresent
-        args: ["-http", "8080", "-grpc", "7070", "-tcp", "9090"]
+        args: ["-http", "8080", "-grpc", "7070", "-tcp", "9090"
+{{- if .TLSSecret}}, "-tls", "8443", "-tls-cert", "/etc/echo-tls/tls.crt", "-tls-key", "/etc/echo-tls/tls.key"{{end}}]
         ports:
         - {name: http, containerPort: 8080}
         - {name: grpc, containerPort: 7070}
         - {name: tcp, containerPort: 9090}
+{{- if .TLSSecret}}
+        - {name: tls, containerPort: 8443}
+        volumeMounts:
+        - {name: tls, mountPath: /etc/echo-tls, readOnly: true}
+{{- end}}
         env:
         - name: POD_NAME
           valueFrom: {fieldRef: {fieldPath: metadata.name}}
@@ -84,6 +94,11 @@ spec:
         readinessProbe:
           httpGet: {path: /ready, port: http}
           periodSeconds: 1
+{{- if .TLSSecret}}
+      volumes:
+      - name: tls
+        secret: {secretName: {{.TLSSecret}}}
+{{- end}}
 ---
 apiVersion: v1
 kind: Service
@@ -97,12 +112,16 @@ spec:
   - {name: http, port: 80, targetPort: http}
   - {name: grpc, port: 7070, targetPort: grpc, appProtocol: grpc}
   - {name: tcp, port: 9090, targetPort: tcp}
+{{- if .TLSSecret}}
+  - {name: tls, port: 443, targetPort: tls}
+{{- end}}
 `))
 
 // EchoApp returns the manifests of an echo workload: a ServiceAccount, a
 // Deployment of weft/echo (HTTP on 8080, gRPC on 7070, TCP on 9090, with the
-// downward API identity env and a readiness probe) and a Service (80 -> http,
-// 7070 -> grpc, 9090 -> tcp), all named name.
+// downward API identity env and a readiness probe; HTTPS on 8443 with
+// o.TLSSecret) and a Service (80 -> http, 7070 -> grpc, 9090 -> tcp,
+// 443 -> tls), all named name.
 func EchoApp(namespace, name string, o EchoOptions) string {
 	if o.Replicas == 0 {
 		o.Replicas = 1

@@ -2,11 +2,15 @@ package echo
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +18,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
+
+	"github.com/weftmesh/weft/internal/testpki"
 )
 
 func startServer(t *testing.T) *Server {
@@ -143,6 +149,8 @@ func TestServerConfigValidate(t *testing.T) {
 		{ServerConfig{HTTPPorts: []int{}, GRPCPorts: []int{}, TCPPorts: []int{}}, "no ports"},
 		{ServerConfig{HTTPPorts: []int{80}, GRPCPorts: []int{80}}, "twice"},
 		{ServerConfig{HTTPPorts: []int{70000}}, "out of range"},
+		{ServerConfig{TLSPorts: []int{8443}}, "certificate and key"},
+		{ServerConfig{HTTPPorts: []int{8443}, TLSPorts: []int{8443}, TLSCertFile: "c", TLSKeyFile: "k"}, "twice"},
 	} {
 		tc.cfg.SetDefaults()
 		err := tc.cfg.Validate()
@@ -237,5 +245,46 @@ func TestPacedAndKeepAlive(t *testing.T) {
 		if _, err := NewClient(cfg); err == nil {
 			t.Errorf("NewClient(%+v) succeeded", cfg)
 		}
+	}
+}
+
+// A TLS port ends TLS with its certificate and answers over HTTP/1.1 with
+// the server name the client sent.
+func TestTLSPort(t *testing.T) {
+	root, err := testpki.NewRoot("echo test root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := root.Server("echo.example.com", []string{"echo.example.com"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	cfg := ServerConfig{HTTPPorts: []int{}, GRPCPorts: []int{}, TCPPorts: []int{}, TLSPorts: []int{0}, Addr: "127.0.0.1",
+		TLSCertFile: filepath.Join(dir, "tls.crt"), TLSKeyFile: filepath.Join(dir, "tls.key"), Identity: Identity{Pod: "echo-0"}}
+	if err := leaf.WriteFiles(cfg.TLSCertFile, cfg.TLSKeyFile); err != nil {
+		t.Fatal(err)
+	}
+	s := NewServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-s.Ready()
+	roots := x509.NewCertPool()
+	roots.AddCert(root.Cert)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "echo.example.com"}}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get("https://" + s.Addrs("tls")[0].String() + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var r Response
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Pod != "echo-0" || r.TLSServerName != "echo.example.com" || r.Path != "/x" {
+		t.Errorf("response %+v", r)
 	}
 }

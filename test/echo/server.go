@@ -3,6 +3,7 @@ package echo
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -69,6 +70,9 @@ type Response struct {
 	Path   string `json:"path,omitempty"`
 	// Headers are the request headers (HTTP) or metadata (gRPC).
 	Headers map[string][]string `json:"headers,omitempty"`
+	// TLSServerName is the server name (SNI) the client sent on a TLS
+	// port; empty elsewhere.
+	TLSServerName string `json:"tls_server_name,omitempty"`
 }
 
 // ServerConfig configures a Server.
@@ -81,6 +85,11 @@ type ServerConfig struct {
 	// TCPPorts answer each connection with one JSON line, then echo what the
 	// client sends. Default [9090].
 	TCPPorts []int
+	// TLSPorts serve HTTP/1.1 over TLS, ended here with the certificate
+	// chain and key of the PEM files TLSCertFile and TLSKeyFile (required
+	// with TLS ports). Default none.
+	TLSPorts                []int
+	TLSCertFile, TLSKeyFile string
 	// Identity is reported in every response. Default IdentityFromEnv().
 	Identity Identity
 	// Addr is the address to listen on. Default "" (all addresses).
@@ -107,9 +116,12 @@ func (c *ServerConfig) SetDefaults() {
 // Validate reports a configuration that cannot work.
 func (c *ServerConfig) Validate() error {
 	seen := map[int]bool{}
-	all := append(append(append([]int(nil), c.HTTPPorts...), c.GRPCPorts...), c.TCPPorts...)
+	all := append(append(append(append([]int(nil), c.HTTPPorts...), c.GRPCPorts...), c.TCPPorts...), c.TLSPorts...)
 	if len(all) == 0 {
 		return errors.New("echo: no ports to serve")
+	}
+	if len(c.TLSPorts) > 0 && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+		return errors.New("echo: TLS ports need a certificate and key file")
 	}
 	for _, p := range all {
 		if p < 0 || p > 65535 {
@@ -144,7 +156,7 @@ func NewServer(cfg ServerConfig, log *slog.Logger) *Server {
 func (s *Server) Ready() <-chan struct{} { return s.ready }
 
 // Addrs returns the listening addresses per protocol ("http", "grpc",
-// "tcp"), valid after Ready.
+// "tcp", "tls"), valid after Ready.
 func (s *Server) Addrs(proto string) []net.Addr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -167,15 +179,26 @@ func (s *Server) Run(ctx context.Context) error {
 			l.ln.Close()
 		}
 	}
+	var tlsConf *tls.Config
+	if len(s.cfg.TLSPorts) > 0 {
+		cert, err := tls.LoadX509KeyPair(s.cfg.TLSCertFile, s.cfg.TLSKeyFile)
+		if err != nil {
+			return fmt.Errorf("echo: loading the TLS certificate: %w", err)
+		}
+		tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, NextProtos: []string{"http/1.1"}}
+	}
 	for _, set := range []struct {
 		proto string
 		ports []int
-	}{{"http", s.cfg.HTTPPorts}, {"grpc", s.cfg.GRPCPorts}, {"tcp", s.cfg.TCPPorts}} {
+	}{{"http", s.cfg.HTTPPorts}, {"grpc", s.cfg.GRPCPorts}, {"tcp", s.cfg.TCPPorts}, {"tls", s.cfg.TLSPorts}} {
 		for _, p := range set.ports {
 			ln, err := net.Listen("tcp", net.JoinHostPort(s.cfg.Addr, strconv.Itoa(p)))
 			if err != nil {
 				closeAll()
 				return fmt.Errorf("echo: listening for %s on port %d: %w", set.proto, p, err)
+			}
+			if set.proto == "tls" {
+				ln = tls.NewListener(ln, tlsConf)
 			}
 			lns = append(lns, listener{set.proto, ln})
 			s.mu.Lock()
@@ -185,12 +208,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	close(s.ready)
 	s.log.Info("echo serving", "pod", s.cfg.Identity.Pod, "namespace", s.cfg.Identity.Namespace,
-		"http", s.cfg.HTTPPorts, "grpc", s.cfg.GRPCPorts, "tcp", s.cfg.TCPPorts)
+		"http", s.cfg.HTTPPorts, "grpc", s.cfg.GRPCPorts, "tcp", s.cfg.TCPPorts, "tls", s.cfg.TLSPorts)
 
 	g, ctx := errgroup.WithContext(ctx)
 	for _, l := range lns {
 		switch l.proto {
-		case "http":
+		case "http", "tls":
 			srv := s.httpServer(l.ln)
 			g.Go(func() error {
 				if err := srv.Serve(l.ln); !errors.Is(err, http.ErrServerClosed) {
@@ -260,6 +283,9 @@ func (s *Server) httpServer(ln net.Listener) *http.Server {
 			resp.Protocol = ProtoH2C
 		}
 		resp.Host, resp.Method, resp.Path = r.Host, r.Method, r.URL.RequestURI()
+		if r.TLS != nil {
+			resp.TLSServerName = r.TLS.ServerName
+		}
 		resp.Headers = r.Header.Clone()
 		code, err := s.control(r)
 		if err != nil {

@@ -16,6 +16,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/testpki"
 	"github.com/weftmesh/weft/test/cluster"
 	"github.com/weftmesh/weft/test/echo"
@@ -26,15 +27,26 @@ import (
 const (
 	ingressNS   = "ingress-demo"
 	shopHost    = "shop.example.com"
+	vaultHost   = "vault.example.com"
 	gatewaySAID = "cluster.local/ns/" + ingressNS + "/sa/public-istio"
 )
 
-// ingressManifest is the ingress Gateway (HTTP and HTTPS for shopHost),
-// its route to the shop app, and the shop app's L4 policy: only the
-// gateway's identity may connect.
-func ingressManifest(certPEM, keyPEM []byte) string {
+// ingressManifest is the ingress Gateway (HTTP and HTTPS for shopHost, TLS
+// passthrough for vaultHost on the same port), its routes to the shop app
+// and to the vault app (which ends TLS itself with the vault certificate),
+// and the shop app's L4 policy: only the gateway's identity may connect.
+func ingressManifest(certPEM, keyPEM, vaultCertPEM, vaultKeyPEM []byte) string {
 	return cluster.NamespaceManifest(ingressNS, map[string]string{"istio.io/dataplane-mode": "ambient"}) + "---\n" +
-		cluster.EchoApp(ingressNS, "shop", cluster.EchoOptions{}) + "---\n" + `apiVersion: v1
+		cluster.EchoApp(ingressNS, "shop", cluster.EchoOptions{}) + "---\n" +
+		cluster.EchoApp(ingressNS, "vault", cluster.EchoOptions{TLSSecret: "vault-cert"}) + "---\n" + `apiVersion: v1
+kind: Secret
+metadata: {name: vault-cert, namespace: ` + ingressNS + `}
+type: kubernetes.io/tls
+data:
+  tls.crt: ` + base64.StdEncoding.EncodeToString(vaultCertPEM) + `
+  tls.key: ` + base64.StdEncoding.EncodeToString(vaultKeyPEM) + `
+---
+apiVersion: v1
 kind: Secret
 metadata: {name: shop-cert, namespace: ` + ingressNS + `}
 type: kubernetes.io/tls
@@ -54,6 +66,19 @@ spec:
     protocol: HTTPS
     hostname: ` + shopHost + `
     tls: {certificateRefs: [{name: shop-cert}]}
+  - name: vault
+    port: 443
+    protocol: TLS
+    hostname: ` + vaultHost + `
+    tls: {mode: Passthrough}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TLSRoute
+metadata: {name: vault, namespace: ` + ingressNS + `}
+spec:
+  parentRefs: [{name: public, sectionName: vault}]
+  hostnames: [` + vaultHost + `]
+  rules: [{backendRefs: [{name: vault, port: 443}]}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -81,8 +106,9 @@ spec:
 // into the ambient mesh: HTTPS terminated with the certificate of a
 // Secret, HTTP, the backend reached over HBONE with the gateway's own
 // identity (a policy admitting only that identity lets it in and keeps a
-// mesh client out), and what an outsider tries: another Host on the TLS
-// connection, another SNI, a forged X-Forwarded-For.
+// mesh client out), TLS passed through by SNI to a backend that ends it
+// itself, and what an outsider tries: another Host on the TLS connection,
+// another SNI, a forged X-Forwarded-For.
 func TestIngress(t *testing.T) {
 	m := setup(t)
 	c := m.c
@@ -100,10 +126,18 @@ func TestIngress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Apply(ctx, ingressManifest(leaf.CertPEM(), keyPEM)); err != nil {
+	vaultLeaf, err := root.Server(vaultHost, []string{vaultHost}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{"shop", "public-istio"} {
+	vaultKeyPEM, err := vaultLeaf.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Apply(ctx, ingressManifest(leaf.CertPEM(), keyPEM, vaultLeaf.CertPEM(), vaultKeyPEM)); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"shop", "vault", "public-istio"} {
 		if err := c.WaitDeployment(ctx, ingressNS, d); err != nil {
 			c.Dump(t.Logf)
 			t.Fatal(err)
@@ -233,6 +267,63 @@ func TestIngress(t *testing.T) {
 	t.Run("an unknown SNI gets no certificate", func(t *testing.T) {
 		if code, _, err := get(client("other.example.com"), "https://other.example.com/", "other.example.com"); err == nil {
 			t.Errorf("TLS with SNI other.example.com answered %d, want a failed handshake", code)
+		}
+	})
+
+	t.Run("TLS passthrough reaches a backend that ends TLS itself", func(t *testing.T) {
+		// The client verifies the vault's own certificate (the gateway has
+		// none for vaultHost) and the vault sees the client's SNI and its
+		// request untouched: no X-Forwarded-* of a gateway that parsed it.
+		var peer []*x509.Certificate
+		cl := client(vaultHost)
+		cl.Transport.(*http.Transport).TLSClientConfig.VerifyConnection = func(cs tls.ConnectionState) error {
+			peer = cs.PeerCertificates
+			return nil
+		}
+		var code int
+		var r *echo.Response
+		err := c.WaitFor(ctx, "TLS passthrough to the vault", func(context.Context) (bool, error) {
+			var gerr error
+			code, r, gerr = get(cl, "https://"+vaultHost+"/secret", vaultHost)
+			if gerr != nil || code != http.StatusOK {
+				t.Logf("not yet: %d %v", code, gerr)
+				return false, nil
+			}
+			return true, nil
+		})
+		if err != nil {
+			c.Dump(t.Logf)
+			t.Fatal(err)
+		}
+		if len(peer) == 0 || !peer[0].Equal(vaultLeaf.Cert) {
+			t.Errorf("the client verified %v, want the vault's own certificate", peer)
+		}
+		if !strings.HasPrefix(r.Pod, "vault-") || r.TLSServerName != vaultHost || r.Path != "/secret" {
+			t.Errorf("answered %+v, want a vault pod that saw SNI %s and path /secret", r, vaultHost)
+		}
+		for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Request-Id"} {
+			if v, ok := r.Headers[h]; ok {
+				t.Errorf("the vault saw %s %q: the gateway parsed the stream", h, v)
+			}
+		}
+		// The shop's name on the same port is still ended at the gateway.
+		if code, r, err := get(client(shopHost), "https://"+shopHost+"/", shopHost); err != nil || code != http.StatusOK || !strings.HasPrefix(r.Pod, "shop-") {
+			t.Errorf("HTTPS to the shop beside the passthrough: %d %v", code, err)
+		}
+	})
+
+	t.Run("the TLSRoute's status", func(t *testing.T) {
+		rt, err := m.gw.GatewayV1().TLSRoutes(ingressNS).Get(ctx, "vault", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rt.Status.Parents) != 1 || string(rt.Status.Parents[0].ControllerName) != apinames.GatewayController {
+			t.Fatalf("status.parents %+v, want one of %s", rt.Status.Parents, apinames.GatewayController)
+		}
+		for _, cond := range rt.Status.Parents[0].Conditions {
+			if cond.Status != metav1.ConditionTrue {
+				t.Errorf("%s %s (%s: %s)", cond.Type, cond.Status, cond.Reason, cond.Message)
+			}
 		}
 	})
 

@@ -1,7 +1,7 @@
 // Command echo is the weft/echo test workload: an echo server (default) and
 // a client that sends requests and prints who answered.
 //
-//	echo [-http 8080] [-grpc 7070] [-tcp 9090]
+//	echo [-http 8080] [-grpc 7070] [-tcp 9090] [-tls 8443 -tls-cert FILE -tls-key FILE]
 //	echo client [-n 10 | -every 20ms -for 30s] [-keepalive] [-timeout 5s] [-H 'Name: value'] [-json] TARGET
 //	echo resolve [-conf /etc/resolv.conf] NAME...
 //	echo stream [-mode client|server|bidi] [-n 10] grpc://host:port
@@ -60,10 +60,13 @@ func serve(ctx context.Context, args []string) error {
 	httpPorts := fs.String("http", "8080", "comma-separated HTTP/1.1 + h2c ports (empty: none)")
 	grpcPorts := fs.String("grpc", "7070", "comma-separated gRPC ports (empty: none)")
 	tcpPorts := fs.String("tcp", "9090", "comma-separated raw TCP ports (empty: none)")
+	tlsPorts := fs.String("tls", "", "comma-separated HTTP/1.1-over-TLS ports (empty: none)")
+	var cfg echo.ServerConfig
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "PEM certificate chain of the TLS ports")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "PEM private key of the TLS ports")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var cfg echo.ServerConfig
 	var err error
 	if cfg.HTTPPorts, err = ports(*httpPorts); err != nil {
 		return err
@@ -72,6 +75,9 @@ func serve(ctx context.Context, args []string) error {
 		return err
 	}
 	if cfg.TCPPorts, err = ports(*tcpPorts); err != nil {
+		return err
+	}
+	if cfg.TLSPorts, err = ports(*tlsPorts); err != nil {
 		return err
 	}
 	cfg.SetDefaults()

@@ -138,8 +138,9 @@ type gatewayBuild struct {
 // BuildGateway computes the resources of an ingress Gateway (package doc,
 // "Ingress gateways"): one Listener per port of its HTTP, HTTPS, TLS and
 // TCP listeners, their RouteConfigurations from the HTTPRoutes and
-// GRPCRoutes attached to them (tcp_proxy for TCPRoutes and TLSRoutes), the Clusters and ClusterLoadAssignments of their backends and the
-// RBAC filters of the AuthorizationPolicies that target the Gateway. It
+// GRPCRoutes attached to them (tcp_proxy for TCPRoutes and TLSRoutes),
+// the Clusters and ClusterLoadAssignments of their backends and the RBAC
+// filters of the AuthorizationPolicies that target the Gateway. It
 // reports the listeners' status and what became of the routes that name
 // the Gateway (see Outcomes).
 func BuildGateway(mesh Mesh, gw *gwv1.Gateway, st Stores) (Resources, GatewayReport) {

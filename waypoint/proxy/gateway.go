@@ -35,8 +35,10 @@ import (
 //     chain, refused with 400 when it is not HTTP on an HTTP chain.
 //   - On a listener with the TLS inspector every connection is TLS: the
 //     ClientHello's server name picks the chain (config.Listener.SelectSNI)
-//     in crypto/tls's GetConfigForClient; no chain, no certificate: the
-//     handshake fails. A chain with a certificate ends TLS and serves
+//     in crypto/tls's GetConfigForClient; no chain: the connection is
+//     closed without a TLS alert (as Envoy closes a connection no filter
+//     chain takes), and no certificate is shown. A chain with a
+//     certificate ends TLS and serves
 //     HTTP/2 when ALPN chose h2, else HTTP/1.1 (or relays what TLS
 //     carries, with tcp_proxy); one without passes the connection through
 //     (the bytes read so far replayed) to its tcp_proxy cluster.
@@ -312,6 +314,9 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 				cur = l
 			}
 			if ch = cur.SelectSNI(hello.ServerName); ch == nil {
+				// Closed without an alert, as Envoy closes a connection
+				// no filter chain takes.
+				rec.mute()
 				return nil, fmt.Errorf("no filter chain for server name %q", hello.ServerName)
 			}
 			if ch.TLS == nil {

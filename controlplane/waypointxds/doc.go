@@ -190,8 +190,9 @@
 // backends as for a TCPRoute, and no transport socket, so the connection
 // goes on as it came and the backend ends TLS; it shares the port's
 // Listener and TLS inspector with the HTTPS listeners. A port whose only
-// listeners are TLS listeners without routes gets no Listener (nothing
-// would take a connection). Every connection manager takes the client address from the
+// listeners are TLS listeners without routes gets one chain "tls/<port>"
+// listing no names, with a tcp_proxy to BlackHoleCluster: the port is
+// open, and its connections closed. Every connection manager takes the client address from the
 // connection (use_remote_address), strips the port of the Host before
 // matching, and has the RBAC filters of the AuthorizationPolicies whose
 // targetRefs name the Gateway (or the GatewayClass istio, in the root

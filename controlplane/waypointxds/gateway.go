@@ -664,7 +664,9 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			chains = append(chains, g.passthroughChains(port, gl, policies)...)
 		}
 		if len(chains) == 0 {
-			continue // TLS listeners without routes: nothing to listen for
+			// TLS listeners without routes: the port is served, and every
+			// connection closed, as on a TCP listener without a route.
+			chains = append(chains, tcpChain("tls/"+port, nil, g.b.netRBACFilters(policies, nil), tcpProxy(g.b.blackHole())))
 		}
 		name := "0.0.0.0_" + port
 		l := &listenerv3.Listener{Name: name, FilterChains: chains, Address: &corev3.Address{Address: &corev3.Address_SocketAddress{

@@ -253,7 +253,7 @@ func hcmOf(t *testing.T, fc *listenerv3.FilterChain) *hcmv3.HttpConnectionManage
 // chain per port, a TLS chain per HTTPS listener selected by SNI.
 func TestGatewayResources(t *testing.T) {
 	_, res, _, _ := ingressFixture(t)
-	if got := sortedKeys(res[resource.ListenerType]); !slices.Equal(got, []string{"0.0.0.0_443", "0.0.0.0_80", "0.0.0.0_8080", "0.0.0.0_8443"}) {
+	if got := sortedKeys(res[resource.ListenerType]); !slices.Equal(got, []string{"0.0.0.0_443", "0.0.0.0_80", "0.0.0.0_8080", "0.0.0.0_8443", "0.0.0.0_9443"}) {
 		t.Fatalf("listeners %v", got)
 	}
 	l443 := res[resource.ListenerType]["0.0.0.0_443"].(*listenerv3.Listener)

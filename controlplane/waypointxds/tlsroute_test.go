@@ -74,11 +74,22 @@ func TestGatewayTLSPassthrough(t *testing.T) {
 	if c := l.ChainNamed("tls/443/any/tls/split"); len(c.TCPWeighted) != 2 {
 		t.Errorf("split: %+v", c.TCPWeighted)
 	}
-	// A TLS listener without a route (idle) or not accepted (term) has no
-	// Listener: nothing would take its connections.
-	for _, name := range []string{"0.0.0.0_8443", "0.0.0.0_9443", "0.0.0.0_10443"} {
-		if _, ok := res[0][resource.ListenerType][name]; ok {
-			t.Errorf("listener %s exists", name)
+	// A listener not accepted (term) has no Listener; the port of TLS
+	// listeners without a route (idle, kinds) is open and closes every
+	// connection, with or without SNI.
+	if _, ok := res[0][resource.ListenerType]["0.0.0.0_8443"]; ok {
+		t.Error("listener 0.0.0.0_8443 of listener term exists")
+	}
+	for _, name := range []string{"0.0.0.0_9443", "0.0.0.0_10443"} {
+		l := snap.Listeners[name]
+		if l == nil {
+			t.Errorf("no listener %s", name)
+			continue
+		}
+		for _, sni := range []string{"", "a.example.com"} {
+			if c := l.SelectSNI(sni); c == nil || c.TLS != nil || c.TCPCluster != BlackHoleCluster {
+				t.Errorf("%s, SNI %q: chain %+v, want one to %s", name, sni, c, BlackHoleCluster)
+			}
 		}
 	}
 	attached := map[string]int32{}

@@ -165,8 +165,8 @@
 // name that a more specific HTTPS or TLS listener of the port equals or
 // covers is left to that listener (listener isolation, as for HTTP: a
 // name is listed by one chain only), and a name that two routes claim
-// goes to the older (then the first by namespace/name; Gateway API's
-// conflict rule, and Istio's). A TLSRoute left with no name on a listener,
+// goes to the older (then the first by namespace/name: Gateway API's rule
+// for routes that conflict). A TLSRoute left with no name on a listener,
 // or with other than one rule (the v1 schema allows one), is detached
 // from it, and a parentRef left attached nowhere is Accepted=False
 // (Conflicted, or UnsupportedValue); one that keeps some of its names is

@@ -3,8 +3,8 @@
 // profile (GAMMA: HTTPRoute and GRPCRoute with a Service parent; profiles
 // MESH-HTTP and MESH-GRPC), run the way Istio runs it for ambient (the
 // suite's namespaces enrolled in ambient, the mesh namespace bound to a
-// waypoint); its GATEWAY-HTTP profile against the ingress GatewayClass
-// istio (TestGatewayConformance), the suite's requests sent from outside
+// waypoint); its GATEWAY-HTTP and GATEWAY-TLS profiles against the ingress
+// GatewayClass istio (TestGatewayConformance), the suite's requests sent from outside
 // the nodes to the Gateways' load balancer addresses; and istioctl
 // (TestIstioctl), built from the Istio snapshot tools/conformance pins.
 //
@@ -24,13 +24,14 @@
 //	                           find what passes (a probe, not a claim)
 //	gateway                    GATEWAY-HTTP: core and the extended
 //	                           features in gatewaySupportedExtended
-//	gateway-all                GATEWAY-HTTP: every feature a Gateway test
-//	                           needs (a probe)
+//	gateway-tls                GATEWAY-TLS (TLSRoute, Passthrough): core
+//	gateway-all                GATEWAY-HTTP and GATEWAY-TLS: every feature a
+//	                           Gateway test needs (a probe)
 //
 // The suite's ConformanceReport is written to bin/conformance/mesh-report.yaml
 // (mesh-core-report.yaml, mesh-all-report.yaml in the other modes) and
 // bin/conformance/gateway-report.yaml (gateway-core-report.yaml,
-// gateway-all-report.yaml), and the figures are printed as
+// gateway-tls-report.yaml, gateway-all-report.yaml), and the figures are printed as
 // `bench: conformance_mesh_passed N`, `bench: conformance_mesh_failed N`,
 // `bench: conformance_gateway_passed N` and
 // `bench: conformance_gateway_failed N` (tests, each counted once).
@@ -202,7 +203,7 @@ func claimed(mode string) ([]features.FeatureName, error) {
 	case "all":
 		return featuresOf(meshTests()), nil
 	}
-	return nil, fmt.Errorf("WEFT_CONFORMANCE=%q: want core, mesh, all, gateway or gateway-all", mode)
+	return nil, fmt.Errorf("WEFT_CONFORMANCE=%q: want core, mesh, all, gateway, gateway-tls or gateway-all", mode)
 }
 
 const (
@@ -215,7 +216,7 @@ func TestMeshConformance(t *testing.T) {
 	if mode == "" {
 		mode = "core"
 	}
-	if _, ok := gatewayClaimed(mode); ok && mode != "core" {
+	if _, _, ok := gatewayClaimed(mode); ok && mode != "core" {
 		t.Skipf("WEFT_CONFORMANCE=%s judges ingress Gateways only", mode)
 	}
 	claim, err := claimed(mode)

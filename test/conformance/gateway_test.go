@@ -21,14 +21,28 @@ import (
 // WEFT_CONFORMANCE=gateway or gateway-all.
 const gatewayInDefaultRun = true
 
+// gatewayTLSInDefaultRun says whether the default mode also runs the
+// GATEWAY-TLS profile (TLSRoute on TLS listeners in Passthrough mode):
+// only while its core tests pass here. They do not: the suite checks that
+// a ClientHello no route takes is refused with its own dialer, which
+// ignores the RoundTripper's and so cannot leave from outside the nodes
+// (the machine's own network has no route to the load balancer pool).
+// WEFT_CONFORMANCE=gateway-tls runs the profile alone.
+const gatewayTLSInDefaultRun = false
+
 // gatewayCoreFeatures are the features the GATEWAY-HTTP profile tests at
 // core level.
 var gatewayCoreFeatures = []features.FeatureName{features.SupportGateway, features.SupportHTTPRoute, features.SupportReferenceGrant}
 
+// gatewayTLSCoreFeatures are the features the GATEWAY-TLS profile adds at
+// core level. Its extended features (TLS listeners that end TLS) are not
+// claimed: such a listener is reported UnsupportedValue.
+var gatewayTLSCoreFeatures = []features.FeatureName{features.SupportTLSRoute}
+
 // gatewaySupportedExtended are the extended features of ingress Gateways
 // Weft claims: only those whose every test passed in a
 // WEFT_CONFORMANCE=gateway-all run here. Left out, among others:
-// TLSRoute, TCPRoute, UDPRoute,
+// TLSRoute termination, TCPRoute, UDPRoute,
 // GRPCRoute on Gateways, BackendTLSPolicy, client certificates, CORS,
 // listener isolation, static addresses.
 var gatewaySupportedExtended = []features.FeatureName{
@@ -56,18 +70,26 @@ var gatewaySupportedExtended = []features.FeatureName{
 // of HTTP among them).
 func gatewayTests() []suite.ConformanceTest { return testsOf(features.SupportGateway) }
 
-// gatewayClaimed returns the features to claim for Gateways in a mode, and
-// whether the test runs in it at all.
-func gatewayClaimed(mode string) ([]features.FeatureName, bool) {
+// gatewayClaimed returns the features to claim for Gateways in a mode, the
+// profiles to run, and whether the test runs in it at all.
+func gatewayClaimed(mode string) ([]features.FeatureName, []suite.ConformanceProfileName, bool) {
+	http := []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName}
+	both := append(slices.Clone(http), suite.GatewayTLSConformanceProfileName)
+	withTLS := append(slices.Clone(gatewayCoreFeatures), gatewayTLSCoreFeatures...)
 	switch mode {
 	case "core":
-		return gatewayCoreFeatures, gatewayInDefaultRun
+		if gatewayTLSInDefaultRun {
+			return withTLS, both, gatewayInDefaultRun
+		}
+		return gatewayCoreFeatures, http, gatewayInDefaultRun
 	case "gateway":
-		return append(slices.Clone(gatewayCoreFeatures), gatewaySupportedExtended...), true
+		return append(slices.Clone(gatewayCoreFeatures), gatewaySupportedExtended...), http, true
+	case "gateway-tls":
+		return withTLS, []suite.ConformanceProfileName{suite.GatewayTLSConformanceProfileName}, true
 	case "gateway-all":
-		return featuresOf(gatewayTests()), true
+		return featuresOf(gatewayTests()), both, true
 	}
-	return nil, false
+	return nil, nil, false
 }
 
 // gatewayReportName is the report's file name in bin/conformance for a mode.
@@ -77,12 +99,14 @@ func gatewayReportName(mode string) string {
 		return "gateway-report.yaml"
 	case "gateway-all":
 		return "gateway-all-report.yaml"
+	case "gateway-tls":
+		return "gateway-tls-report.yaml"
 	}
 	return "gateway-" + mode + "-report.yaml"
 }
 
-// TestGatewayConformance runs the suite's GATEWAY-HTTP profile against the
-// GatewayClass istio: Gateways deployed by Weft's deployer behind
+// TestGatewayConformance runs the suite's GATEWAY-HTTP profile (and
+// GATEWAY-TLS, see gatewayTLSInDefaultRun) against the GatewayClass istio: Gateways deployed by Weft's deployer behind
 // LoadBalancer Services, the suite's requests sent from outside the nodes
 // (DialOutside) to the load balancer addresses.
 func TestGatewayConformance(t *testing.T) {
@@ -90,9 +114,9 @@ func TestGatewayConformance(t *testing.T) {
 	if mode == "" {
 		mode = "core"
 	}
-	claim, run := gatewayClaimed(mode)
+	claim, profiles, run := gatewayClaimed(mode)
 	if !run {
-		t.Skipf("WEFT_CONFORMANCE=%s: ingress Gateways are judged with WEFT_CONFORMANCE=gateway or gateway-all", mode)
+		t.Skipf("WEFT_CONFORMANCE=%s: ingress Gateways are judged with WEFT_CONFORMANCE=gateway, gateway-tls or gateway-all", mode)
 	}
 	start := time.Now()
 	c := meshCluster(t)
@@ -106,7 +130,7 @@ func TestGatewayConformance(t *testing.T) {
 			SupportedFeatures:    claim,
 			CleanupBaseResources: false, // the cluster goes with the test
 			CleanupTestResources: true,
-			ConformanceProfiles:  []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName},
+			ConformanceProfiles:  profiles,
 			// The backends in ambient, as for the Mesh profiles: the
 			// gateway reaches them over HBONE, the path Weft's users take.
 			NamespaceLabels:   map[string]string{"istio.io/dataplane-mode": "ambient"},

@@ -16,9 +16,9 @@ import (
 )
 
 // gatewayInDefaultRun says whether TestGatewayConformance runs in the
-// default mode (core, `make test`): only while the whole GATEWAY-HTTP
-// profile passes at core level; were it to fail, it would run only with
-// WEFT_CONFORMANCE=gateway or gateway-all.
+// default mode (core, `make test`): only while the GATEWAY-HTTP and
+// GATEWAY-GRPC profiles pass at core level; were they to fail, it would
+// run only with WEFT_CONFORMANCE=gateway or gateway-all.
 const gatewayInDefaultRun = true
 
 // gatewayTLSInDefaultRun says whether the default mode also runs the
@@ -30,9 +30,9 @@ const gatewayInDefaultRun = true
 // WEFT_CONFORMANCE=gateway-tls runs the profile alone.
 const gatewayTLSInDefaultRun = false
 
-// gatewayCoreFeatures are the features the GATEWAY-HTTP profile tests at
-// core level.
-var gatewayCoreFeatures = []features.FeatureName{features.SupportGateway, features.SupportHTTPRoute, features.SupportReferenceGrant}
+// gatewayCoreFeatures are the features the GATEWAY-HTTP and GATEWAY-GRPC
+// profiles test at core level.
+var gatewayCoreFeatures = []features.FeatureName{features.SupportGateway, features.SupportHTTPRoute, features.SupportReferenceGrant, features.SupportGRPCRoute}
 
 // gatewayTLSCoreFeatures are the features the GATEWAY-TLS profile adds at
 // core level. Its extended features (TLS listeners that end TLS) are not
@@ -41,10 +41,11 @@ var gatewayTLSCoreFeatures = []features.FeatureName{features.SupportTLSRoute}
 
 // gatewaySupportedExtended are the extended features of ingress Gateways
 // Weft claims: only those whose every test passed in a
-// WEFT_CONFORMANCE=gateway-all run here. Left out, among others:
-// TLSRoute termination, TCPRoute, UDPRoute,
-// GRPCRoute on Gateways, BackendTLSPolicy, client certificates, CORS,
-// listener isolation, static addresses.
+// WEFT_CONFORMANCE=gateway run here. Left out, among others: TLSRoute
+// termination, UDPRoute, BackendTLSPolicy, client certificates, static
+// addresses, ListenerSets, HTTPRouteBackendProtocolH2C (the suite's h2c
+// client dials the address itself, not from outside the nodes) and
+// misdirected requests (421).
 var gatewaySupportedExtended = []features.FeatureName{
 	features.SupportGatewayPort8080,
 	features.SupportHTTPRouteQueryParamMatching,
@@ -64,6 +65,14 @@ var gatewaySupportedExtended = []features.FeatureName{
 	features.SupportHTTPRouteRequestMirror,
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteBackendTimeout,
+	features.SupportGRPCRouteNamedRouteRule,
+	features.SupportGatewayHTTPListenerIsolation,
+	features.SupportHTTPRouteBackendProtocolWebSocket,
+	features.SupportHTTPRouteCORS,
+	features.SupportHTTPRouteRequestMultipleMirrors,
+	features.SupportHTTPRouteRequestPercentageMirror,
+	features.SupportHTTPRouteRetry,
+	features.SupportGatewayInfrastructure,
 }
 
 // gatewayTests are the suite's tests of Gateways (the profile picks those
@@ -73,7 +82,7 @@ func gatewayTests() []suite.ConformanceTest { return testsOf(features.SupportGat
 // gatewayClaimed returns the features to claim for Gateways in a mode, the
 // profiles to run, and whether the test runs in it at all.
 func gatewayClaimed(mode string) ([]features.FeatureName, []suite.ConformanceProfileName, bool) {
-	http := []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName}
+	http := []suite.ConformanceProfileName{suite.GatewayHTTPConformanceProfileName, suite.GatewayGRPCConformanceProfileName}
 	both := append(slices.Clone(http), suite.GatewayTLSConformanceProfileName)
 	withTLS := append(slices.Clone(gatewayCoreFeatures), gatewayTLSCoreFeatures...)
 	switch mode {
@@ -105,10 +114,12 @@ func gatewayReportName(mode string) string {
 	return "gateway-" + mode + "-report.yaml"
 }
 
-// TestGatewayConformance runs the suite's GATEWAY-HTTP profile (and
-// GATEWAY-TLS, see gatewayTLSInDefaultRun) against the GatewayClass istio: Gateways deployed by Weft's deployer behind
-// LoadBalancer Services, the suite's requests sent from outside the nodes
-// (DialOutside) to the load balancer addresses.
+// TestGatewayConformance runs the suite's GATEWAY-HTTP and GATEWAY-GRPC
+// profiles (and GATEWAY-TLS, see gatewayTLSInDefaultRun) against the
+// GatewayClass istio: Gateways deployed by Weft's deployer behind
+// LoadBalancer Services, the suite's HTTP, gRPC and WebSocket requests
+// sent from outside the nodes (DialOutside) to the load balancer
+// addresses.
 func TestGatewayConformance(t *testing.T) {
 	mode := os.Getenv("WEFT_CONFORMANCE")
 	if mode == "" {
@@ -124,6 +135,8 @@ func TestGatewayConformance(t *testing.T) {
 	sc := newSuiteClients(t, c)
 	timeouts := config.DefaultTimeoutConfig()
 	results := newResults()
+	grpcClient := newOutsideGRPC(c.DialOutside)
+	defer grpcClient.Close()
 	cs, err := suite.NewConformanceTestSuite(suite.ConformanceOptions{
 		ConfigurableOptions: suite.ConfigurableOptions{
 			GatewayClassName:     "istio",
@@ -151,7 +164,9 @@ func TestGatewayConformance(t *testing.T) {
 		ManifestFS:    []fs.FS{&gwconformance.Manifests},
 		// The suite's requests leave from outside the nodes, to the
 		// Gateways' load balancer addresses.
-		RoundTripper: &roundtripper.DefaultRoundTripper{CustomDialContext: c.DialOutside, TimeoutConfig: timeouts},
+		RoundTripper:    &roundtripper.DefaultRoundTripper{CustomDialContext: c.DialOutside, TimeoutConfig: timeouts},
+		GRPCClient:      grpcClient,
+		WebSocketDialer: outsideWebSocket{dial: c.DialOutside},
 		Hook: func(t *testing.T, test suite.ConformanceTest, _ *suite.ConformanceTestSuite) {
 			results.record(test.ShortName, t)
 		},

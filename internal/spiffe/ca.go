@@ -272,6 +272,24 @@ func (ca *CA) IssueSVID(id Identity, ttl time.Duration) (*SVID, error) {
 }
 
 func (ca *CA) sign(pub crypto.PublicKey, id Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	tmpl, err := ca.leafTemplate(pub, id, ttl)
+	if err != nil {
+		return nil, err
+	}
+	der, err := ca.createLeaf(tmpl, pub)
+	if err != nil {
+		return nil, fmt.Errorf("creating certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parsing the new certificate: %w", err)
+	}
+	return append([]*x509.Certificate{leaf}, ca.chain...), nil
+}
+
+// leafTemplate checks a request and describes the certificate Sign issues
+// for it.
+func (ca *CA) leafTemplate(pub crypto.PublicKey, id Identity, ttl time.Duration) (*x509.Certificate, error) {
 	if err := id.Validate(); err != nil {
 		return nil, fmt.Errorf("invalid identity: %w", err)
 	}
@@ -307,7 +325,7 @@ func (ca *CA) sign(pub crypto.PublicKey, id Identity, ttl time.Duration) ([]*x50
 	if _, ok := pub.(*rsa.PublicKey); ok {
 		usage |= x509.KeyUsageKeyEncipherment
 	}
-	tmpl := &x509.Certificate{
+	return &x509.Certificate{
 		SerialNumber:          serial,
 		NotBefore:             now.Add(-clockSkew),
 		NotAfter:              notAfter,
@@ -315,16 +333,7 @@ func (ca *CA) sign(pub crypto.PublicKey, id Identity, ttl time.Duration) ([]*x50
 		ExtKeyUsage:           []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		BasicConstraintsValid: true,
 		ExtraExtensions:       []pkix.Extension{san},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.chain[0], pub, ca.key)
-	if err != nil {
-		return nil, fmt.Errorf("creating certificate: %w", err)
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, fmt.Errorf("parsing the new certificate: %w", err)
-	}
-	return append([]*x509.Certificate{leaf}, ca.chain...), nil
+	}, nil
 }
 
 // checkSigningChain checks that chain is a signing certificate for key, then

@@ -14,12 +14,24 @@ type deadline struct {
 	at    time.Time     // guarded by mu: the deadline in force; zero for none
 	timer *time.Timer   // guarded by mu: runs fire; made on first use
 	ch    chan struct{} // guarded by mu; closed once the deadline passed
+	// passed, when set, is told each time the deadline passes, after mu
+	// is released: a waiter that holds no goroutine on ch (StartWriteTo).
+	passed deadlineWatcher
 }
+
+type deadlineWatcher interface{ deadlinePassed() }
 
 func newDeadline() deadline { return deadline{ch: make(chan struct{})} }
 
 // set moves the deadline; the zero time means none.
 func (d *deadline) set(t time.Time) {
+	if d.setLocked(t) && d.passed != nil {
+		d.passed.deadlinePassed()
+	}
+}
+
+// setLocked is set under d.mu; it reports whether the deadline has passed.
+func (d *deadline) setLocked(t time.Time) (passed bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.at = t
@@ -30,18 +42,19 @@ func (d *deadline) set(t time.Time) {
 		d.ch = make(chan struct{})
 	}
 	if t.IsZero() {
-		return
+		return false
 	}
 	dur := time.Until(t)
 	if dur <= 0 {
 		close(d.ch)
-		return
+		return true
 	}
 	if d.timer == nil {
 		d.timer = time.AfterFunc(dur, d.fire)
 	} else {
 		d.timer.Reset(dur)
 	}
+	return false
 }
 
 // fire closes the channel once the deadline in force has passed; a firing
@@ -49,15 +62,20 @@ func (d *deadline) set(t time.Time) {
 // leaves the channel open.
 func (d *deadline) fire() {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.at.IsZero() || isClosed(d.ch) {
+		d.mu.Unlock()
 		return
 	}
 	if dur := time.Until(d.at); dur > 0 {
 		d.timer.Reset(dur)
+		d.mu.Unlock()
 		return
 	}
 	close(d.ch)
+	d.mu.Unlock()
+	if d.passed != nil {
+		d.passed.deadlinePassed()
+	}
 }
 
 // wait returns a channel closed when the deadline passes.

@@ -11,10 +11,12 @@
 //     streams per pooled client connection and 200 per server connection
 //     (the values ztunnel uses).
 //   - DATA payloads are read from TLS straight into pooled per-stream chunks
-//     and, when a Stream is being copied to a socket with WriteTo, written
-//     to that socket by the reading goroutine without a hand-off. Send
-//     buffers start at 1 KiB and grow with the traffic. An idle stream holds
-//     no buffer.
+//     and, when a Stream is being copied to a socket with WriteTo or
+//     StartWriteTo, written to that socket by the reading goroutine without
+//     a hand-off; StartWriteTo holds no goroutine of its own until the
+//     socket does not take a write at once or the stream ends. Send buffers
+//     start at 1 KiB and grow with the traffic. An idle stream holds no
+//     buffer.
 //   - One goroutine reads each connection and never blocks on a write;
 //     control frames it must send (SETTINGS and PING acks, WINDOW_UPDATE,
 //     RST_STREAM) go through a bounded queue served by a second goroutine.
@@ -28,7 +30,7 @@
 // status otherwise) and hands each accepted tunnel to its caller as a
 // Stream, a net.Conn. Dialer opens tunnels over a pool keyed by source
 // identity, acceptable peer identities, next hop and source IP
-// (as ztunnel keys its pool). A Stream's ReadFrom and WriteTo are the
+// (as ztunnel keys its pool). A Stream's ReadFrom and StartWriteTo are the
 // zero-copy paths package relay takes to relay a tunnel and a TCP
 // connection.
 //

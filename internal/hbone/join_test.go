@@ -8,7 +8,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/weftmesh/weft/internal/relay"
 )
@@ -102,5 +105,54 @@ func TestJoinEndToEnd(t *testing.T) {
 	}
 	if got := <-serverCounts; got != (counts{size, size}) {
 		t.Errorf("server relay counted %+v, want %+v", got, want)
+	}
+}
+
+// TestJoinIdleOneGoroutine: a relay of a socket and a stream waits in one
+// goroutine while idle (the stream writes to the socket without one), and
+// still ends both ways: after the app's reset Join returns the error and
+// the peer's read ends.
+func TestJoinIdleOneGoroutine(t *testing.T) {
+	cs, ss := streamPair(t)
+	sock, app := socketPair(t)
+	type result struct {
+		ab, ba int64
+		err    error
+	}
+	joined := make(chan result, 1)
+	go func() {
+		ab, ba, err := relay.Join(sock, ss, 0)
+		joined <- result{ab, ba, err}
+	}()
+	cs.Write([]byte("ping"))
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(app, got); err != nil || string(got) != "ping" {
+		t.Fatalf("app read %q (%v)", got, err)
+	}
+	app.Write([]byte("pong"))
+	if _, err := io.ReadFull(cs, got); err != nil || string(got) != "pong" {
+		t.Fatalf("peer read %q (%v)", got, err)
+	}
+	waitFor(t, 5*time.Second, func() bool {
+		buf := make([]byte, 1<<20)
+		dump := string(buf[:runtime.Stack(buf, true)])
+		return drainers() == 0 && !strings.Contains(dump, "relay.(*join).forward")
+	})
+	app.SetLinger(0)
+	app.Close() // a reset: the relay fails and resets the stream
+	select {
+	case r := <-joined:
+		if r.err == nil || r.ab != 4 || r.ba != 4 {
+			t.Errorf("Join returned (%d, %d, %v), want (4, 4, the reset)", r.ab, r.ba, r.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Join did not return after the app's reset")
+	}
+	ended := make(chan struct{})
+	go func() { io.Copy(io.Discard, cs); close(ended) }()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the peer's read did not end")
 	}
 }

@@ -31,7 +31,8 @@ type Stream struct {
 	resetEarly atomic.Bool  // server: the peer reset it before it was answered
 	direct     atomic.Int64 // bytes the read loop wrote straight to WriteTo's socket
 
-	// rmu serialises Read and WriteTo. Held before wmu, this Stream's or
+	// rmu serialises Read, WriteTo and StartWriteTo's drain goroutines
+	// (held while one writes, not while it is parked). Held before wmu, this Stream's or
 	// another's (WriteTo into a Stream, as io.Copy between Streams or an echo
 	// does), and before every conn lock and Dialer.mu. (ReadFrom from a
 	// Stream would take them the other way round; io.Copy never does, as it
@@ -58,6 +59,7 @@ type Stream struct {
 	filling    bool            // guarded by mu: the read loop is writing into buf's tail
 	reading    bool            // guarded by mu: WriteTo or the read loop is writing out data
 	sink       syscall.RawConn // guarded by mu: WriteTo's destination socket, if it has one
+	async      *asyncWrite     // guarded by mu: StartWriteTo's state, until it is done
 	recvDone   bool            // guarded by mu: END_STREAM received
 	recvWindow int64           // guarded by mu: credit we gave the peer
 	unacked    int64           // guarded by mu: consumed, not yet returned to the peer
@@ -85,7 +87,7 @@ func (c *conn) newStream(id uint32) *Stream {
 
 func (c *conn) newStreamLocked(id uint32) *Stream {
 	sw := int64(c.peerInitWindow)
-	return &Stream{
+	s := &Stream{
 		c:          c,
 		id:         id,
 		readable:   make(chan struct{}, 1),
@@ -96,6 +98,8 @@ func (c *conn) newStreamLocked(id uint32) *Stream {
 		recvWindow: int64(c.cfg.streamWindow),
 		sendWindow: sw,
 	}
+	s.rdl.passed = s
+	return s
 }
 
 // recvBuf is a queue of pooled chunks. Only the read loop appends (into the
@@ -208,7 +212,7 @@ func (s *Stream) fill(r io.Reader, n int) (read, dropped int, err error) {
 			s.buf.commit(m)
 		}
 		s.mu.Unlock()
-		notify(s.readable)
+		s.readableNow()
 		read += m
 		if rerr != nil {
 			return read, dropped, rerr
@@ -247,7 +251,7 @@ func (s *Stream) fillDirect(r io.Reader, n int) (read, dropped int, err error) {
 		s.c.consumed(written)
 	}
 	if written < m {
-		notify(s.readable) // WriteTo has work, or will see the end
+		s.readableNow() // WriteTo has work, or will see the end
 	}
 	return m, dropped, err
 }
@@ -343,7 +347,7 @@ func (s *Stream) endRecv() {
 	s.watchers = nil
 	s.mu.Unlock()
 	runWatchers(ws)
-	notify(s.readable)
+	s.readableNow()
 	if forget {
 		s.c.forget(s)
 	}
@@ -414,9 +418,18 @@ func (s *Stream) endContext() {
 }
 
 func (s *Stream) wake() {
-	notify(s.readable)
+	s.readableNow()
 	notify(s.writable)
 }
+
+// readableNow wakes a reader: data, the end or an error arrived.
+func (s *Stream) readableNow() {
+	notify(s.readable)
+	s.kick(false)
+}
+
+// deadlinePassed implements deadlineWatcher for the read deadline.
+func (s *Stream) deadlinePassed() { s.kick(true) }
 
 // markEndWritten is called by the writer, under c.wmu, before END_STREAM goes out.
 func (s *Stream) markEndWritten() bool {
@@ -463,31 +476,30 @@ func (s *Stream) Read(p []byte) (int, error) {
 func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	if sc, ok := w.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
+	if rc := rawConn(w); rc != nil {
+		s.mu.Lock()
+		s.sink = rc
+		s.mu.Unlock()
+		defer func() {
 			s.mu.Lock()
-			s.sink = rc
+			s.sink = nil
 			s.mu.Unlock()
-			defer func() {
-				s.mu.Lock()
-				s.sink = nil
-				s.mu.Unlock()
-			}()
-		}
+		}()
 	}
-	n, err := s.writeTo(w)
+	n, err, _ := s.writeOut(w, true)
 	return n + s.direct.Swap(0), err
 }
 
-func (s *Stream) writeTo(w io.Writer) (int64, error) {
-	var total int64
+// writeOut writes the buffered bytes to w until EOF or an error (ended),
+// or, unless wait is set, until nothing is buffered.
+func (s *Stream) writeOut(w io.Writer, wait bool) (total int64, err error, ended bool) {
 	for {
 		if isClosed(s.rdl.wait()) {
-			return total, os.ErrDeadlineExceeded
+			return total, os.ErrDeadlineExceeded, true
 		}
 		s.mu.Lock()
 		seg := s.buf.head()
-		var err error
+		err = nil
 		if len(seg) == 0 || s.closed || s.err != nil {
 			err = s.readErrLocked() // EOF only once the buffer is drained
 		}
@@ -507,23 +519,26 @@ func (s *Stream) writeTo(w io.Writer) (int64, error) {
 			s.mu.Unlock()
 			if ended {
 				s.c.consumed(n + dropped)
-				return total + int64(n), s.readErr()
+				return total + int64(n), s.readErr(), true
 			}
 			s.consumed(n)
 			total += int64(n)
 			if werr != nil {
-				return total, werr
+				return total, werr, true
 			}
 			continue
 		}
 		if err == io.EOF {
-			return total, nil
+			return total, nil, true
 		}
 		if err != nil {
-			return total, err
+			return total, err, true
+		}
+		if !wait {
+			return total, nil, false
 		}
 		if err := s.waitReadable(); err != nil {
-			return total, err
+			return total, err, true
 		}
 	}
 }

@@ -14,7 +14,9 @@
 // Without an idle timeout the copies take the ends' own fast paths
 // (io.WriterTo and io.ReaderFrom: splice(2) between two TCP connections,
 // an HBONE stream's buffers written straight to the socket), so the relay
-// adds no copy of its own.
+// adds no copy of its own; and an end that starts its copy itself (an HBONE
+// stream's StartWriteTo) holds no goroutine while it has nothing to write,
+// so an idle relay of a socket and a stream waits in one goroutine.
 package relay
 
 import (
@@ -56,15 +58,27 @@ var ErrIdle = errors.New("relay: idle timeout")
 // relay without an error.
 //
 // Join copies a to b on the calling goroutine and b to a on a goroutine of
-// its own; both have returned when Join returns.
+// its own; both have returned when Join returns. When b starts its copies
+// itself (an HBONE stream's StartWriteTo) and there is no idle timeout, b
+// to a holds no goroutine while b has nothing to write.
 func Join(a, b End, idle time.Duration) (ab, ba int64, err error) {
 	j := &join{a: a, b: b, idle: idle, done: make(chan struct{})}
 	j.touch()
-	go j.forward()
+	if sw, ok := b.(startWriterTo); ok && idle <= 0 {
+		sw.StartWriteTo(a, j.forwarded)
+	} else {
+		go j.forward()
+	}
 	j.ab = j.copy(b, a)
 	<-j.done
 	j.close()
 	return j.ab, j.ba, j.err
+}
+
+// startWriterTo is an End that copies itself to a writer without a
+// goroutine of the caller's, calling done when WriteTo would have returned.
+type startWriterTo interface {
+	StartWriteTo(w io.Writer, done func(n int64, err error))
 }
 
 // join is the state the two directions of a relay share. Join's caller
@@ -87,6 +101,13 @@ func (j *join) forward() {
 	j.ba = j.copy(j.a, j.b)
 }
 
+// forwarded ends the second direction when b copied itself to a.
+func (j *join) forwarded(n int64, err error) {
+	defer close(j.done)
+	j.ba = n
+	j.ended(j.a, err)
+}
+
 // close closes the ends that are io.Closer.
 func (j *join) close() {
 	for _, e := range [...]End{j.a, j.b} {
@@ -104,6 +125,13 @@ func (j *join) copy(dst, src End) int64 {
 		r = &idleReader{j: j, src: src}
 	}
 	n, err := copyData(dst, r)
+	j.ended(dst, err)
+	return n
+}
+
+// ended passes a direction's end on to dst: a half-close when its source
+// ended, an abort when it failed.
+func (j *join) ended(dst End, err error) {
 	if err == nil {
 		if cw, ok := dst.(closeWriter); ok {
 			err = cw.CloseWrite()
@@ -112,7 +140,6 @@ func (j *join) copy(dst, src End) int64 {
 	if err != nil {
 		j.abort(err)
 	}
-	return n
 }
 
 // buffers hold the copies of ends that have no fast path.

@@ -357,9 +357,7 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 // relay the stream for its whole life, so this frame stays small: the
 // request is built in a function of its own.
 func (s *Server) serveStream(c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID) {
-	defer s.handlers.Done()
-	defer c.handlerDone(st)
-	defer st.Close()
+	defer s.streamDone(c, st)
 	req := newRequest(c, st, f, peer)
 	if req == nil {
 		return
@@ -368,6 +366,13 @@ func (s *Server) serveStream(c *conn, st *Stream, f *http2.MetaHeadersFrame, pee
 	if !st.answered.Load() && !isClosed(st.dead) {
 		_ = st.respond(http.StatusServiceUnavailable, nil, true)
 	}
+}
+
+// streamDone closes st once its handler returned and frees its slot.
+func (s *Server) streamDone(c *conn, st *Stream) {
+	st.Close()
+	c.handlerDone(st)
+	s.handlers.Done()
 }
 
 // newRequest returns st's request, or nil when it was refused (and

@@ -19,7 +19,7 @@ import (
 // must be this pod, policy must allow the peer, and the app must accept the
 // connection before the tunnel is answered 200.
 func (p *Pod) serveHBONE(r *hbone.Request) {
-	if c := p.openInbound(r); c != nil {
+	if c := onOwnStack(func() *relayed { return p.openInbound(r) }); c != nil {
 		defer p.in.release()
 		p.relay(c)
 	}

@@ -18,9 +18,21 @@ import (
 // serveOutbound carries one connection the pod's app opened (redirected to
 // 15001) to where the control plane's view says it goes.
 func (p *Pod) serveOutbound(c net.Conn) {
-	if r := p.openOutbound(c); r != nil {
+	if r := onOwnStack(func() *relayed { return p.openOutbound(c) }); r != nil {
 		p.relay(r)
 	}
+}
+
+// onOwnStack returns open's result, run on a goroutine of its own. Opening
+// a connection (dialing in the pod's namespace, the HBONE handshake and
+// CONNECT, policy, logging) grows a stack to several times what waiting in
+// the relay needs, and the collector gives a waiting goroutine's stack
+// back only half at a time; opened elsewhere, the relay's goroutine keeps
+// the small stack it started with.
+func onOwnStack(open func() *relayed) *relayed {
+	ch := make(chan *relayed, 1)
+	go func() { ch <- open() }()
+	return <-ch
 }
 
 // relayed is a connection ready to relay: its two ends and what its end

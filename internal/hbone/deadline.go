@@ -8,12 +8,14 @@ import (
 // deadline is a settable point in time whose passing closes a channel, the
 // way a socket deadline wakes blocked reads and writes. Its timer is made
 // once and reset, so that moving the deadline (net/http-style servers do it
-// several times per request) allocates nothing.
+// several times per request) allocates nothing; its channel is made only
+// once something waits on it or a deadline is set, so that a stream whose
+// reads and writes never block (an idle relayed one) has none.
 type deadline struct {
 	mu    sync.Mutex    // a leaf, taken under a Stream's rmu or wmu
 	at    time.Time     // guarded by mu: the deadline in force; zero for none
 	timer *time.Timer   // guarded by mu: runs fire; made on first use
-	ch    chan struct{} // guarded by mu; closed once the deadline passed
+	ch    chan struct{} // guarded by mu; closed once the deadline passed; nil until needed
 	// passed, when set, is told each time the deadline passes, after mu
 	// is released: a waiter that holds no goroutine on ch (StartWriteTo).
 	passed deadlineWatcher
@@ -21,7 +23,7 @@ type deadline struct {
 
 type deadlineWatcher interface{ deadlinePassed() }
 
-func newDeadline() deadline { return deadline{ch: make(chan struct{})} }
+func newDeadline() deadline { return deadline{} }
 
 // set moves the deadline; the zero time means none.
 func (d *deadline) set(t time.Time) {
@@ -43,6 +45,9 @@ func (d *deadline) setLocked(t time.Time) (passed bool) {
 	}
 	if t.IsZero() {
 		return false
+	}
+	if d.ch == nil {
+		d.ch = make(chan struct{})
 	}
 	dur := time.Until(t)
 	if dur <= 0 {
@@ -82,7 +87,17 @@ func (d *deadline) fire() {
 func (d *deadline) wait() <-chan struct{} {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.ch == nil {
+		d.ch = make(chan struct{})
+	}
 	return d.ch
+}
+
+// expired reports whether the deadline has passed, without making a channel.
+func (d *deadline) expired() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.ch != nil && isClosed(d.ch)
 }
 
 // stop releases the timer.

@@ -445,7 +445,7 @@ func (s *Stream) Read(p []byte) (int, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
 	for {
-		if isClosed(s.rdl.wait()) {
+		if s.rdl.expired() {
 			return 0, os.ErrDeadlineExceeded
 		}
 		s.mu.Lock()
@@ -494,7 +494,7 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 // or, unless wait is set, until nothing is buffered.
 func (s *Stream) writeOut(w io.Writer, wait bool) (total int64, err error, ended bool) {
 	for {
-		if isClosed(s.rdl.wait()) {
+		if s.rdl.expired() {
 			return total, os.ErrDeadlineExceeded, true
 		}
 		s.mu.Lock()
@@ -574,7 +574,7 @@ func (s *Stream) waitReadable() error {
 func (s *Stream) reserve(max int) (int, error) {
 	c := s.c
 	for {
-		if isClosed(s.wdl.wait()) {
+		if s.wdl.expired() {
 			return 0, os.ErrDeadlineExceeded
 		}
 		s.mu.Lock()

@@ -39,7 +39,7 @@ func (s *Stream) StartWriteTo(w io.Writer, done func(n int64, err error)) {
 	s.sink = rc
 	s.async = a
 	s.mu.Unlock()
-	s.kick(isClosed(s.rdl.wait()))
+	s.kick(s.rdl.expired())
 }
 
 // kick starts a drain goroutine for StartWriteTo when there is something to

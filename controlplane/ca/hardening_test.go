@@ -35,10 +35,10 @@ type blockingSigner struct {
 	release chan struct{}
 }
 
-func (b *blockingSigner) Sign(csr []byte, id spiffe.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+func (b *blockingSigner) SignRequest(csr *x509.CertificateRequest, id spiffe.Identity, ttl time.Duration) ([]*x509.Certificate, error) {
 	b.entered <- struct{}{}
 	<-b.release
-	return b.ca.Sign(csr, id, ttl)
+	return b.ca.SignRequest(csr, id, ttl)
 }
 
 // mdAuthn authenticates the caller named in the "x-caller" metadata

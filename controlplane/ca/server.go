@@ -24,9 +24,10 @@ import (
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
-// Signer issues a certificate for a public key in a CSR: *spiffe.CA.
+// Signer issues a certificate for the public key of a parsed CSR, once it
+// checked the CSR's signature: *spiffe.CA.
 type Signer interface {
-	Sign(csrDER []byte, id spiffe.Identity, ttl time.Duration) ([]*x509.Certificate, error)
+	SignRequest(csr *x509.CertificateRequest, id spiffe.Identity, ttl time.Duration) ([]*x509.Certificate, error)
 }
 
 var _ Signer = (*spiffe.CA)(nil)
@@ -117,7 +118,6 @@ func (s *Server) Register(g *grpc.Server) { capb.RegisterIstioCertificateService
 // request is a parsed CreateCertificate request.
 type request struct {
 	csr          *x509.CertificateRequest
-	csrDER       []byte
 	csrURIs      []string
 	ttl          time.Duration
 	impersonated string // the raw ImpersonatedIdentity, or ""
@@ -149,7 +149,7 @@ func parseRequest(req *capb.IstioCertificateRequest) (*request, *Refusal) {
 	if len(csr.URIs) != 1 {
 		return nil, refuse(codes.InvalidArgument, "csr_invalid", fmt.Sprintf("the CSR must name the SPIFFE ID asked for as exactly one URI SAN, not %d", len(csr.URIs)), "")
 	}
-	r := &request{csr: csr, csrDER: block.Bytes}
+	r := &request{csr: csr}
 	for _, u := range csr.URIs {
 		r.csrURIs = append(r.csrURIs, u.String())
 	}
@@ -247,7 +247,7 @@ func (s *Server) CreateCertificate(ctx context.Context, req *capb.IstioCertifica
 	if ref != nil {
 		return nil, s.refused(log, ref, caller, r.impersonated)
 	}
-	chain, err := s.signer.Sign(r.csrDER, id, r.ttl)
+	chain, err := s.signer.SignRequest(r.csr, id, r.ttl)
 	if err != nil {
 		if serr := r.csr.CheckSignature(); serr != nil {
 			s.m.csrParse.Inc()

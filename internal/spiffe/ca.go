@@ -249,6 +249,19 @@ func (ca *CA) Sign(csrDER []byte, id Identity, ttl time.Duration) ([]*x509.Certi
 	return chain, nil
 }
 
+// SignRequest is Sign for a CSR its caller has parsed already (and checked
+// nothing else of): it checks the CSR's signature, then issues as Sign does.
+func (ca *CA) SignRequest(csr *x509.CertificateRequest, id Identity, ttl time.Duration) ([]*x509.Certificate, error) {
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("signing certificate for %s: the CSR's signature does not verify with its own public key: %w", id, err)
+	}
+	chain, err := ca.sign(csr.PublicKey, id, ttl)
+	if err != nil {
+		return nil, fmt.Errorf("signing certificate for %s: %w", id, err)
+	}
+	return chain, nil
+}
+
 // SignCSR is Sign for a PEM CSR, so that *CA is a Signer.
 func (ca *CA) SignCSR(ctx context.Context, csrPEM []byte, id Identity, ttl time.Duration) ([]*x509.Certificate, error) {
 	if err := ctx.Err(); err != nil {

@@ -155,3 +155,29 @@ func TestLeafTBSRefusesOtherTemplates(t *testing.T) {
 		}
 	}
 }
+
+// TestSignRequestChecksTheSignature: a parsed CSR whose signature does not
+// verify with its own key is refused; a good one is signed as Sign does.
+func TestSignRequestChecksTheSignature(t *testing.T) {
+	ca := mustCA(t, CAConfig{Now: func() time.Time { return testNow }})
+	id := mustIdentity(t, DefaultTrustDomain, "ns", "sa")
+	der := mustCSR(t, &x509.CertificateRequest{}, mustECKey(t, elliptic.P256()))
+	good, err := x509.ParseCertificateRequest(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ca.SignRequest(good, id, 0); err != nil {
+		t.Fatalf("good CSR: %v", err)
+	}
+	bad := *good
+	bad.Signature = append([]byte(nil), good.Signature...)
+	bad.Signature[len(bad.Signature)-1] ^= 1
+	if _, err := ca.SignRequest(&bad, id, 0); err == nil {
+		t.Error("signed a CSR whose signature does not verify")
+	}
+	other := *good // another key's signature over the same request
+	other.PublicKey = mustECKey(t, elliptic.P256()).Public()
+	if _, err := ca.SignRequest(&other, id, 0); err == nil {
+		t.Error("signed a CSR for a key that did not sign it")
+	}
+}

@@ -182,28 +182,7 @@ func TestIngress(t *testing.T) {
 		}}
 	}
 	get := func(cl *http.Client, url, host string, header ...string) (int, *echo.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if err != nil {
-			return 0, nil, err
-		}
-		req.Host = host
-		for i := 0; i+1 < len(header); i += 2 {
-			req.Header.Set(header[i], header[i+1])
-		}
-		resp, err := cl.Do(req)
-		if err != nil {
-			return 0, nil, err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			return resp.StatusCode, nil, err
-		}
-		var r echo.Response
-		if err := json.Unmarshal(body, &r); err != nil {
-			return resp.StatusCode, nil, fmt.Errorf("not the echo app's answer: %v: %.200s", err, body)
-		}
-		return resp.StatusCode, &r, nil
+		return echoGet(ctx, cl, url, host, header...)
 	}
 
 	// The route is in force once HTTPS reaches the shop: the gateway's
@@ -368,4 +347,32 @@ func TestIngress(t *testing.T) {
 			}
 		}
 	})
+}
+
+// echoGet sends a GET for url with Host host (header: name, value pairs)
+// and returns the status and, for a 200, the echo app's answer. The URL's
+// path is sent as written: Go's client neither decodes nor cleans it.
+func echoGet(ctx context.Context, cl *http.Client, url, host string, header ...string) (int, *echo.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Host = host
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return resp.StatusCode, nil, err
+	}
+	var r echo.Response
+	if err := json.Unmarshal(body, &r); err != nil {
+		return resp.StatusCode, nil, fmt.Errorf("not the echo app's answer: %v: %.200s", err, body)
+	}
+	return resp.StatusCode, &r, nil
 }

@@ -2,9 +2,6 @@ package e2e
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -104,26 +101,7 @@ func TestIngressUseWaypoint(t *testing.T) {
 	client := c.OutsideHTTPClient()
 	// get sends a request from outside to the gateway's address.
 	get := func(path string) (int, *echo.Response, error) {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+lb.String()+"/", nil)
-		if err != nil {
-			return 0, nil, err
-		}
-		req.URL.Opaque = path // sent as written: no client-side cleaning
-		req.Host = storeHost
-		resp, err := client.Do(req)
-		if err != nil {
-			return 0, nil, err
-		}
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		if err != nil || resp.StatusCode != http.StatusOK {
-			return resp.StatusCode, nil, err
-		}
-		var r echo.Response
-		if err := json.Unmarshal(body, &r); err != nil {
-			return resp.StatusCode, nil, fmt.Errorf("not the echo app's answer: %v: %.200s", err, body)
-		}
-		return resp.StatusCode, &r, nil
+		return echoGet(ctx, client, "http://"+lb.String()+path, storeHost)
 	}
 	peerOf := func(r *echo.Response) string {
 		host, _, _ := net.SplitHostPort(r.Peer)

@@ -46,7 +46,7 @@ conformance: deps tools ## Run the Gateway API conformance suite's Mesh profile 
 	@set -o pipefail; WEFT_ROOT_TESTS=1 WEFT_CONFORMANCE=mesh $(GO) test -count=1 -timeout 40m -v -run '^TestMeshConformance$$' ./test/conformance/ | tee $(BIN)/conformance/mesh.log | grep -E '^(bench:|    --- (PASS|FAIL|SKIP): TestMeshConformance/[^/ ]+ |--- (PASS|FAIL)|FAIL|ok|panic)|conformance_test.go'
 
 .PHONY: conformance-gateway
-conformance-gateway: deps tools ## Run the Gateway API conformance suite's GATEWAY-HTTP profile against the GatewayClass istio on real nodes (root); the report goes to bin/conformance/gateway-report.yaml.
+conformance-gateway: deps tools ## Run the Gateway API conformance suite's GATEWAY-HTTP and GATEWAY-GRPC profiles against the GatewayClass istio on real nodes (root); the report goes to bin/conformance/gateway-report.yaml.
 	@set -o pipefail; WEFT_ROOT_TESTS=1 WEFT_CONFORMANCE=gateway $(GO) test -count=1 -timeout 40m -v -run '^TestGatewayConformance$$' ./test/conformance/ | tee $(BIN)/conformance/gateway.log | grep -E '^(bench:|    --- (PASS|FAIL|SKIP): TestGatewayConformance/[^/ ]+ |--- (PASS|FAIL)|FAIL|ok|panic)|(conformance|gateway)_test.go'
 
 .PHONY: fuzz

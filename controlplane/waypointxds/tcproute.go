@@ -31,15 +31,22 @@ const (
 )
 
 func tcpSource(r *gwv1.TCPRoute) *source {
-	s := &source{key: r.Namespace + "/" + r.Name, kind: kindTCPRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp}
-	for _, rr := range r.Spec.Rules {
+	return &source{key: r.Namespace + "/" + r.Name, kind: kindTCPRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp,
+		rules: streamRules(r.Spec.Rules, func(rr gwv1.TCPRouteRule) []gwv1.BackendRef { return rr.BackendRefs })}
+}
+
+// streamRules are the rules of a route of streams (TCPRoute, TLSRoute):
+// each its weighted backends, nothing to match.
+func streamRules[R any](rules []R, refs func(R) []gwv1.BackendRef) []rule {
+	var out []rule
+	for _, rr := range rules {
 		var ru rule
-		for _, br := range rr.BackendRefs {
+		for _, br := range refs(rr) {
 			ru.backends = append(ru.backends, backend{ref: br.BackendObjectReference, weight: weightOf(br.Weight)})
 		}
-		s.rules = append(s.rules, ru)
+		out = append(out, ru)
 	}
-	return s
+	return out
 }
 
 // older orders routes as Gateway API resolves conflicts: the oldest, then

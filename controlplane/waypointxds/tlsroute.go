@@ -13,15 +13,8 @@ import (
 )
 
 func tlsSource(r *gwv1.TLSRoute) *source {
-	s := &source{key: r.Namespace + "/" + r.Name, kind: kindTLSRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp, hostnames: r.Spec.Hostnames}
-	for _, rr := range r.Spec.Rules {
-		var ru rule
-		for _, br := range rr.BackendRefs {
-			ru.backends = append(ru.backends, backend{ref: br.BackendObjectReference, weight: weightOf(br.Weight)})
-		}
-		s.rules = append(s.rules, ru)
-	}
-	return s
+	return &source{key: r.Namespace + "/" + r.Name, kind: kindTLSRoute, ns: r.Namespace, name: r.Name, created: r.CreationTimestamp, hostnames: r.Spec.Hostnames,
+		rules: streamRules(r.Spec.Rules, func(rr gwv1.TLSRouteRule) []gwv1.BackendRef { return rr.BackendRefs })}
 }
 
 // passthrough checks a TLS listener's TLS settings: mode Passthrough only

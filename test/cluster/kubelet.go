@@ -170,18 +170,53 @@ func (c *Cluster) makeMountPoints() error {
 // deepest first.
 func madeDirsFile(id string) string { return filepath.Join(LockDir, id+".dirs") }
 
-// removeMadeDirs removes the directories run id made, if empty.
+// removeMadeDirs removes the directories run id made, if empty. While
+// another run lives they stay, handed over to it: its nodes' mount
+// namespaces bind their own directories onto them, and removing a
+// directory that is a mount point only in another mount namespace
+// succeeds and detaches those mounts (Linux 3.18 and later), so that the
+// other run's pods would then see the machine's directories instead.
 func removeMadeDirs(id string) {
 	b, err := os.ReadFile(madeDirsFile(id))
 	if err != nil {
 		return
 	}
+	if other := liveRun(id); other != "" {
+		if f, err := os.OpenFile(madeDirsFile(other), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			_, err = f.Write(b)
+			if cerr := f.Close(); err == nil && cerr == nil {
+				os.Remove(madeDirsFile(id))
+				return
+			}
+		}
+	}
 	for _, d := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		if filepath.IsAbs(d) && !strings.Contains(d, "..") {
-			os.Remove(d) // only when empty, and not a mount point of a live node
+			os.Remove(d) // only when empty
 		}
 	}
 	os.Remove(madeDirsFile(id))
+}
+
+// liveRun returns a run other than id that holds its lock, or "".
+func liveRun(id string) string {
+	locks, _ := filepath.Glob(filepath.Join(LockDir, "wft*.lock"))
+	for _, l := range locks {
+		other := strings.TrimSuffix(filepath.Base(l), ".lock")
+		if other == id || !runIDRE.MatchString(other) {
+			continue
+		}
+		f, err := os.Open(l)
+		if err != nil {
+			continue
+		}
+		err = unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB)
+		f.Close() // releases a lock taken just now
+		if err != nil {
+			return other
+		}
+	}
+	return ""
 }
 
 // startKubelet starts the node's kubelet. Every node's images must be

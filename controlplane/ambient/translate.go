@@ -380,14 +380,8 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, refused *Refusa
 		Namespace: svc.Namespace,
 		Hostname:  Hostname(svc.Name, svc.Namespace, c.ClusterDomain),
 	}
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips = []string{svc.Spec.ClusterIP}
-	}
-	for _, ip := range ips {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: a.Unmap().AsSlice()})
-		}
+	for _, a := range ClusterIPs(svc) {
+		s.Addresses = append(s.Addresses, &workloadpb.NetworkAddress{Network: c.Network, Address: a.AsSlice()})
 	}
 	for _, p := range svc.Spec.Ports {
 		port := &workloadpb.Port{ServicePort: uint32(p.Port), AppProtocol: AppProtocol(p)}
@@ -405,6 +399,22 @@ func (c Config) Service(in ServiceInput) (s *workloadpb.Service, refused *Refusa
 		s.IngressUseWaypoint = s.Waypoint != nil && IngressUseWaypoint(svc.Labels, in.NamespaceLabels)
 	}
 	return s, refused
+}
+
+// ClusterIPs are a Service's cluster IPs, the primary first, unmapped;
+// none for a headless Service ("None" is no address).
+func ClusterIPs(svc *corev1.Service) []netip.Addr {
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	for _, ip := range ips {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
 }
 
 // IngressUseWaypoint reads istio.io/ingress-use-waypoint from a Service and

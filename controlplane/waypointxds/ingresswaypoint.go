@@ -42,20 +42,6 @@ func (b *builder) ingressWaypoint(svc *corev1.Service) *ambient.Waypoint {
 	return wp
 }
 
-// serviceVIP is the address a Service's waypoint serves it at: its first
-// cluster IP; invalid for a headless Service.
-func serviceVIP(svc *corev1.Service) netip.Addr {
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 {
-		ips = []string{svc.Spec.ClusterIP}
-	}
-	a, err := netip.ParseAddr(ips[0])
-	if err != nil {
-		return netip.Addr{}
-	}
-	return a.Unmap()
-}
-
 // waypointEndpoints are the endpoints of a Service port reached through
 // its waypoint wp: each ready pod of the waypoint's Service at its HBONE
 // port, with the pod's identity, asked for the Service's address and port

@@ -266,15 +266,9 @@ func (b *builder) boundServices() []*corev1.Service {
 }
 
 func serviceIPs(svc *corev1.Service) []*corev3.CidrRange {
-	ips := svc.Spec.ClusterIPs
-	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
-		ips = []string{svc.Spec.ClusterIP}
-	}
 	var out []*corev3.CidrRange
-	for _, ip := range ips {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			out = append(out, &corev3.CidrRange{AddressPrefix: a.Unmap().String(), PrefixLen: wrapperspb.UInt32(uint32(a.Unmap().BitLen()))})
-		}
+	for _, a := range ambient.ClusterIPs(svc) {
+		out = append(out, &corev3.CidrRange{AddressPrefix: a.String(), PrefixLen: wrapperspb.UInt32(uint32(a.BitLen()))})
 	}
 	return out
 }
@@ -496,8 +490,9 @@ func (b *builder) cluster(name string, ref clusterRef) {
 	}
 	b.res.add(resource.ClusterType, name, c)
 	if wp := b.ingressWaypoint(ref.svc); wp != nil {
-		if vip := serviceVIP(ref.svc); vip.IsValid() {
-			b.res.add(resource.EndpointType, name, b.waypointEndpoints(name, ref, wp, vip))
+		// The waypoint serves the Service at its primary cluster IP.
+		if ips := ambient.ClusterIPs(ref.svc); len(ips) > 0 {
+			b.res.add(resource.EndpointType, name, b.waypointEndpoints(name, ref, wp, ips[0]))
 			return
 		}
 		b.note("Service %s/%s: headless, so the gateway reaches its endpoints without its waypoint %s (a waypoint serves a Service at its cluster IP)",

@@ -529,15 +529,21 @@ func TestAPIServer(t *testing.T) {
 		}
 		// The autoscaler owns the replica count: the deployer claims no
 		// replicas field, so a scale (as the HPA controller makes) stays.
-		dep, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "scaled", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range dep.ManagedFields {
-			if mf.Manager == FieldManager && mf.FieldsV1 != nil && strings.Contains(mf.FieldsV1.GetRawString(), `"f:replicas"`) {
-				t.Errorf("the deployer owns the Deployment's replicas beside an HPA: %s", mf.FieldsV1.GetRawString())
+		// A Deployment applied before the deployer read the parameters
+		// had one; the apply that adds the HPA gives it up, and that
+		// apply may land a moment after the Gateway is Programmed.
+		eventually(t, a.ctx, "the deployer owns no replicas beside an HPA", func(ctx context.Context) (bool, string) {
+			dep, err := c.Kube.AppsV1().Deployments(ns).Get(ctx, "scaled", metav1.GetOptions{})
+			if err != nil {
+				return false, errState(err)
 			}
-		}
+			for _, mf := range dep.ManagedFields {
+				if mf.Manager == FieldManager && mf.FieldsV1 != nil && strings.Contains(mf.FieldsV1.GetRawString(), `"f:replicas"`) {
+					return false, "the deployer owns the Deployment's replicas: " + mf.FieldsV1.GetRawString()
+				}
+			}
+			return true, ""
+		})
 		scale, err := c.Kube.AppsV1().Deployments(ns).GetScale(a.ctx, "scaled", metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)

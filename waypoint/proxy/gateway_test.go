@@ -50,7 +50,7 @@ import (
 // for the listeners' certificates and a plain HTTP backend echoing what it
 // received.
 type gatewayFixture struct {
-	t       *testing.T
+	t       testing.TB
 	store   *config.Store
 	p       *Proxy
 	reg     *prometheus.Registry
@@ -62,7 +62,7 @@ type gatewayFixture struct {
 	ignorePort bool
 }
 
-func newGatewayFixture(t *testing.T) *gatewayFixture {
+func newGatewayFixture(t testing.TB) *gatewayFixture {
 	ca, err := spiffe.NewCA(spiffe.CAConfig{TrustDomain: spiffe.DefaultTrustDomain})
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +98,7 @@ func newGatewayFixture(t *testing.T) *gatewayFixture {
 }
 
 // freePort returns a loopback port nothing listens on just now.
-func freePort(t *testing.T) uint16 {
+func freePort(t testing.TB) uint16 {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ const backendCluster = "outbound|80||backend.demo.svc.cluster.local"
 
 // gatewayHCM is the http_connection_manager the control plane gives
 // ingress gateway chains, with rbac filters before the router.
-func gatewayHCM(t *testing.T, rds string, filters ...*hcmv3.HttpFilter) *listenerv3.Filter {
+func gatewayHCM(t testing.TB, rds string, filters ...*hcmv3.HttpFilter) *listenerv3.Filter {
 	filters = append(filters, &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: mustAny(t, &routerv3.Router{})}})
 	h := &hcmv3.HttpConnectionManager{StatPrefix: rds,
 		RouteSpecifier:   &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: rds}},
@@ -128,7 +128,7 @@ func gatewayAddr(port uint16) *corev3.Address {
 		Address: "0.0.0.0", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(port)}}}}
 }
 
-func httpListener(t *testing.T, port uint16, filters ...*hcmv3.HttpFilter) *listenerv3.Listener {
+func httpListener(t testing.TB, port uint16, filters ...*hcmv3.HttpFilter) *listenerv3.Listener {
 	return &listenerv3.Listener{Name: "0.0.0.0_" + strconv.Itoa(int(port)), Address: gatewayAddr(port),
 		FilterChains: []*listenerv3.FilterChain{{Name: "http/" + strconv.Itoa(int(port)), Filters: []*listenerv3.Filter{gatewayHCM(t, "http."+strconv.Itoa(int(port)), filters...)}}}}
 }
@@ -160,7 +160,7 @@ func (g *gatewayFixture) tlsChain(name string, serverNames, certNames []string, 
 	return fc
 }
 
-func tlsListener(t *testing.T, port uint16, chains ...*listenerv3.FilterChain) *listenerv3.Listener {
+func tlsListener(t testing.TB, port uint16, chains ...*listenerv3.FilterChain) *listenerv3.Listener {
 	return &listenerv3.Listener{Name: "0.0.0.0_" + strconv.Itoa(int(port)), Address: gatewayAddr(port),
 		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAny(t, &tlsinspector.TlsInspector{})}}},
@@ -808,6 +808,37 @@ func TestReadAheadConn(t *testing.T) {
 	case <-left:
 	case <-time.After(2 * time.Second):
 		t.Error("AfterPeerEnd did not call after the end")
+	}
+}
+
+// A server that stops reading (a request runs) still learns that the
+// client left, and what it reads after the reader started follows what it
+// read itself before, in order.
+func TestReadAheadConnWatches(t *testing.T) {
+	a, b := net.Pipe()
+	rc := newReadAheadConn(a)
+	defer rc.Close()
+	left := make(chan struct{})
+	defer rc.AfterPeerEnd(func() { close(left) })()
+	go b.Write([]byte("first"))
+	buf := make([]byte, 5)
+	if _, err := io.ReadFull(rc, buf); err != nil || string(buf) != "first" {
+		t.Fatalf("read %q %v, want first", buf, err)
+	}
+	time.Sleep(3 * watchAfter) // the server reads nothing meanwhile
+	go b.Write([]byte("second"))
+	buf = make([]byte, 6)
+	if _, err := io.ReadFull(rc, buf); err != nil || string(buf) != "second" {
+		t.Fatalf("read %q %v, want second", buf, err)
+	}
+	b.Close()
+	select {
+	case <-left:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the client's end was not seen while the server read nothing")
+	}
+	if n, err := rc.Read(buf); n != 0 || err != io.EOF {
+		t.Errorf("Read after the end: %d %v, want EOF", n, err)
 	}
 }
 

@@ -2,18 +2,15 @@ package proxy
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/router"
@@ -188,7 +185,7 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	r.Header["Traceparent"] = []string{tp}
 	if r.Header.Get("X-Request-Id") == "" {
 		// As Envoy: a request without one gets one, and keeps it upstream.
-		r.Header.Set("X-Request-Id", uuid.NewString())
+		r.Header.Set("X-Request-Id", requestID())
 	}
 	s.route(cw, r, h2, info)
 	info.status = cw.status
@@ -414,24 +411,52 @@ func copyBody(w http.ResponseWriter, r io.Reader, length int64) error {
 // traceparent (version 00: 00-<32 hex trace id>-<16 hex span id>-<2 hex
 // flags>) with a new span id, or starts a new trace, never sampled: the
 // waypoint reports no spans, so whether a trace is recorded is the
-// caller's decision.
+// caller's decision. Ids come from math/rand/v2's generator, seeded by the
+// runtime from the system's entropy: unique and unguessable enough for an
+// id that is no secret, at no system call per request.
 func traceparent(in string) string {
-	var r [24]byte
-	rand.Read(r[:])
 	var b [55]byte
 	copy(b[:], "00-")
 	b[35], b[52] = '-', '-'
-	hex.Encode(b[36:52], r[16:])
+	hex64(b[36:52], rand.Uint64())
 	if len(in) == len(b) && in[2] == '-' && in[35] == '-' && in[52] == '-' &&
 		!strings.Contains(in[:2], "-") && !strings.Contains(in[36:52], "-") &&
 		isHex(in[3:35]) && isHex(in[53:]) && in[3:35] != "00000000000000000000000000000000" {
 		copy(b[3:35], in[3:35])
 		copy(b[53:], in[53:])
 	} else {
-		hex.Encode(b[3:35], r[:16])
+		hex64(b[3:19], rand.Uint64())
+		hex64(b[19:35], rand.Uint64())
 		copy(b[53:], "00")
 	}
 	return string(b[:])
+}
+
+// requestID is a new x-request-id, a version 4 UUID (RFC 9562) from the
+// same generator as traceparent's ids.
+func requestID() string {
+	var b [36]byte
+	hi := rand.Uint64()&^(0xf<<12) | 4<<12 // version 4
+	lo := rand.Uint64()&^(3<<62) | 2<<62   // variant 10
+	var x [32]byte
+	hex64(x[:16], hi)
+	hex64(x[16:], lo)
+	copy(b[0:8], x[0:8])
+	copy(b[9:13], x[8:12])
+	copy(b[14:18], x[12:16])
+	copy(b[19:23], x[16:20])
+	copy(b[24:], x[20:])
+	b[8], b[13], b[18], b[23] = '-', '-', '-', '-'
+	return string(b[:])
+}
+
+// hex64 writes v as 16 lower-case hex digits into dst.
+func hex64(dst []byte, v uint64) {
+	const digits = "0123456789abcdef"
+	for i := 15; i >= 0; i-- {
+		dst[i] = digits[v&0xf]
+		v >>= 4
+	}
 }
 
 func isHex(s string) bool {

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"net"
 	"os"
 	"sync"
@@ -10,12 +11,23 @@ import (
 // readAheadChunk is how much a readAheadConn reads at a time.
 const readAheadChunk = 8 << 10
 
+// watchAfter is how long the server may go without reading a readAheadConn
+// before a goroutine of the connection's own reads ahead of it.
+const watchAfter = 20 * time.Millisecond
+
 // readAheadConn is a gateway's HTTP/1 connection (TCP, or TLS above it) as
-// a clientConn: a goroutine of its own reads it one chunk ahead of the
-// server, so that the end of the client's side is seen while a request
-// runs, not only when the server next reads (AfterPeerEnd), as an HBONE
-// stream tells it. At most one chunk waits unread: a client that sends
-// faster than the server reads is held back by TCP, not buffered.
+// a clientConn: the end of the client's side is seen while a request runs,
+// not only when the server next reads (AfterPeerEnd), as an HBONE stream
+// tells it.
+//
+// While the server reads, its own reads see the end, and most requests
+// are served in less time than watchAfter, so the server reads the
+// connection itself at first: a second goroutine would cost two hand-offs
+// per request. Once the server has not read for watchAfter (a request runs
+// long), a goroutine of the connection's own reads it one chunk ahead of
+// the server for the rest of its life. At most one chunk waits unread: a
+// client that sends faster than the server reads is held back by TCP, not
+// buffered.
 //
 // Read deadlines apply to what the server reads, as net.Conn's do; a
 // deadline set while a Read waits takes effect at once.
@@ -24,11 +36,14 @@ type readAheadConn struct {
 	chunks chan readChunk // the reader's chunks, one at a time
 	closed chan struct{}  // closed by Close
 	once   sync.Once
+	idle   *time.Timer // fires watchAfter after the server's last read: startAhead
 
 	cur []byte // the server's goroutine only: what is left of its chunk
 	err error  // the server's goroutine only: the read error that ended the stream
 
 	mu       sync.Mutex
+	reading  bool          // guarded by mu: the server is reading the connection itself
+	ahead    bool          // guarded by mu: the reader runs; the server takes its chunks
 	deadline time.Time     // guarded by mu
 	wake     chan struct{} // guarded by mu: closed when deadline changes
 	ended    bool          // guarded by mu: the client's side ended or failed
@@ -40,11 +55,31 @@ type readChunk struct {
 	err error
 }
 
-// newReadAheadConn starts reading c; Close stops it.
+// newReadAheadConn serves c; Close stops it.
 func newReadAheadConn(c net.Conn) *readAheadConn {
 	r := &readAheadConn{Conn: c, chunks: make(chan readChunk), closed: make(chan struct{}), wake: make(chan struct{})}
-	go r.readAhead()
+	r.idle = time.AfterFunc(watchAfter, r.startAhead)
 	return r
+}
+
+// startAhead starts the reader, unless the server is reading (its read
+// sees the end) or it runs already.
+func (r *readAheadConn) startAhead() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.reading || r.ahead || r.ended {
+		return
+	}
+	select {
+	case <-r.closed:
+		return
+	default:
+	}
+	r.ahead = true
+	// The reader reads without a deadline; the server's applies to its
+	// wait for a chunk.
+	r.Conn.SetReadDeadline(time.Time{})
+	go r.readAhead()
 }
 
 // readAhead reads the connection until it fails or ends, handing each
@@ -86,8 +121,27 @@ func (r *readAheadConn) end() {
 	}
 }
 
-// Read returns what the reader read, in order.
+// Read reads the connection, or once the reader runs, returns what it
+// read, in order.
 func (r *readAheadConn) Read(p []byte) (int, error) {
+	if len(r.cur) == 0 && r.err == nil {
+		r.mu.Lock()
+		if !r.ahead {
+			r.reading = true
+			r.mu.Unlock()
+			r.idle.Stop()
+			n, err := r.Conn.Read(p)
+			r.mu.Lock()
+			r.reading = false
+			r.mu.Unlock()
+			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				r.end()
+			}
+			r.idle.Reset(watchAfter)
+			return n, err
+		}
+		r.mu.Unlock()
+	}
 	for len(r.cur) == 0 {
 		if r.err != nil {
 			return 0, r.err
@@ -131,10 +185,13 @@ func (r *readAheadConn) wait(deadline time.Time, wake <-chan struct{}) error {
 // SetReadDeadline bounds the server's reads.
 func (r *readAheadConn) SetReadDeadline(t time.Time) error {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.deadline = t
+	if !r.ahead {
+		return r.Conn.SetReadDeadline(t)
+	}
 	close(r.wake)
 	r.wake = make(chan struct{})
-	r.mu.Unlock()
 	return nil
 }
 
@@ -174,6 +231,9 @@ func (r *readAheadConn) AfterPeerEnd(f func()) (stop func() bool) {
 
 // Close stops the reader and closes the connection.
 func (r *readAheadConn) Close() error {
-	r.once.Do(func() { close(r.closed) })
+	r.once.Do(func() {
+		r.idle.Stop()
+		close(r.closed)
+	})
 	return r.Conn.Close()
 }

@@ -42,7 +42,7 @@ func TestRequestID(t *testing.T) {
 	for range 3 {
 		id, tp, _ := strings.Cut(body(m.do(get("/"))), " ")
 		u, err := uuid.Parse(id)
-		if err != nil || u.Version() != 4 || seen[id] {
+		if err != nil || u.Version() != 4 || u.Variant() != uuid.RFC4122 || id != strings.ToLower(id) || seen[id] {
 			t.Fatalf("x-request-id upstream %q (%v), want a new UUID v4", id, err)
 		}
 		seen[id] = true

@@ -192,10 +192,8 @@ func gatewayLatency(b *testing.B, p *podPair, gw *waypointProc, tc *tls.Config) 
 	var base, gwLat []time.Duration
 	var cpu, el time.Duration
 	for round := range rounds {
-		p.openLoop(b, direct, tc, rate, time.Second, conns) // warm-up
 		bl := p.openLoop(b, direct, tc, rate, d, conns)
 		base = append(base, bl...)
-		p.openLoop(b, via, tc, rate, time.Second, conns)
 		n0 := gw.requests(b)
 		stop := gw.profile(b, "gateway_latency", round, d)
 		cpu0, t0 := procCPU(b, gw.pid()), time.Now()

@@ -223,14 +223,12 @@ func waypointLatency(b *testing.B, p *podPair, wp *waypointProc) {
 	// Alternate so that drift in the machine's load hits both sides alike.
 	for round := range rounds {
 		p.bindWaypoint(b, false)
-		p.openLoop(b, url, nil, rate, time.Second, conns) // warm-up
 		n0 := wp.requests(b)
 		base = append(base, p.openLoop(b, url, nil, rate, d, conns)...)
 		if n := wp.requests(b) - n0; n != 0 {
 			b.Fatalf("%d requests went through the waypoint with the binding removed", n)
 		}
 		p.bindWaypoint(b, true)
-		p.openLoop(b, url, nil, rate, time.Second, conns)
 		n0 = wp.requests(b)
 		stop := wp.profile(b, "latency", round, d)
 		cpu0, t0 := procCPU(b, wp.pid()), time.Now()

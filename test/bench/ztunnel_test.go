@@ -297,11 +297,14 @@ func (p *podPair) throughput(b *testing.B) {
 	fmt.Printf("bench: ztunnel_throughput_vs_direct %.3f\n", m/d)
 }
 
-// openLoop sends 1 KiB POSTs to url from pod A at a fixed rate for d over
-// conns keep-alive connections (a schedule that does not wait for
-// responses, like fortio's uniform mode) and returns each request's latency
-// from when it was sent. An https url is fetched with the TLS settings tc
-// (nil for http), over HTTP/1.1.
+// openLoop sends 1 KiB POSTs to url from pod A at a fixed rate over conns
+// keep-alive connections (a schedule that does not wait for responses,
+// like fortio's uniform mode): a warm-up second, whose first conns
+// requests go at once to open every connection, then d whose requests'
+// latencies, from when each was sent, it returns.
+// The measured requests find their connections open, so no connect or TLS
+// handshake is in their latency. An https url is fetched with the TLS
+// settings tc (nil for http), over HTTP/1.1.
 func (p *podPair) openLoop(b *testing.B, url string, tc *tls.Config, rate int, d time.Duration, conns int) []time.Duration {
 	tr := &http.Transport{
 		MaxConnsPerHost: conns, MaxIdleConnsPerHost: conns, TLSClientConfig: tc,
@@ -310,8 +313,9 @@ func (p *podPair) openLoop(b *testing.B, url string, tc *tls.Config, rate int, d
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	body := bytes.Repeat([]byte("q"), 1024)
-	n := int(d.Seconds() * float64(rate))
-	due := make(chan time.Time, n)
+	warm := rate // requests in the warm-up second
+	n := warm + int(d.Seconds()*float64(rate))
+	due := make(chan int, n)
 	var mu sync.Mutex
 	lat := make([]time.Duration, 0, n)
 	var failed int
@@ -321,7 +325,7 @@ func (p *podPair) openLoop(b *testing.B, url string, tc *tls.Config, rate int, d
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for range due {
+			for i := range due {
 				t0 := time.Now()
 				resp, err := client.Post(url, "application/octet-stream", bytes.NewReader(body))
 				if err == nil {
@@ -335,7 +339,7 @@ func (p *podPair) openLoop(b *testing.B, url string, tc *tls.Config, rate int, d
 					if firstErr == nil {
 						firstErr = err
 					}
-				} else {
+				} else if i >= warm {
 					lat = append(lat, el)
 				}
 				mu.Unlock()
@@ -345,11 +349,13 @@ func (p *podPair) openLoop(b *testing.B, url string, tc *tls.Config, rate int, d
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
 	for i := range n {
+		// The first conns requests go at once, so that each opens a
+		// connection of its own.
 		t0 := start.Add(time.Duration(i) * interval)
-		if w := time.Until(t0); w > 0 {
+		if w := time.Until(t0); w > 0 && i >= conns {
 			time.Sleep(w)
 		}
-		due <- t0
+		due <- i
 	}
 	close(due)
 	wg.Wait()
@@ -364,10 +370,8 @@ func (p *podPair) latency(b *testing.B) {
 	const d = 10 * time.Second
 	url := "http://" + podB + ":8080/"
 	p.setRedirect(b, false)
-	p.openLoop(b, url, nil, rate, time.Second, conns) // warm-up
 	direct := p.openLoop(b, url, nil, rate, d, conns)
 	p.setRedirect(b, true)
-	p.openLoop(b, url, nil, rate, time.Second, conns)
 	saved := p.profile(b, "load", d/2)
 	pid := p.zt.pid()
 	opened := p.zt.sum(b, "istio_tcp_connections_opened_total")

@@ -773,6 +773,45 @@ func TestGatewayClientLeaves(t *testing.T) {
 	}
 }
 
+// Requests pipelined behind a slow one on a TLS connection are answered
+// in order, each whole, however often the connection's reader starts
+// (the slow request) and stops (the server reads the next).
+func TestGatewaySlowPipelined(t *testing.T) {
+	g := newGatewayFixture(t)
+	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			time.Sleep(3 * watchAfter)
+		}
+		io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "backend %s", r.URL.Path)
+	}), nil)
+	port := freePort(t)
+	g.apply([]*listenerv3.Listener{tlsListener(t, port, g.tlsChain("https/slow", []string{"slow.example.com"}, []string{"slow.example.com"}, "https.slow"))},
+		map[string][]*routev3.VirtualHost{"https.slow": {toBackend("*")}})
+	c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{ServerName: "slow.example.com", RootCAs: g.roots, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	body := strings.Repeat("b", 3*readAheadChunk)
+	for round := range 3 {
+		io.WriteString(c, "GET /slow HTTP/1.1\r\nHost: slow\r\n\r\n"+
+			"POST /big HTTP/1.1\r\nHost: slow\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body+
+			"GET /fast HTTP/1.1\r\nHost: slow\r\n\r\n")
+		for _, want := range []string{"backend /slow", "backend /big", "backend /fast"} {
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("round %d: %s: %v", round, want, err)
+			}
+			got, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || string(got) != want {
+				t.Fatalf("round %d: %d %q, want %q", round, resp.StatusCode, got, want)
+			}
+		}
+	}
+}
+
 // A read deadline moved while a Read waits takes effect at once, and data
 // comes through in order, then the end.
 func TestReadAheadConn(t *testing.T) {
@@ -812,8 +851,9 @@ func TestReadAheadConn(t *testing.T) {
 }
 
 // A server that stops reading (a request runs) still learns that the
-// client left, and what it reads after the reader started follows what it
-// read itself before, in order.
+// client left; what it reads after the reader started, and after its own
+// read stopped the reader, follows what it read itself before, in order;
+// its deadlines still hold then.
 func TestReadAheadConnWatches(t *testing.T) {
 	a, b := net.Pipe()
 	rc := newReadAheadConn(a)
@@ -825,12 +865,25 @@ func TestReadAheadConnWatches(t *testing.T) {
 	if _, err := io.ReadFull(rc, buf); err != nil || string(buf) != "first" {
 		t.Fatalf("read %q %v, want first", buf, err)
 	}
-	time.Sleep(3 * watchAfter) // the server reads nothing meanwhile
-	go b.Write([]byte("second"))
-	buf = make([]byte, 6)
-	if _, err := io.ReadFull(rc, buf); err != nil || string(buf) != "second" {
-		t.Fatalf("read %q %v, want second", buf, err)
+	// More than two of the reader's chunks arrive while the server reads
+	// nothing; then it reads them all.
+	data := make([]byte, 3*readAheadChunk+100)
+	for i := range data {
+		data[i] = byte(i * 7)
 	}
+	waitAhead(t, rc)
+	go b.Write(data)
+	time.Sleep(3 * watchAfter)
+	got := make([]byte, len(data))
+	if _, err := io.ReadFull(rc, got); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("read %d bytes (%v), not what was sent", len(got), err)
+	}
+	rc.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+	if _, err := rc.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read past the deadline: %v, want a deadline error", err)
+	}
+	rc.SetReadDeadline(time.Time{})
+	waitAhead(t, rc)
 	b.Close()
 	select {
 	case <-left:
@@ -840,6 +893,21 @@ func TestReadAheadConnWatches(t *testing.T) {
 	if n, err := rc.Read(buf); n != 0 || err != io.EOF {
 		t.Errorf("Read after the end: %d %v, want EOF", n, err)
 	}
+}
+
+// waitAhead waits until rc's reader runs: the server has not read for
+// watchAfter.
+func waitAhead(t *testing.T, rc *readAheadConn) {
+	t.Helper()
+	for start := time.Now(); time.Since(start) < 2*time.Second; time.Sleep(time.Millisecond) {
+		rc.mu.Lock()
+		ahead := rc.ahead
+		rc.mu.Unlock()
+		if ahead {
+			return
+		}
+	}
+	t.Fatal("no reader started while the server read nothing")
 }
 
 // TestGatewayHostPortKept checks ignore_port_in_host_matching without

@@ -21,16 +21,16 @@ const watchAfter = 20 * time.Millisecond
 // tells it.
 //
 // While the server reads, its own reads see the end, and most requests
-// are served in less time than watchAfter, so the server reads the
-// connection itself at first: a second goroutine would cost two hand-offs
-// per request. Once the server has not read for watchAfter (a request runs
-// long), a goroutine of the connection's own reads it one chunk ahead of
-// the server for the rest of its life. At most one chunk waits unread: a
-// client that sends faster than the server reads is held back by TCP, not
-// buffered.
+// are served in less time than watchAfter; a second goroutine reading for
+// it would cost two hand-offs per request. So the server reads the
+// connection itself, and only once it has not read for watchAfter (a
+// request runs long) does a goroutine of the connection's own read ahead
+// of it, one chunk at a time: a client that sends faster than the server
+// reads is held back by TCP, not buffered. The server's next read stops
+// that reader (a read deadline in the past, as net/http stops its
+// background read) and takes what it read.
 //
-// Read deadlines apply to what the server reads, as net.Conn's do; a
-// deadline set while a Read waits takes effect at once.
+// Read deadlines apply to what the server reads itself, as net.Conn's do.
 type readAheadConn struct {
 	net.Conn
 	chunks chan readChunk // the reader's chunks, one at a time
@@ -38,26 +38,32 @@ type readAheadConn struct {
 	once   sync.Once
 	idle   *time.Timer // fires watchAfter after the server's last read: startAhead
 
-	cur []byte // the server's goroutine only: what is left of its chunk
+	cur []byte // the server's goroutine only: what is left of the reader's chunks
 	err error  // the server's goroutine only: the read error that ended the stream
 
 	mu       sync.Mutex
-	reading  bool          // guarded by mu: the server is reading the connection itself
-	ahead    bool          // guarded by mu: the reader runs; the server takes its chunks
-	deadline time.Time     // guarded by mu
-	wake     chan struct{} // guarded by mu: closed when deadline changes
-	ended    bool          // guarded by mu: the client's side ended or failed
-	watchers []*func()     // guarded by mu: AfterPeerEnd's
+	reading  bool      // guarded by mu: the server is reading the connection itself
+	ahead    bool      // guarded by mu: the reader runs
+	stopping bool      // guarded by mu: the server stops the reader
+	deadline time.Time // guarded by mu: the server's read deadline
+	ended    bool      // guarded by mu: the client's side ended or failed
+	watchers []*func() // guarded by mu: AfterPeerEnd's
 }
 
+// readChunk is what one read of the reader got. stopped: the read ended
+// because the server stops the reader, which has returned.
 type readChunk struct {
-	b   []byte
-	err error
+	b       []byte
+	err     error
+	stopped bool
 }
+
+// aLongTimeAgo is a read deadline that ends a waiting read at once.
+var aLongTimeAgo = time.Unix(1, 0)
 
 // newReadAheadConn serves c; Close stops it.
 func newReadAheadConn(c net.Conn) *readAheadConn {
-	r := &readAheadConn{Conn: c, chunks: make(chan readChunk), closed: make(chan struct{}), wake: make(chan struct{})}
+	r := &readAheadConn{Conn: c, chunks: make(chan readChunk), closed: make(chan struct{})}
 	r.idle = time.AfterFunc(watchAfter, r.startAhead)
 	return r
 }
@@ -76,33 +82,67 @@ func (r *readAheadConn) startAhead() {
 	default:
 	}
 	r.ahead = true
-	// The reader reads without a deadline; the server's applies to its
-	// wait for a chunk.
-	r.Conn.SetReadDeadline(time.Time{})
+	r.Conn.SetReadDeadline(time.Time{}) // the server's applies to its own reads
 	go r.readAhead()
 }
 
-// readAhead reads the connection until it fails or ends, handing each
-// chunk to the server. Two buffers take turns: the channel is unbuffered,
-// so a chunk is handed over only once the server has used up the one
-// before, whose buffer is then free to read into.
+// readAhead reads the connection until it fails or ends, or the server
+// stops it, handing each chunk to the server. Two buffers take turns: the
+// channel is unbuffered, so a chunk is handed over only once the server
+// has taken the one before, which it copies.
 func (r *readAheadConn) readAhead() {
 	var bufs [2][readAheadChunk]byte
 	for i := 0; ; i ^= 1 {
 		buf := bufs[i][:]
 		n, err := r.Conn.Read(buf)
+		stopped := false
 		if err != nil {
-			r.end()
+			r.mu.Lock()
+			stopped = r.stopping && errors.Is(err, os.ErrDeadlineExceeded)
+			r.mu.Unlock()
+			if stopped {
+				err = nil
+			} else {
+				r.end()
+			}
 		}
 		select {
-		case r.chunks <- readChunk{buf[:n], err}:
+		case r.chunks <- readChunk{buf[:n], err, stopped}:
 		case <-r.closed:
 			return
 		}
-		if err != nil {
+		if err != nil || stopped {
 			return
 		}
 	}
+}
+
+// stopAhead stops the reader and keeps what it read for the server, which
+// reads the connection itself again. The server's goroutine only, with
+// nothing left in cur.
+func (r *readAheadConn) stopAhead() {
+	r.mu.Lock()
+	r.stopping = true
+	r.Conn.SetReadDeadline(aLongTimeAgo)
+	r.mu.Unlock()
+	var got []byte // a copy: the reader's buffers are its own until it returns
+	for done := false; !done; {
+		select {
+		case ch := <-r.chunks:
+			got = append(got, ch.b...)
+			if ch.err != nil {
+				r.err = ch.err
+			}
+			done = ch.stopped || ch.err != nil
+		case <-r.closed:
+			r.err, done = net.ErrClosed, true
+		}
+	}
+	r.cur = got
+	r.mu.Lock()
+	r.ahead, r.stopping = false, false
+	r.Conn.SetReadDeadline(r.deadline)
+	r.mu.Unlock()
 }
 
 // end calls the AfterPeerEnd functions once.
@@ -121,65 +161,35 @@ func (r *readAheadConn) end() {
 	}
 }
 
-// Read reads the connection, or once the reader runs, returns what it
-// read, in order.
+// Read returns what the reader read before the server's read stopped it,
+// else reads the connection.
 func (r *readAheadConn) Read(p []byte) (int, error) {
-	if len(r.cur) == 0 && r.err == nil {
+	for len(r.cur) == 0 && r.err == nil {
 		r.mu.Lock()
-		if !r.ahead {
-			r.reading = true
+		if r.ahead {
 			r.mu.Unlock()
-			r.idle.Stop()
-			n, err := r.Conn.Read(p)
-			r.mu.Lock()
-			r.reading = false
-			r.mu.Unlock()
-			if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
-				r.end()
-			}
-			r.idle.Reset(watchAfter)
-			return n, err
+			r.stopAhead()
+			continue
 		}
+		r.reading = true
 		r.mu.Unlock()
+		r.idle.Stop()
+		n, err := r.Conn.Read(p)
+		r.mu.Lock()
+		r.reading = false
+		r.mu.Unlock()
+		if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			r.end()
+		}
+		r.idle.Reset(watchAfter)
+		return n, err
 	}
-	for len(r.cur) == 0 {
-		if r.err != nil {
-			return 0, r.err
-		}
-		r.mu.Lock()
-		deadline, wake := r.deadline, r.wake
-		r.mu.Unlock()
-		if err := r.wait(deadline, wake); err != nil {
-			return 0, err
-		}
+	if len(r.cur) == 0 {
+		return 0, r.err
 	}
 	n := copy(p, r.cur)
 	r.cur = r.cur[n:]
 	return n, nil
-}
-
-// wait takes the next chunk, unless the deadline passes or moves first.
-func (r *readAheadConn) wait(deadline time.Time, wake <-chan struct{}) error {
-	var expired <-chan time.Time
-	if !deadline.IsZero() {
-		d := time.Until(deadline)
-		if d <= 0 {
-			return os.ErrDeadlineExceeded
-		}
-		t := time.NewTimer(d)
-		defer t.Stop()
-		expired = t.C
-	}
-	select {
-	case ch := <-r.chunks:
-		r.cur, r.err = ch.b, ch.err
-	case <-expired:
-		return os.ErrDeadlineExceeded
-	case <-wake: // the deadline moved: look again
-	case <-r.closed:
-		return net.ErrClosed
-	}
-	return nil
 }
 
 // SetReadDeadline bounds the server's reads.
@@ -187,12 +197,10 @@ func (r *readAheadConn) SetReadDeadline(t time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.deadline = t
-	if !r.ahead {
-		return r.Conn.SetReadDeadline(t)
+	if r.ahead {
+		return nil // set when the server reads itself again
 	}
-	close(r.wake)
-	r.wake = make(chan struct{})
-	return nil
+	return r.Conn.SetReadDeadline(t)
 }
 
 // SetDeadline sets the read deadline here and the write deadline below.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/relay"
 )
@@ -148,10 +151,16 @@ func TestJoinIdleOneGoroutine(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Join did not return after the app's reset")
 	}
-	ended := make(chan struct{})
-	go func() { io.Copy(io.Discard, cs); close(ended) }()
+	ended := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, cs); ended <- err }()
 	select {
-	case <-ended:
+	case err := <-ended:
+		// The peer learns that the tunnel broke, as the app's own peer
+		// would have from its reset, not that it ended.
+		var re *ResetError
+		if !errors.As(err, &re) || !re.Remote || re.Code != http2.ErrCodeCancel {
+			t.Errorf("the peer's read ended with %v, want the stream reset (CANCEL)", err)
+		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the peer's read did not end")
 	}

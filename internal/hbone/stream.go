@@ -67,6 +67,7 @@ type Stream struct {
 	sendDone   bool            // guarded by mu: CloseWrite or Close queued END_STREAM
 	err        error           // guarded by mu: reset or connection failure
 	closed     bool            // guarded by mu: Close was called
+	resetClose bool            // guarded by mu: Close resets the stream (SetLinger(0))
 	deadClosed bool            // guarded by mu: dead is closed
 	sendErr    error           // guarded by mu: the peer wants no more data (RST_STREAM NO_ERROR after its END_STREAM)
 	forgotten  bool            // guarded by mu: removed from the connection
@@ -866,8 +867,8 @@ func (s *Stream) writeEnd() error {
 
 // Close ends the tunnel the way closing a TCP socket does: with nothing left
 // unread it ends this side with END_STREAM (the peer reads EOF, and DATA it
-// still sends is answered with RST_STREAM); with unread data it resets the
-// stream with CANCEL.
+// still sends is answered with RST_STREAM); with unread data, or after
+// SetLinger(0), it resets the stream with CANCEL.
 func (s *Stream) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -877,7 +878,7 @@ func (s *Stream) Close() error {
 	first := !s.deadClosed
 	s.deadClosed = true
 	s.closed = true
-	clean := s.err == nil && s.buf.n == 0
+	clean := s.err == nil && s.buf.n == 0 && !s.resetClose
 	sendEnd := clean && !s.sendDone
 	reset := !clean && s.err == nil && !s.forgotten
 	s.sendDone = true
@@ -909,6 +910,18 @@ func (s *Stream) Close() error {
 	if forget {
 		s.c.forget(s)
 	}
+	return nil
+}
+
+// SetLinger sets what Close does as SO_LINGER does for a TCP socket: with
+// sec 0, Close resets the stream (RST_STREAM CANCEL) instead of ending it,
+// so that the peer learns the tunnel broke rather than reading an end; any
+// other value restores the default. A relay whose other end failed uses it
+// to pass the failure on.
+func (s *Stream) SetLinger(sec int) error {
+	s.mu.Lock()
+	s.resetClose = sec == 0
+	s.mu.Unlock()
 	return nil
 }
 

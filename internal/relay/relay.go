@@ -6,8 +6,10 @@
 // end on as a half-close (CloseWrite) of its destination, so a peer that
 // shuts down its write side keeps receiving, as TCP allows. The relay ends
 // once both directions have ended, or as soon as one fails: an error in
-// either direction aborts both, resetting TCP connections (SO_LINGER 0) as
-// the failing peer would have. With an idle timeout it also ends once
+// either direction aborts both, resetting TCP connections (SO_LINGER 0) and
+// HBONE streams (RST_STREAM, by their SetLinger) as the failing peer would
+// have, so that neither peer takes a broken connection for a finished
+// one. With an idle timeout it also ends once
 // neither direction carried a byte for that long; its ends are then closed,
 // not reset.
 //

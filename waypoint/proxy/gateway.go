@@ -394,6 +394,19 @@ func (c tcpStream) CloseWrite() error {
 
 func (tcpStream) AfterPeerEnd(func()) func() bool { return func() bool { return false } }
 
+// SetLinger sets the socket's SO_LINGER (below TLS, when TLS ends here):
+// with 0, the relay's abort resets the client's connection.
+func (c tcpStream) SetLinger(sec int) error {
+	nc := c.Conn
+	if tc, ok := nc.(*tls.Conn); ok {
+		nc = tc.NetConn()
+	}
+	if l, ok := nc.(interface{ SetLinger(int) error }); ok {
+		return l.SetLinger(sec)
+	}
+	return nil
+}
+
 // recordingConn keeps what a TLS server reads during the handshake, so
 // that a passed-through connection can be replayed, and drops what it
 // writes once muted.
@@ -464,3 +477,5 @@ func (c *replayConn) Read(p []byte) (int, error) {
 }
 
 func (c *replayConn) CloseWrite() error { return tcpStream{c.Conn}.CloseWrite() }
+
+func (c *replayConn) SetLinger(sec int) error { return tcpStream{c.Conn}.SetLinger(sec) }

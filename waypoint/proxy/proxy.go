@@ -25,7 +25,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -40,6 +39,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/h1server"
@@ -453,12 +453,11 @@ func (c *peekConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // CloseWrite ends the stream's sending side (a TCP relay passes the
 // upstream's half-close on).
-func (c *peekConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
-}
+func (c *peekConn) CloseWrite() error { return tcpStream{c.Conn}.CloseWrite() }
+
+// SetLinger with 0 makes Close reset the stream (a TCP relay passes the
+// upstream's reset on).
+func (c *peekConn) SetLinger(sec int) error { return tcpStream{c.Conn}.SetLinger(sec) }
 
 // netRequest is what a network RBAC filter looks at.
 func (s *session) netRequest() *rbac.Request {
@@ -523,24 +522,12 @@ func (s *session) serveTCP(down net.Conn, ch *config.Chain) {
 		s.p.cfg.AccessLog.Warn("connection failed", append(log, "response_flags", string(flagConnectFailure), "error", err.Error())...)
 		return
 	}
-	var wg sync.WaitGroup
-	var sent, recv int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		sent, _ = io.Copy(up, down)
-		closeWrite(up)
-	}()
-	recv, _ = io.Copy(down, up)
-	closeWrite(down)
-	wg.Wait()
-	up.Close()
-	s.p.cfg.AccessLog.Info("connection complete", append(log, "upstream", ep.String(), "bytes_sent", sent, "bytes_recv", recv,
-		"duration_ms", time.Since(start).Milliseconds())...)
-}
-
-func closeWrite(c net.Conn) {
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
+	// bytes_recv is what came from downstream, bytes_sent what went back,
+	// as Envoy counts them. A failure either way resets both ends.
+	recv, sent, err := relay.Join(down, up, 0)
+	log = append(log, "upstream", ep.String(), "bytes_sent", sent, "bytes_recv", recv, "duration_ms", time.Since(start).Milliseconds())
+	if err != nil {
+		log = append(log, "error", err.Error())
 	}
+	s.p.cfg.AccessLog.Info("connection complete", log...)
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -536,6 +538,76 @@ func TestTCPFallback(t *testing.T) {
 	buf := make([]byte, len(msg))
 	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != msg {
 		t.Fatalf("echo: %q %v", buf, err)
+	}
+}
+
+// TestTCPRelayPassesResets: a TCP chain's relay passes a reset on either
+// way, as the peer that reset would have been seen directly: an upstream
+// that resets its connection resets the client's stream (the client does
+// not read an end it could take for a complete answer), and a client that
+// resets its stream resets the upstream's connection.
+func TestTCPRelayPassesResets(t *testing.T) {
+	m := newMesh(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	upstreamRead := make(chan error, 1)
+	go func() {
+		for first := true; ; first = false {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			buf := make([]byte, 5)
+			io.ReadFull(c, buf)
+			if first { // the upstream resets
+				c.Write([]byte("partial"))
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+				continue
+			}
+			c.Write([]byte("ok")) // the client resets
+			_, err = c.Read(buf)
+			upstreamRead <- err
+			c.Close()
+		}
+	}()
+	up := ln.Addr().(*net.TCPAddr).AddrPort()
+	m.apply([]*routev3.Route{{Match: prefix("/"), Action: toCluster("outbound|80||" + svcHost)}},
+		map[string][]netip.AddrPort{"outbound|80||" + svcHost: {up}})
+	m.applySniffed(nil, nil, "outbound|80||"+svcHost)
+
+	c, err := m.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	io.WriteString(c, "\x16\x03\x01xx")
+	got, err := io.ReadAll(c)
+	var re *hbone.ResetError
+	if !errors.As(err, &re) || !re.Remote {
+		t.Errorf("after the upstream's reset the client read %q and %v, want its stream reset", got, err)
+	}
+
+	c2, err := m.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(c2, "\x16\x03\x01xx")
+	if _, err := io.ReadFull(c2, make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	c2.(*hbone.Stream).SetLinger(0)
+	c2.Close()
+	select {
+	case err := <-upstreamRead:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("after the client's reset the upstream read %v, want a reset", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the upstream's read did not end after the client's reset")
 	}
 }
 

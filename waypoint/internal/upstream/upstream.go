@@ -254,6 +254,16 @@ func (c *tcpConn) Close() error {
 	return c.Conn.Close()
 }
 
+// SetLinger sets the underlying connection's SO_LINGER (an HBONE
+// stream's, which with 0 resets it on Close) when it has one: a relay
+// resets its upstream when the client's side failed.
+func (c *tcpConn) SetLinger(sec int) error {
+	if l, ok := c.Conn.(interface{ SetLinger(int) error }); ok {
+		return l.SetLinger(sec)
+	}
+	return nil
+}
+
 // CloseWrite half-closes the underlying connection when it can.
 func (c *tcpConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {

@@ -18,6 +18,7 @@ import (
 	"github.com/weftmesh/weft/internal/accept"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/h1server"
+	"github.com/weftmesh/weft/waypoint/route"
 )
 
 // Gateway mode (Config.Gateway, PROXY_MODE=gateway): the proxy takes no
@@ -42,6 +43,17 @@ import (
 //     HTTP/2 when ALPN chose h2, else HTTP/1.1 (or relays what TLS
 //     carries, with tcp_proxy); one without passes the connection through
 //     (the bytes read so far replayed) to its tcp_proxy cluster.
+//   - Misdirected requests (RFC 9110 section 15.5.20, RFC 9113 section
+//     9.1.1): on a connection whose TLS the proxy ended, a request whose
+//     Host (or :authority) names a server that another chain of the
+//     listener takes, as the ClientHello's server name would pick it
+//     (SelectSNI; the name without its port or a trailing dot, in any
+//     case), is answered 421 before routing, so that a client which
+//     reused the connection for another origin (HTTP/2 coalescing, or a
+//     Host that disagrees with the SNI) opens a new one and meets that
+//     chain's certificate, policy and routes. A Host that picks the
+//     connection's own chain, or no chain, is routed by the chain's route
+//     configuration (404 when nothing takes it), as the Gateway API asks.
 //   - The client has no mesh identity; the source address of policy is the
 //     TCP peer; a connection finds its chain again by listener and chain
 //     name in each newer configuration.
@@ -363,6 +375,25 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 	defer rc.Close()
 	hl := h1server.NewHeadLimiter(rc)
 	s.serveHTTP(rc, bufio.NewReaderSize(hl, 4096), hl, sniffedH1)
+}
+
+// misdirected reports whether r, on a gateway connection whose TLS the
+// proxy ended, names by its Host a server that another chain of the
+// connection's listener in snap takes (see the package's gateway notes).
+func (s *session) misdirected(snap *config.Snapshot, r *http.Request) bool {
+	if s.tlsState == nil || s.listener == "" {
+		return false
+	}
+	l := snap.Listeners[s.listener]
+	if l == nil || len(l.Chains) < 2 {
+		return false
+	}
+	host := strings.TrimSuffix(route.StripPort(r.Host), ".")
+	if host == "" {
+		return false
+	}
+	ch := l.SelectSNI(host)
+	return ch != nil && ch.Name != s.chain.Name
 }
 
 // h2TLS is HTTP/2 over TLS, negotiated by ALPN.

@@ -483,8 +483,8 @@ func TestGatewayTLS(t *testing.T) {
 			g.tlsChain("https/"+p+"/default", nil, []string{"default.example.net", "example.com"}, "https."+p+".default")),
 		tlsListener(t, strict, g.tlsChain("https/"+sp+"/only", []string{"only.example.com"}, []string{"only.example.com"}, "https."+sp+".only")),
 	}, map[string][]*routev3.VirtualHost{
-		"https." + p + ".exact":   {direct("a.example.com", "exact"), toBackend("xfp.example.com"), schemeVH("scheme.example.com")},
-		"https." + p + ".wild":    {direct("*.example.com", "wild")},
+		"https." + p + ".exact":   {direct("a.example.com", "exact")},
+		"https." + p + ".wild":    {direct("*.example.com", "wild"), toBackend("xfp.example.com"), schemeVH("scheme.example.com")},
 		"https." + p + ".deep":    {direct("*.b.example.com", "deep")},
 		"https." + p + ".default": {direct("*", "default")},
 		"https." + sp + ".only":   {direct("only.example.com", "only")},
@@ -500,12 +500,14 @@ func TestGatewayTLS(t *testing.T) {
 				{"x.b.example.com", "x.b.example.com", "deep", "*.b.example.com"},
 				{"", "anything", "default", "default.example.net"},
 				{"example.com", "example.com", "default", "default.example.net"},
-				// A Host that disagrees with the SNI is routed by the chain's
-				// own route configuration: it reaches only that chain's
-				// virtual hosts.
-				{"a.example.com", "c.example.com", "", "a.example.com"},
-				{"c.example.com", "a.example.com", "wild", "*.example.com"},
-				{"c.example.com", "x.b.example.com", "wild", "*.example.com"},
+				// A Host that another chain's server names take is
+				// misdirected (421); one the connection's own chain takes is
+				// routed by its route configuration alone.
+				{"a.example.com", "c.example.com", "421", "a.example.com"},
+				{"c.example.com", "a.example.com", "421", "*.example.com"},
+				{"c.example.com", "x.b.example.com", "421", "*.example.com"},
+				{"c.example.com", "d.example.com", "wild", "*.example.com"},
+				{"", "a.example.com", "421", "default.example.net"},
 				{"a.example.com", "a.example.com:" + p, "exact", "a.example.com"},
 			} {
 				c, peer := g.tlsClient(tc.sni, h2)
@@ -517,13 +519,16 @@ func TestGatewayTLS(t *testing.T) {
 					t.Errorf("SNI %q: certificate %v, want %s's", tc.sni, *peer, tc.cert)
 				}
 				switch {
+				case tc.want == "421" && resp.StatusCode != 421:
+					t.Errorf("SNI %q Host %q: %d %q, want 421", tc.sni, tc.host, resp.StatusCode, resp.body)
+				case tc.want == "421":
 				case tc.want == "" && resp.StatusCode != 404:
 					t.Errorf("SNI %q Host %q: %d %q, want 404", tc.sni, tc.host, resp.StatusCode, resp.body)
 				case tc.want != "" && resp.body != tc.want:
 					t.Errorf("SNI %q Host %q: %d %q, want %q", tc.sni, tc.host, resp.StatusCode, resp.body, tc.want)
 				}
 			}
-			c, _ := g.tlsClient("a.example.com", h2)
+			c, _ := g.tlsClient("c.example.com", h2)
 			if resp := gwGet(t, c, "https", port, "scheme.example.com", nil); resp.body != "https" {
 				t.Errorf(":scheme matched %q, want https", resp.body)
 			}

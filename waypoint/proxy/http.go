@@ -206,6 +206,10 @@ func (s *session) route(w http.ResponseWriter, r *http.Request, h2 bool, info *r
 	if !ok {
 		return
 	}
+	if s.misdirected(snap, r) {
+		reply(w, info, replyMisdirected)
+		return
+	}
 	rt := router.Match(snap, hc, r)
 	if rt == nil {
 		reply(w, info, replyNoRoute)

@@ -41,6 +41,7 @@ type localReply struct {
 var (
 	replyDenied          = localReply{code: http.StatusForbidden, body: "RBAC: access denied", flag: flagRBAC}
 	replyNoRoute         = localReply{code: http.StatusNotFound, body: "route not found", flag: flagNoRoute}
+	replyMisdirected     = localReply{code: http.StatusMisdirectedRequest, body: "misdirected request"}
 	replyUpgradeRefused  = localReply{code: http.StatusForbidden, body: "upgrade not allowed"}
 	replyBadBody         = localReply{code: http.StatusBadRequest, body: "reading request body"}
 	replyUnaskedSwitch   = localReply{code: http.StatusBadGateway, body: "upstream switched protocols unasked", flag: flagUpstreamProtocol}

@@ -88,6 +88,7 @@ func newGatewayFixture(t testing.TB) *gatewayFixture {
 			w.Header()["Seen-"+h] = r.Header.Values(h)
 		}
 		w.Header().Set("Seen-Host", r.Host)
+		w.Header().Set("Seen-Proto", r.Proto)
 		fmt.Fprintf(w, "backend %s", r.URL.Path)
 	}), nil)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -1124,5 +1125,46 @@ func TestGatewayPassthroughSNI(t *testing.T) {
 	}
 	if after := a.accepts.Load() + b.accepts.Load(); after != before {
 		t.Errorf("refused connections reached a backend (%d connections)", after-before)
+	}
+}
+
+// A gateway's client picks HTTP/2 with the gateway (ALPN h2, or h2c to a
+// plain port), which says nothing of the backend: the request goes
+// upstream over HTTP/1.1 unless it is gRPC (or the cluster asks for
+// HTTP/2), so an HTTP/1.1-only backend serves HTTP/2 clients.
+func TestGatewayUpstreamProtocol(t *testing.T) {
+	g := newGatewayFixture(t)
+	tlsPort, plainPort := freePort(t), freePort(t)
+	p := strconv.Itoa(int(tlsPort))
+	g.apply([]*listenerv3.Listener{
+		tlsListener(t, tlsPort, g.tlsChain("https/"+p+"/any", nil, []string{"app.example.com"}, "https."+p+".any")),
+		httpListener(t, plainPort),
+	}, map[string][]*routev3.VirtualHost{
+		"https." + p + ".any":                  {toBackend("*")},
+		"http." + strconv.Itoa(int(plainPort)): {toBackend("*")},
+	})
+	h2TLS, _ := g.tlsClient("app.example.com", true)
+	h1TLS, _ := g.tlsClient("app.example.com", false)
+	grpc := http.Header{"Content-Type": {"application/grpc"}}
+	for _, tc := range []struct {
+		name   string
+		c      *http.Client
+		scheme string
+		port   uint16
+		h      http.Header
+		down   string
+		up     string
+	}{
+		{"h2 over TLS", h2TLS, "https", tlsPort, nil, "HTTP/2.0", "HTTP/1.1"},
+		{"HTTP/1.1 over TLS", h1TLS, "https", tlsPort, nil, "HTTP/1.1", "HTTP/1.1"},
+		{"h2c", h2cClient(t), "http", plainPort, nil, "HTTP/2.0", "HTTP/1.1"},
+		{"gRPC over h2", h2TLS, "https", tlsPort, grpc, "HTTP/2.0", "HTTP/2.0"},
+		{"gRPC over h2c", h2cClient(t), "http", plainPort, grpc, "HTTP/2.0", "HTTP/2.0"},
+		{"gRPC's type over HTTP/1.1", h1TLS, "https", tlsPort, grpc, "HTTP/1.1", "HTTP/1.1"},
+	} {
+		resp := gwGet(t, tc.c, tc.scheme, tc.port, "app.example.com", tc.h)
+		if resp.Proto != tc.down || resp.Header.Get("Seen-Proto") != tc.up {
+			t.Errorf("%s: %d, client %s, backend saw %q; want %s, %s", tc.name, resp.StatusCode, resp.Proto, resp.Header.Get("Seen-Proto"), tc.down, tc.up)
+		}
 	}
 }

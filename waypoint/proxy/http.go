@@ -316,7 +316,7 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 	if stream != nil {
 		upgrade = upgradeWebSocket
 	}
-	call, err := router.NewCall(ctx, snap, rt, wc, r, h2, upgrade)
+	call, err := router.NewCall(ctx, snap, rt, wc, r, s.upstreamH2(r, h2), upgrade)
 	if err != nil {
 		reply(w, info, replyBadBody)
 		return
@@ -331,6 +331,21 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 	defer done()
 	defer resp.Body.Close()
 	s.respond(ctx, w, resp, call, stream, cors, info)
+}
+
+// upstreamH2 says whether r, which came over HTTP/2 when h2, goes to a
+// cluster that does not ask for HTTP/2 over HTTP/2 all the same. A
+// waypoint passes on the client's protocol (the client spoke it to the
+// backend's address). A gateway's client chose its protocol with the
+// gateway (ALPN, or h2c to the gateway's port), which says nothing of the
+// backend: upstream it is HTTP/1.1 unless the cluster asks for HTTP/2 or
+// r is gRPC, which needs HTTP/2 all the way, as Istio's gateways do
+// (only its sidecars use the downstream protocol).
+func (s *session) upstreamH2(r *http.Request, h2 bool) bool {
+	if s.listener == "" {
+		return h2
+	}
+	return h2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 }
 
 // respond relays resp, the upstream's answer to call, to the client: a

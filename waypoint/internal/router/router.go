@@ -93,12 +93,13 @@ type Call struct {
 
 	body     []byte // Out's body, kept for retries and mirrors; nil when not kept
 	attempts int    // the attempts Send may make
-	h2Down   bool   // the client spoke HTTP/2; mirrors go upstream so
+	h2Down   bool   // NewCall's h2: mirrors go upstream so too
 }
 
 // NewCall readies r, routed to rt and its weighted cluster wc, for its
-// upstream under ctx, the request's context with its timeout. h2 says the
-// client spoke HTTP/2; upgrade is the protocol r switches to, or "" (an
+// upstream under ctx, the request's context with its timeout. h2 says r
+// goes upstream over HTTP/2 even to a cluster that does not ask for it
+// (a waypoint's client spoke HTTP/2); upgrade is the protocol r switches to, or "" (an
 // HTTP/2 WebSocket's upgrade goes upstream over HTTP/1.1). r's header is
 // edited in place: the caller's server reads it no more once the handler
 // runs. A small body is read and kept when the route retries or mirrors;

@@ -23,10 +23,33 @@ import (
 // no HBONE port; and the Service is of type LoadBalancer unless the
 // annotation networking.istio.io/service-type or the service patch (which
 // may set spec.type, to one of serviceTypes) says otherwise, with one port
-// per distinct listener port and the status port.
+// per distinct listener port and the status port. The service patch may
+// also set spec.externalTrafficPolicy (one of externalTrafficPolicies) on
+// a NodePort or LoadBalancer Service: Local keeps the client's own address
+// as the connection's source (kube-proxy sends external traffic only to
+// the node's own gateway pods, without masquerading it), which the
+// gateway's policy and X-Forwarded-For then see.
 
 // serviceTypes are the Service types an ingress gateway may have.
 var serviceTypes = []string{string(corev1.ServiceTypeClusterIP), string(corev1.ServiceTypeNodePort), string(corev1.ServiceTypeLoadBalancer)}
+
+// externalTrafficPolicies are the values an ingress gateway's service
+// patch may give spec.externalTrafficPolicy, spelt as Kubernetes spells
+// them.
+var externalTrafficPolicies = []string{string(corev1.ServiceExternalTrafficPolicyLocal), string(corev1.ServiceExternalTrafficPolicyCluster)}
+
+// checkTrafficPolicy refuses an external traffic policy on a Service that
+// takes no external traffic, as the API server would (ClusterIP): where
+// says which patch set it.
+func checkTrafficPolicy(svc *corev1.Service, where string) error {
+	p := svc.Spec.ExternalTrafficPolicy
+	if p == "" || svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		return nil
+	}
+	return &ParamsError{fmt.Sprintf("%s sets spec.externalTrafficPolicy %s on a Service of type %s, which takes no external traffic; "+
+		"make the type NodePort or LoadBalancer (spec.type or annotation %s), or remove spec.externalTrafficPolicy",
+		where, p, svc.Spec.Type, annotation.NetworkingServiceType.Name)}
+}
 
 // serviceType is the type of an ingress gateway's Service as its
 // annotation sets it: LoadBalancer without one.

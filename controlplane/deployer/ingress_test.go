@@ -140,8 +140,9 @@ func TestServiceTypeAnnotation(t *testing.T) {
 }
 
 // TestIngressServicePatch: an ingress gateway's service patch may set
-// spec.type to one of three values and nothing else of the spec; a
-// waypoint's may not set it at all.
+// spec.type to one of three values and spec.externalTrafficPolicy to one
+// of two (exact case), nothing else of the spec; a waypoint's may set
+// neither.
 func TestIngressServicePatch(t *testing.T) {
 	build := func(gw *gwv1.Gateway, patch string) (*Objects, error) {
 		gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Kind: "ConfigMap", Name: "p"}}
@@ -175,7 +176,17 @@ func TestIngressServicePatch(t *testing.T) {
 		{"spec: {externalIPs: [192.0.2.1]}", "spec.externalIPs"},
 		{"spec: {loadBalancerIP: 192.0.2.1}", "spec.loadBalancerIP"},
 		{"spec: {clusterIP: None}", "spec.clusterIP"},
-		{"spec: {externalTrafficPolicy: Local}", "spec.externalTrafficPolicy"},
+		{"spec: {externalTrafficPolicy: local}", "spec.externalTrafficPolicy to local (not one of Local, Cluster)"},
+		{"spec: {externalTrafficPolicy: LOCAL}", "spec.externalTrafficPolicy to LOCAL"},
+		{"spec: {externalTrafficPolicy: \"Local \"}", "spec.externalTrafficPolicy to Local "},
+		{"spec: {externalTrafficPolicy: Global}", "spec.externalTrafficPolicy to Global"},
+		{"spec: {externalTrafficPolicy: \"\"}", "spec.externalTrafficPolicy to "},
+		{"spec: {externalTrafficPolicy: null}", "spec.externalTrafficPolicy"},
+		{"spec: {externalTrafficPolicy: [Local]}", "spec.externalTrafficPolicy"},
+		{"spec: {externalTrafficPolicy: {Local: true}}", "spec.externalTrafficPolicy"},
+		{"spec: {externalTrafficPolicy: 1}", "spec.externalTrafficPolicy"},
+		{"spec: {healthCheckNodePort: 30000, externalTrafficPolicy: Local}", "spec.healthCheckNodePort"},
+		{"spec: {internalTrafficPolicy: Local}", "spec.internalTrafficPolicy"},
 		{"spec: {$patch: replace, type: ClusterIP}", "spec.$patch"},
 	} {
 		_, err := build(ingressGateway(nil), c.patch)
@@ -188,6 +199,65 @@ func TestIngressServicePatch(t *testing.T) {
 	wp, _ := readCase(t, "testdata/plain.in.yaml")
 	if _, err := build(wp, "spec: {type: LoadBalancer}"); err == nil || !strings.Contains(err.Error(), "sets spec.type, which may not be overridden") {
 		t.Errorf("waypoint patch of spec.type: %v, want refused", err)
+	}
+	wp, _ = readCase(t, "testdata/plain.in.yaml")
+	if _, err := build(wp, "spec: {externalTrafficPolicy: Local}"); err == nil || !strings.Contains(err.Error(), "sets spec.externalTrafficPolicy, which may not be overridden") {
+		t.Errorf("waypoint patch of spec.externalTrafficPolicy: %v, want refused", err)
+	}
+}
+
+// TestIngressTrafficPolicy: the service patch may set
+// spec.externalTrafficPolicy Local or Cluster on a NodePort or
+// LoadBalancer Service, whichever way the type was chosen; on a ClusterIP
+// Service (by annotation or by the patch itself, in either order) it is
+// refused, as the API server would.
+func TestIngressTrafficPolicy(t *testing.T) {
+	build := func(annotations map[string]string, patch string) (*Objects, error) {
+		gw := ingressGateway(annotations)
+		gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Kind: "ConfigMap", Name: "p"}}
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "shop"}, Data: map[string]string{KeyService: patch}}
+		return Build(testConfig, gw, cm)
+	}
+	nodePort := map[string]string{"networking.istio.io/service-type": "NodePort"}
+	clusterIP := map[string]string{"networking.istio.io/service-type": "ClusterIP"}
+	for _, c := range []struct {
+		annotations map[string]string
+		patch       string
+		typ         corev1.ServiceType
+		policy      corev1.ServiceExternalTrafficPolicy
+	}{
+		{nil, "spec: {externalTrafficPolicy: Local}", corev1.ServiceTypeLoadBalancer, corev1.ServiceExternalTrafficPolicyLocal},
+		{nil, "spec: {externalTrafficPolicy: Cluster}", corev1.ServiceTypeLoadBalancer, corev1.ServiceExternalTrafficPolicyCluster},
+		{nodePort, "spec: {externalTrafficPolicy: Local}", corev1.ServiceTypeNodePort, corev1.ServiceExternalTrafficPolicyLocal},
+		{clusterIP, "spec: {type: LoadBalancer, externalTrafficPolicy: Local}", corev1.ServiceTypeLoadBalancer, corev1.ServiceExternalTrafficPolicyLocal},
+		{nil, "spec: {externalTrafficPolicy: Local, type: NodePort}", corev1.ServiceTypeNodePort, corev1.ServiceExternalTrafficPolicyLocal},
+		{nil, "spec: {type: ClusterIP}", corev1.ServiceTypeClusterIP, ""},
+		{nil, "metadata: {labels: {a: b}}", corev1.ServiceTypeLoadBalancer, ""},
+	} {
+		objs, err := build(c.annotations, c.patch)
+		if err != nil {
+			t.Errorf("%v %q: %v", c.annotations, c.patch, err)
+			continue
+		}
+		if got := objs.Service.Spec; got.Type != c.typ || got.ExternalTrafficPolicy != c.policy {
+			t.Errorf("%v %q: type %s policy %q, want %s %q", c.annotations, c.patch, got.Type, got.ExternalTrafficPolicy, c.typ, c.policy)
+		}
+	}
+	for _, c := range []struct {
+		annotations map[string]string
+		patch       string
+	}{
+		{clusterIP, "spec: {externalTrafficPolicy: Local}"},
+		{clusterIP, "spec: {externalTrafficPolicy: Cluster}"},
+		{nil, "spec: {type: ClusterIP, externalTrafficPolicy: Local}"},
+		{nodePort, "spec: {externalTrafficPolicy: Local, type: ClusterIP}"},
+	} {
+		_, err := build(c.annotations, c.patch)
+		var pe *ParamsError
+		if !errors.As(err, &pe) || !strings.Contains(pe.msg, "key service sets spec.externalTrafficPolicy") ||
+			!strings.Contains(pe.msg, "of type ClusterIP, which takes no external traffic") {
+			t.Errorf("%v %q: %v, want refused for ClusterIP", c.annotations, c.patch, err)
+		}
 	}
 }
 

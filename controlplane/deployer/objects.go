@@ -417,6 +417,9 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, lists, KeyService, where); err != nil {
 		return nil, err
 	}
+	if err := checkTrafficPolicy(o.Service, where+KeyService); err != nil {
+		return nil, err
+	}
 	if v, ok := params.Data[KeyHPA]; ok {
 		// Both would own the replica count and undo each other's writes.
 		// (The deployment patch applied above, so it is YAML.)

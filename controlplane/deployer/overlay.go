@@ -93,7 +93,7 @@ func objectMeta() *field {
 
 // overlays is the allow-list of each key of a waypoint's parametersRef
 // ConfigMap; ingressOverlays an ingress gateway's, which may also set the
-// Service's type.
+// Service's type and external traffic policy.
 var overlays, ingressOverlays = newOverlays(false), newOverlays(true)
 
 func overlaysFor(ingress bool) map[string]*field {
@@ -109,7 +109,7 @@ func newOverlays(ingress bool) map[string]*field {
 		"metadata": objectMeta(),
 	}
 	if ingress {
-		svc["spec"] = object(map[string]*field{"type": enum(serviceTypes...)})
+		svc["spec"] = object(map[string]*field{"type": enum(serviceTypes...), "externalTrafficPolicy": enum(externalTrafficPolicies...)})
 	}
 	return map[string]*field{
 		KeyDeployment: object(map[string]*field{

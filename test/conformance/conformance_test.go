@@ -28,6 +28,10 @@
 //	gateway-all                GATEWAY-HTTP and GATEWAY-TLS: every feature a
 //	                           Gateway test needs (a probe)
 //
+// WEFT_CONFORMANCE_RUN=<ShortName>[,<ShortName>...] runs only those tests
+// of the Gateway profiles (the others are the suite's SkipTests), to
+// iterate on a few; the report then covers only them.
+//
 // The suite's ConformanceReport is written to bin/conformance/mesh-report.yaml
 // (mesh-core-report.yaml, mesh-all-report.yaml in the other modes) and
 // bin/conformance/gateway-report.yaml (gateway-core-report.yaml,

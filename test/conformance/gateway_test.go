@@ -4,13 +4,13 @@ import (
 	"io/fs"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	gwconformance "sigs.k8s.io/gateway-api/conformance"
 	confv1 "sigs.k8s.io/gateway-api/conformance/apis/v1"
 	"sigs.k8s.io/gateway-api/conformance/utils/config"
-	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 	"sigs.k8s.io/gateway-api/conformance/utils/suite"
 	"sigs.k8s.io/gateway-api/pkg/features"
 )
@@ -43,9 +43,7 @@ var gatewayTLSCoreFeatures = []features.FeatureName{features.SupportTLSRoute}
 // Weft claims: only those whose every test passed in a
 // WEFT_CONFORMANCE=gateway run here. Left out, among others: TLSRoute
 // termination, UDPRoute, BackendTLSPolicy, client certificates, static
-// addresses, ListenerSets, HTTPRouteBackendProtocolH2C (the suite's h2c
-// client dials the address itself, not from outside the nodes) and
-// misdirected requests (421).
+// addresses and ListenerSets.
 var gatewaySupportedExtended = []features.FeatureName{
 	features.SupportGatewayPort8080,
 	features.SupportHTTPRouteQueryParamMatching,
@@ -73,6 +71,8 @@ var gatewaySupportedExtended = []features.FeatureName{
 	features.SupportHTTPRouteRequestPercentageMirror,
 	features.SupportHTTPRouteRetry,
 	features.SupportGatewayInfrastructure,
+	features.SupportGatewayHTTPSListenerDetectMisdirectedRequests,
+	features.SupportHTTPRouteBackendProtocolH2C,
 }
 
 // gatewayTests are the suite's tests of Gateways (the profile picks those
@@ -99,6 +99,23 @@ func gatewayClaimed(mode string) ([]features.FeatureName, []suite.ConformancePro
 		return featuresOf(gatewayTests()), both, true
 	}
 	return nil, nil, false
+}
+
+// skipAllBut returns the short names of the tests not in only (a
+// comma-separated list), for the suite's SkipTests; none when only is
+// empty.
+func skipAllBut(tests []suite.ConformanceTest, only string) []string {
+	if only == "" {
+		return nil
+	}
+	keep := strings.Split(only, ",")
+	var skip []string
+	for _, ct := range tests {
+		if !slices.Contains(keep, ct.ShortName) {
+			skip = append(skip, ct.ShortName)
+		}
+	}
+	return skip
 }
 
 // gatewayReportName is the report's file name in bin/conformance for a mode.
@@ -144,6 +161,7 @@ func TestGatewayConformance(t *testing.T) {
 			CleanupBaseResources: false, // the cluster goes with the test
 			CleanupTestResources: true,
 			ConformanceProfiles:  profiles,
+			SkipTests:            skipAllBut(gatewayTests(), os.Getenv("WEFT_CONFORMANCE_RUN")),
 			// The backends in ambient, as for the Mesh profiles: the
 			// gateway reaches them over HBONE, the path Weft's users take.
 			NamespaceLabels:   map[string]string{"istio.io/dataplane-mode": "ambient"},
@@ -163,8 +181,8 @@ func TestGatewayConformance(t *testing.T) {
 		RestConfig:    sc.rest,
 		ManifestFS:    []fs.FS{&gwconformance.Manifests},
 		// The suite's requests leave from outside the nodes, to the
-		// Gateways' load balancer addresses.
-		RoundTripper:    &roundtripper.DefaultRoundTripper{CustomDialContext: c.DialOutside, TimeoutConfig: timeouts},
+		// Gateways' load balancer addresses, HTTP/2 ones included.
+		RoundTripper:    newOutsideRoundTripper(c.DialOutside, timeouts),
 		GRPCClient:      grpcClient,
 		WebSocketDialer: outsideWebSocket{dial: c.DialOutside},
 		Hook: func(t *testing.T, test suite.ConformanceTest, _ *suite.ConformanceTestSuite) {

@@ -1,10 +1,17 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,7 +23,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	pb "sigs.k8s.io/gateway-api/conformance/echo-basic/grpcechoserver"
+	"sigs.k8s.io/gateway-api/conformance/utils/config"
 	confgrpc "sigs.k8s.io/gateway-api/conformance/utils/grpc"
+	"sigs.k8s.io/gateway-api/conformance/utils/roundtripper"
 )
 
 // outsideGRPC is the suite's gRPC client (grpc-go, plaintext h2) with its
@@ -152,4 +161,120 @@ func (d outsideWebSocket) Dial(url, protocol, origin string) (*websocket.Conn, e
 		return nil, err
 	}
 	return ws, nil
+}
+
+// outsideRoundTripper is the suite's RoundTripper with every request sent
+// from outside the nodes. The suite's DefaultRoundTripper uses its
+// CustomDialContext for HTTP/1.1 alone: its HTTP/2 transports (h2 over
+// TLS, as the misdirected-request test asks, and h2c with prior
+// knowledge) dial the address themselves, so those two are made here with
+// net/http's HTTP/2 over the same dialer (HTTP/2 only, as the suite's
+// x/net transports: no fallback to HTTP/1.1), and what they capture is
+// read as the suite reads it.
+type outsideRoundTripper struct {
+	http1 *roundtripper.DefaultRoundTripper
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	// timeout bounds one request (the suite's RequestTimeout).
+	timeout time.Duration
+}
+
+var _ roundtripper.RoundTripper = (*outsideRoundTripper)(nil)
+
+func newOutsideRoundTripper(dial func(ctx context.Context, network, addr string) (net.Conn, error), timeouts config.TimeoutConfig) *outsideRoundTripper {
+	return &outsideRoundTripper{http1: &roundtripper.DefaultRoundTripper{CustomDialContext: dial, TimeoutConfig: timeouts},
+		dial: dial, timeout: timeouts.RequestTimeout}
+}
+
+func (o *outsideRoundTripper) CaptureRoundTrip(r roundtripper.Request) (*roundtripper.CapturedRequest, *roundtripper.CapturedResponse, error) {
+	tr := &http.Transport{DialContext: o.dial, Protocols: new(http.Protocols)}
+	switch r.Protocol {
+	case roundtripper.H2CPriorKnowledgeProtocol:
+		if r.ServerName != "" && len(r.ServerCertificate) > 0 {
+			return nil, nil, errors.New("h2c with prior knowledge is not encrypted, yet the request names a server certificate")
+		}
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	case roundtripper.H2Protocol:
+		conf, err := suiteTLSConfig(r)
+		if err != nil {
+			return nil, nil, err
+		}
+		tr.TLSClientConfig = conf
+		tr.Protocols.SetHTTP2(true)
+	default:
+		return o.http1.CaptureRoundTrip(r)
+	}
+	defer tr.CloseIdleConnections()
+	return o.capture(r, tr)
+}
+
+// suiteTLSConfig is the client TLS configuration the suite gives an h2
+// request: its server name, its certificate as the only root, its client
+// certificate hook.
+func suiteTLSConfig(r roundtripper.Request) (*tls.Config, error) {
+	if r.ServerName == "" || len(r.ServerCertificate) == 0 {
+		return nil, errors.New("an h2 request needs a server name and a server certificate")
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(r.ServerCertificate) {
+		return nil, errors.New("the request's server certificate is not PEM")
+	}
+	return &tls.Config{ServerName: r.ServerName, RootCAs: roots, GetClientCertificate: r.GetClientCertificateHook}, nil
+}
+
+// capture sends r through tr and reads the answer as the suite's
+// DefaultRoundTripper does: the echo server's JSON account of the request
+// it saw, the response's status, protocol, headers, certificates and
+// redirect.
+func (o *outsideRoundTripper) capture(r roundtripper.Request, tr http.RoundTripper) (*roundtripper.CapturedRequest, *roundtripper.CapturedResponse, error) {
+	client := &http.Client{Transport: tr}
+	if r.UnfollowRedirect {
+		client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	method := cmp.Or(r.Method, http.MethodGet)
+	var body io.Reader
+	if r.Body != "" {
+		body = strings.NewReader(r.Body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, r.URL.String(), body)
+	if err != nil {
+		return nil, nil, err
+	}
+	if r.Host != "" {
+		req.Host = r.Host
+	}
+	for name, vs := range r.Headers {
+		req.Header.Set(name, vs[0])
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, nil, err
+	}
+	cReq := &roundtripper.CapturedRequest{}
+	if resp.Header.Get("Content-Type") == "application/json" {
+		if err := json.Unmarshal(b, cReq); err != nil {
+			return nil, nil, fmt.Errorf("reading the echo server's answer: %w", err)
+		}
+	} else {
+		cReq.Method = method // not the echo server: assume it saw what was sent
+	}
+	cRes := &roundtripper.CapturedResponse{StatusCode: resp.StatusCode, ContentLength: resp.ContentLength,
+		Protocol: resp.Proto, Headers: resp.Header}
+	if resp.TLS != nil {
+		cRes.PeerCertificates = resp.TLS.PeerCertificates
+	}
+	if roundtripper.IsRedirect(resp.StatusCode) {
+		loc, err := resp.Location()
+		if err != nil {
+			return nil, nil, err
+		}
+		cRes.RedirectRequest = &roundtripper.RedirectRequest{Scheme: loc.Scheme, Host: loc.Hostname(), Port: loc.Port(), Path: loc.Path}
+	}
+	return cReq, cRes, nil
 }

@@ -185,7 +185,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	}
 	c.dns = &dnsServer{ns: c.topo.cp, addr: net.JoinHostPort(cpAddr.String(), "53"), client: c.client, log: c.log}
 	c.goBackground(bgCtx, "cluster DNS", c.dns.Run)
-	lb := &loadBalancer{client: c.client, pool: loadBalancerPool, log: c.log}
+	var nodeAddrs []netip.Addr
+	for i := range c.topo.nodes {
+		nodeAddrs = append(nodeAddrs, nodeAddr(i+1))
+	}
+	lb := &loadBalancer{client: c.client, pool: loadBalancerPool, log: c.log,
+		local: &localRoutes{out: c.topo.out, nodes: nodeAddrs, dial: c.DialOutside, log: c.log}}
 	c.goBackground(bgCtx, "load balancer", lb.Run)
 
 	if cfg.NodeMode == NodeModeKubelet {

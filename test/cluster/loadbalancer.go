@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,9 +23,10 @@ import (
 // loadBalancer gives every Service of type LoadBalancer (without a
 // spec.loadBalancerClass, which names another implementation) an address
 // of pool in status.loadBalancer.ingress, as a cloud's controller does.
-// The address is routed to the nodes from outside (addLoadBalancerRoute),
-// and kube-proxy on the node a packet reaches forwards it to an endpoint:
-// no process listens on it. An address stays with its Service until the
+// The address is routed to the nodes from outside (addLoadBalancerRoute;
+// for externalTrafficPolicy Local, to the nodes with a ready endpoint
+// only, localRoutes), and kube-proxy on the node a packet reaches
+// forwards it to an endpoint: no process listens on it. An address stays with its Service until the
 // Service goes or stops being of type LoadBalancer. One worker owns
 // assigned.
 type loadBalancer struct {
@@ -36,6 +38,9 @@ type loadBalancer struct {
 	// assigned are the addresses written and perhaps not yet in the
 	// cache, by Service key.
 	assigned map[string]netip.Addr
+	// local, when set, routes the Services with externalTrafficPolicy
+	// Local through their healthy nodes only (localRoutes).
+	local *localRoutes
 }
 
 // Run assigns addresses until ctx ends.
@@ -60,8 +65,22 @@ func (lb *loadBalancer) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), lb.services.HasSynced) {
 		return nil
 	}
+	var localErr error
+	var wg sync.WaitGroup
+	if lb.local != nil {
+		lb.local.list = func() []*corev1.Service {
+			var out []*corev1.Service
+			for _, o := range lb.services.GetIndexer().List() {
+				out = append(out, o.(*corev1.Service))
+			}
+			return out
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); localErr = lb.local.run(ctx) }()
+	}
 	queue.Run(ctx, 1) // one worker: assigned has one owner
-	return nil
+	wg.Wait()
+	return localErr
 }
 
 // wants reports whether svc is a Service the harness balances.

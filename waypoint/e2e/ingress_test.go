@@ -10,11 +10,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/testpki"
@@ -107,8 +111,10 @@ spec:
 // Secret, HTTP, the backend reached over HBONE with the gateway's own
 // identity (a policy admitting only that identity lets it in and keeps a
 // mesh client out), TLS passed through by SNI to a backend that ends it
-// itself, and what an outsider tries: another Host on the TLS connection,
-// another SNI, a forged X-Forwarded-For.
+// itself, what an outsider tries: another Host on the TLS connection,
+// another SNI, a forged X-Forwarded-For; and the Service made
+// externalTrafficPolicy Local by the parametersRef patch, after which the
+// gateway sees the outside client's own address.
 func TestIngress(t *testing.T) {
 	m := setup(t)
 	c := m.c
@@ -324,6 +330,10 @@ func TestIngress(t *testing.T) {
 		}
 	})
 
+	t.Run("externalTrafficPolicy Local keeps the client's address", func(t *testing.T) {
+		testIngressLocalPolicy(ctx, t, m, lb, gwPods[0].Spec.NodeName, get, client)
+	})
+
 	t.Run("the Gateway's status", func(t *testing.T) {
 		gw, err := m.gw.GatewayV1().Gateways(ingressNS).Get(ctx, "public", metav1.GetOptions{})
 		if err != nil {
@@ -347,6 +357,116 @@ func TestIngress(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The gateway's Service with externalTrafficPolicy Local (set through the
+// parametersRef ConfigMap's service patch): the load balancer sends only
+// to the node that runs the gateway, whose kube-proxy does not masquerade,
+// so the gateway's peer is the outside client itself, and it is what the
+// backend reads last in X-Forwarded-For.
+func testIngressLocalPolicy(ctx context.Context, t *testing.T, m *mesh, lb netip.Addr, gwNode string, get func(cl *http.Client, url, host string, header ...string) (int, *echo.Response, error), client func(string) *http.Client) {
+	c := m.c
+	var all []netip.Addr
+	var served netip.Addr
+	for _, n := range c.Nodes() {
+		all = append(all, n.Address)
+		if n.Name == gwNode {
+			served = n.Address
+		}
+	}
+	hops := func() []netip.Addr {
+		h, err := c.OutsideNextHops(lb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.SortFunc(h, netip.Addr.Compare)
+		return h
+	}
+	slices.SortFunc(all, netip.Addr.Compare)
+	if got := hops(); !slices.Equal(got, all) {
+		t.Errorf("with the policy Cluster the outside routes %s through %v, want every node %v", lb, got, all)
+	}
+	params := func(policy string) string {
+		return `apiVersion: v1
+kind: ConfigMap
+metadata: {name: public-params, namespace: ` + ingressNS + `}
+data:
+  service: |
+    spec: {externalTrafficPolicy: ` + policy + `}
+`
+	}
+	if err := c.Apply(ctx, params("Local")); err != nil {
+		t.Fatal(err)
+	}
+	ref := []byte(`{"spec":{"infrastructure":{"parametersRef":{"group":"","kind":"ConfigMap","name":"public-params"}}}}`)
+	if _, err := m.gw.GatewayV1().Gateways(ingressNS).Patch(ctx, "public", types.MergePatchType, ref, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := c.WaitFor(ctx, "the gateway's Service with externalTrafficPolicy Local", func(ctx context.Context) (bool, error) {
+		svc, err := c.Client().CoreV1().Services(ingressNS).Get(ctx, "public-istio", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal && svc.Spec.HealthCheckNodePort != 0, nil
+	})
+	if err != nil {
+		c.Dump(t.Logf)
+		t.Fatal(err)
+	}
+	outside := cluster.OutsideAddr().String()
+	var xff []string
+	err = c.WaitFor(ctx, "the outside client's own address at the backend", func(context.Context) (bool, error) {
+		code, r, err := get(client(shopHost), "https://"+shopHost+"/local", shopHost)
+		if err != nil || code != http.StatusOK {
+			t.Logf("not yet: %d %v", code, err)
+			return false, nil
+		}
+		xff = strings.Split(strings.ReplaceAll(strings.Join(r.Headers["X-Forwarded-For"], ","), " ", ""), ",")
+		return xff[len(xff)-1] == outside, nil
+	})
+	if err != nil {
+		t.Fatalf("X-Forwarded-For %q, want the outside client's %s: %v", xff, outside, err)
+	}
+	// The harness's load balancer sends only to the gateway's node.
+	if got := hops(); len(got) != 1 || got[0] != served {
+		t.Errorf("with the policy Local the outside routes %s through %v, want the gateway's node %s (%s) alone", lb, got, gwNode, served)
+	}
+	// Every request from now on: the route goes only through the node
+	// that serves, so none reaches a node that would drop it.
+	for i := range 10 {
+		code, r, err := get(client(shopHost), "https://"+shopHost+"/local", shopHost)
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("request %d: %d %v", i, code, err)
+		}
+		if got := strings.Join(r.Headers["X-Forwarded-For"], ","); got != outside {
+			t.Errorf("request %d: X-Forwarded-For %q, want %s alone", i, got, outside)
+		}
+	}
+	// A forged X-Forwarded-For stays in front of the real peer.
+	_, r, err := get(client(shopHost), "https://"+shopHost+"/local", shopHost, "X-Forwarded-For", "10.1.2.3")
+	if err != nil || r == nil {
+		t.Fatalf("request failed: %v", err)
+	}
+	if got := strings.ReplaceAll(strings.Join(r.Headers["X-Forwarded-For"], ","), " ", ""); got != "10.1.2.3,"+outside {
+		t.Errorf("X-Forwarded-For %q, want 10.1.2.3,%s", got, outside)
+	}
+	// Back to Cluster: every node again, and the gateway still answers.
+	if err := c.Apply(ctx, params("Cluster")); err != nil {
+		t.Fatal(err)
+	}
+	err = c.WaitFor(ctx, "the route through every node again", func(context.Context) (bool, error) {
+		return slices.Equal(hops(), all), nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.WaitFor(ctx, "HTTPS with the policy Cluster", func(context.Context) (bool, error) {
+		code, _, err := get(client(shopHost), "https://"+shopHost+"/cluster", shopHost)
+		return err == nil && code == http.StatusOK, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 }
 
 // echoGet sends a GET for url with Host host (header: name, value pairs)

@@ -153,6 +153,7 @@ func TestGatewayMisdirectedCoalescing(t *testing.T) {
 		t.Fatalf("ALPN %q, want h2", got)
 	}
 	// x/net's client: an HTTP/2 peer independent of the proxy's server.
+	//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 	cc, err := (&http2.Transport{}).NewClientConn(c)
 	if err != nil {
 		t.Fatal(err)
@@ -215,6 +216,7 @@ func TestGatewayMisdirectedCoalescing(t *testing.T) {
 	}
 	// The retry the 421 asks for: a new connection for the other name.
 	c2 := f.conn(t, "second-example.org", "h2")
+	//lint:ignore SA1019 x/net's client, as above
 	cc2, err := (&http2.Transport{}).NewClientConn(c2)
 	if err != nil {
 		t.Fatal(err)
@@ -266,6 +268,7 @@ func TestGatewayMisdirectedRequestLine(t *testing.T) {
 func TestGatewayMisdirectedFollowsConfiguration(t *testing.T) {
 	f := newMisdirectedFixture(t)
 	c := f.conn(t, "example.org", "h2")
+	//lint:ignore SA1019 x/net's client, independent of the waypoint's (net/http's)
 	cc, err := (&http2.Transport{}).NewClientConn(c)
 	if err != nil {
 		t.Fatal(err)

@@ -126,11 +126,15 @@
 // (InvalidRouteKinds) and are left out of supportedKinds; an HTTPS
 // listener's tls.mode must be Terminate and tls.options and the Gateway's
 // spec.tls.frontend empty (else UnsupportedValue); a TLS listener's
-// tls.mode must be Passthrough (Terminate, Gateway API's extended
-// TLSRouteModeTerminate, is UnsupportedValue) and its tls.options empty;
-// its certificateRefs are ignored, as Gateway API says, and its Accepted
-// message says so. The first listener of a port sets its protocol (HTTPS
-// and TLS go together); a later one of another is Conflicted
+// tls.mode is Passthrough or Terminate (Gateway API's default and its
+// extended TLSRouteModeTerminate; another mode is UnsupportedValue, with
+// no supportedKinds), its tls.options empty. In Passthrough its
+// certificateRefs are ignored, as Gateway API says, and its Accepted
+// message says so; in Terminate they are resolved as an HTTPS listener's
+// (below, and the Gateway's spec.tls.frontend is UnsupportedValue too).
+// The first listener of a port sets its protocol (HTTPS
+// and TLS go together, in either mode: Gateway API's TLSRouteModeMixed);
+// a later one of another is Conflicted
 // (ProtocolConflict), a later one with the same hostname (or none, twice)
 // Conflicted (HostnameConflict); a conflicted listener takes no routes and
 // gets no chain.
@@ -141,8 +145,9 @@
 // (else ResolvedRefs False, RefNotPermitted, as Gateway API and its
 // conformance tests ask); its tls.crt and tls.key must be PEM of a
 // certificate chain and the matching key, the check crypto/tls makes (else
-// InvalidCertificateRef). An HTTPS listener with any unusable reference
-// gets no chain (Programmed False, Invalid).
+// InvalidCertificateRef). An HTTPS listener, or a TLS listener in
+// Terminate mode, with any unusable reference (or none) gets no chain
+// (Programmed False, Invalid); the routes attached to it stay attached.
 //
 // A route attaches through a parentRef that names the Gateway (group and
 // kind default to Gateway's, namespace to the route's) to the listeners
@@ -187,12 +192,21 @@
 // matched by the route's server_names (none, taking every name and a
 // ClientHello without SNI, for a route without hostnames under a listener
 // without one): network RBAC filters, then a tcp_proxy to the route's
-// backends as for a TCPRoute, and no transport socket, so the connection
-// goes on as it came and the backend ends TLS; it shares the port's
-// Listener and TLS inspector with the HTTPS listeners. A port whose only
+// backends as for a TCPRoute. In Passthrough mode the chain has no
+// transport socket, so the connection goes on as it came and the backend
+// ends TLS; in Terminate mode its transport socket ends TLS with the
+// listener's certificates, offering no ALPN (the gateway does not read
+// what TLS carries), and the tcp_proxy relays the decrypted bytes. Both
+// share the port's Listener and TLS inspector with the HTTPS listeners:
+// one server name is listed by one chain only (listener isolation above
+// and one route per name), so a name of a Passthrough listener is never
+// terminated and a name of a Terminate or HTTPS listener never passed
+// through; the proxy picks the exact name, then the longest wildcard,
+// then the chain without names, whatever their modes. A port whose only
 // listeners are TLS listeners without routes gets one chain "tls/<port>"
-// listing no names, with a tcp_proxy to BlackHoleCluster: the port is
-// open, and its connections closed. Every connection manager takes the client address from the
+// listing no names, with a tcp_proxy to BlackHoleCluster and no
+// transport socket: the port is open, and its connections closed before
+// any certificate is shown. Every connection manager takes the client address from the
 // connection (use_remote_address), strips the port of the Host before
 // matching, and has the RBAC filters of the AuthorizationPolicies whose
 // targetRefs name the Gateway (or the GatewayClass istio, in the root
@@ -221,8 +235,8 @@
 // (noted).
 //
 // Status: each listener's supportedKinds, attachedRoutes (the routes
-// attached to it, including those on an HTTPS listener without a usable
-// certificate) and the conditions Accepted, ResolvedRefs, Conflicted and
+// attached to it, including those on an HTTPS or Terminate TLS listener
+// without a usable certificate) and the conditions Accepted, ResolvedRefs, Conflicted and
 // Programmed (True when it has a chain) with the Gateway's generation go
 // in GatewayReport.Listeners, which the controller hands to
 // ControllerConfig.Gateways; a route's parent entry for the Gateway is

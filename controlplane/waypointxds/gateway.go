@@ -97,9 +97,31 @@ type attachedRoute struct {
 // usable reports whether routes attach to the listener.
 func (l *gwListener) usable() bool { return l.accepted.ok && !l.conflicted.ok }
 
-// served reports whether the listener gets a filter chain.
+// served reports whether the listener gets a filter chain: a listener
+// that ends TLS only with a usable certificate.
 func (l *gwListener) served() bool {
-	return l.usable() && (l.spec.Protocol != gwv1.HTTPSProtocolType || len(l.certs) > 0)
+	return l.usable() && (!l.terminates() || len(l.certs) > 0)
+}
+
+// terminates reports whether the listener ends TLS: HTTPS, or TLS in mode
+// Terminate (Gateway API's default mode).
+func (l *gwListener) terminates() bool {
+	switch l.spec.Protocol {
+	case gwv1.HTTPSProtocolType:
+		return true
+	case gwv1.TLSProtocolType:
+		return tlsMode(l.spec.TLS) == gwv1.TLSModeTerminate
+	}
+	return false
+}
+
+// tlsMode is a listener's tls.mode, Terminate when it names none (the
+// API's default).
+func tlsMode(t *gwv1.ListenerTLSConfig) gwv1.TLSModeType {
+	if t == nil || t.Mode == nil {
+		return gwv1.TLSModeTerminate
+	}
+	return *t.Mode
 }
 
 // tlsClass reports whether the listener is one of a port's TLS listeners
@@ -189,7 +211,7 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 	case gwv1.TLSProtocolType:
 		// A mode not served takes no kind (Gateway API's conformance
 		// suite expects supportedKinds empty then).
-		if passthrough(gl); !gl.accepted.ok {
+		if tlsListenerMode(gl); !gl.accepted.ok {
 			return gl
 		}
 		supported = []gwv1.Kind{kindTLSRoute}
@@ -205,7 +227,9 @@ func (g *gatewayBuild) listener(l gwv1.Listener) *gwListener {
 	switch {
 	case l.Protocol == gwv1.HTTPProtocolType && l.TLS != nil:
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "an HTTP listener takes no tls: use protocol HTTPS")
-	case l.Protocol == gwv1.HTTPSProtocolType:
+	case l.Protocol == gwv1.HTTPSProtocolType && tlsMode(l.TLS) != gwv1.TLSModeTerminate:
+		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "tls.mode %s: an HTTPS listener terminates TLS (use protocol TLS for Passthrough)", tlsMode(l.TLS))
+	case gl.terminates():
 		g.tls(gl)
 	}
 	return gl
@@ -249,14 +273,11 @@ func routeKinds(l gwv1.Listener, supported []gwv1.Kind) ([]gwv1.RouteGroupKind, 
 	return out, ok
 }
 
-// tls checks an HTTPS listener's TLS settings and resolves its
-// certificates.
+// tls checks the TLS settings of a listener that ends TLS (HTTPS, or TLS
+// in mode Terminate) and resolves its certificates.
 func (g *gatewayBuild) tls(gl *gwListener) {
 	t := gl.spec.TLS
 	switch {
-	case t != nil && t.Mode != nil && *t.Mode != gwv1.TLSModeTerminate:
-		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "tls.mode %s: an HTTPS listener terminates TLS (use protocol TLS for Passthrough)", *t.Mode)
-		return
 	case t != nil && len(t.Options) > 0:
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "tls.options are not supported (%s)", optionNames(t.Options))
 		return
@@ -264,7 +285,7 @@ func (g *gatewayBuild) tls(gl *gwListener) {
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "the Gateway's spec.tls.frontend (client certificate validation) is not supported")
 		return
 	case t == nil || len(t.CertificateRefs) == 0:
-		gl.resolved = no(gwv1.ListenerReasonInvalidCertificateRef, "an HTTPS listener needs tls.certificateRefs")
+		gl.resolved = no(gwv1.ListenerReasonInvalidCertificateRef, "a %s listener that terminates TLS needs tls.certificateRefs", gl.spec.Protocol)
 		return
 	}
 	for _, ref := range t.CertificateRefs {
@@ -614,7 +635,7 @@ type gatewayPort struct {
 
 // emit adds a Listener per port with served listeners: one HTTP chain for
 // a port's HTTP listeners together, one TLS chain per HTTPS listener, one
-// passthrough chain per TLSRoute of a TLS listener.
+// chain per TLSRoute of a TLS listener (ending TLS in Terminate mode).
 func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 	ports := map[gwv1.PortNumber]*gatewayPort{}
 	for _, gl := range g.listeners {
@@ -661,7 +682,7 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			chains = append(chains, g.httpsChain(port, gl, g.b.gatewayManager(rds, filters)))
 		}
 		for _, gl := range p.tls {
-			chains = append(chains, g.passthroughChains(port, gl, policies)...)
+			chains = append(chains, g.tlsChains(port, gl, policies)...)
 		}
 		if len(chains) == 0 {
 			// TLS listeners without routes: the port is served, and every
@@ -698,12 +719,18 @@ func (g *gatewayBuild) httpsChain(port string, gl *gwListener, hcm *listenerv3.F
 	if gl.hostname != "" {
 		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: []string{gl.hostname}}
 	}
-	fc.TransportSocket = &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{
+	fc.TransportSocket = downstreamTLS(gl.certs, []string{"h2", "http/1.1"})
+	return fc
+}
+
+// downstreamTLS is the transport socket of a chain that ends TLS with
+// certs, offering the ALPN protocols alpn (none: no ALPN).
+func downstreamTLS(certs []*tlsv3.TlsCertificate, alpn []string) *corev3.TransportSocket {
+	return &corev3.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &corev3.TransportSocket_TypedConfig{
 		TypedConfig: mustAny(&tlsv3.DownstreamTlsContext{CommonTlsContext: &tlsv3.CommonTlsContext{
-			TlsCertificates: gl.certs, AlpnProtocols: []string{"h2", "http/1.1"},
+			TlsCertificates: certs, AlpnProtocols: alpn,
 		}}),
 	}}
-	return fc
 }
 
 // gatewayManager is an ingress chain's http_connection_manager: the

@@ -17,20 +17,19 @@ func tlsSource(r *gwv1.TLSRoute) *source {
 		rules: streamRules(r.Spec.Rules, func(rr gwv1.TLSRouteRule) []gwv1.BackendRef { return rr.BackendRefs })}
 }
 
-// passthrough checks a TLS listener's TLS settings: mode Passthrough only
-// (Terminate, Gateway API's default, is not supported on a TLS listener),
-// no options. Certificates are ignored in Passthrough mode, as Gateway API
-// says; the Accepted message says so.
-func passthrough(gl *gwListener) {
+// tlsListenerMode checks a TLS listener's tls.mode and, in Passthrough,
+// its other settings: Passthrough relays the connection to the backend,
+// which ends TLS (no options; certificates are ignored, as Gateway API
+// says, and the Accepted message says so); Terminate (Gateway API's
+// default, the extended feature TLSRouteModeTerminate) ends TLS at the
+// gateway with the listener's certificates, checked as an HTTPS
+// listener's (gatewayBuild.tls). Another mode is UnsupportedValue.
+func tlsListenerMode(gl *gwListener) {
 	t := gl.spec.TLS
-	switch {
-	case t == nil || t.Mode == nil || *t.Mode != gwv1.TLSModePassthrough:
-		mode := gwv1.TLSModeTerminate
-		if t != nil && t.Mode != nil {
-			mode = *t.Mode
-		}
-		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue,
-			"tls.mode %s is not supported on a TLS listener: use Passthrough (the backend ends TLS), or protocol HTTPS to end TLS at the gateway", mode)
+	switch mode := tlsMode(t); {
+	case mode == gwv1.TLSModeTerminate:
+	case mode != gwv1.TLSModePassthrough:
+		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "tls.mode %s is not supported on a TLS listener: use Passthrough (the backend ends TLS) or Terminate (the gateway does)", mode)
 	case len(t.Options) > 0:
 		gl.accepted = no(gwv1.ListenerReasonUnsupportedValue, "tls.options are not supported (%s)", optionNames(t.Options))
 	case len(t.CertificateRefs) > 0:
@@ -111,12 +110,14 @@ func (g *gatewayBuild) claimNames(gl *gwListener, ls []*gwListener, owner map[st
 	gl.routes = kept
 }
 
-// passthroughChains are a TLS listener's chains, one per route: selected by
-// the route's server names ("*": any, a chain listing none), with the
-// network RBAC filters, then a tcp_proxy to the route's backends, and no
-// transport socket: the connection goes on as it came, ClientHello and
-// all, and the backend ends TLS.
-func (g *gatewayBuild) passthroughChains(port string, gl *gwListener, policies []*securityv1.AuthorizationPolicy) []*listenerv3.FilterChain {
+// tlsChains are a TLS listener's chains, one per route: selected by the
+// route's server names ("*": any, a chain listing none), with the network
+// RBAC filters, then a tcp_proxy to the route's backends. In Passthrough
+// mode a chain has no transport socket: the connection goes on as it
+// came, ClientHello and all, and the backend ends TLS. In Terminate mode
+// it ends TLS with the listener's certificates (no ALPN: what TLS carries
+// is not HTTP to the gateway) and relays the decrypted bytes.
+func (g *gatewayBuild) tlsChains(port string, gl *gwListener, policies []*securityv1.AuthorizationPolicy) []*listenerv3.FilterChain {
 	var out []*listenerv3.FilterChain
 	var rbac []*listenerv3.Filter
 	if len(gl.routes) > 0 {
@@ -130,7 +131,11 @@ func (g *gatewayBuild) passthroughChains(port string, gl *gwListener, policies [
 			m = &listenerv3.FilterChainMatch{ServerNames: ar.hosts}
 		}
 		proxy := g.b.tcpBackends(ar.src, "tls."+port+"."+string(gl.spec.Name)+"."+ar.src.key)
-		out = append(out, tcpChain(name, m, rbac, proxy))
+		fc := tcpChain(name, m, rbac, proxy)
+		if gl.terminates() {
+			fc.TransportSocket = downstreamTLS(gl.certs, nil)
+		}
+		out = append(out, fc)
 	}
 	return out
 }

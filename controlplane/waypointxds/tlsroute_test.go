@@ -5,7 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -74,12 +73,13 @@ func TestGatewayTLSPassthrough(t *testing.T) {
 	if c := l.ChainNamed("tls/443/any/tls/split"); len(c.TCPWeighted) != 2 {
 		t.Errorf("split: %+v", c.TCPWeighted)
 	}
-	// A listener not accepted (term) has no Listener; the port of TLS
-	// listeners without a route (idle, kinds) is open and closes every
-	// connection, with or without SNI.
-	if _, ok := res[0][resource.ListenerType]["0.0.0.0_8443"]; ok {
-		t.Error("listener 0.0.0.0_8443 of listener term exists")
+	// The Terminate listener (term) ends TLS for route on-http, whose
+	// name it takes (it has none), and relays what TLS carried.
+	if c := snap.Listeners["0.0.0.0_8443"].SelectSNI("h.example.org"); c == nil || c.Name != "tls/8443/term/tls/on-http" || c.TLS == nil || len(c.TLS.ALPN) != 0 || !c.TCP() {
+		t.Errorf("listener term, SNI h.example.org: chain %+v, want tls/8443/term/tls/on-http ending TLS without ALPN", c)
 	}
+	// The port of TLS listeners without a route (idle, kinds) is open
+	// and closes every connection, with or without SNI.
 	for _, name := range []string{"0.0.0.0_9443", "0.0.0.0_10443"} {
 		l := snap.Listeners[name]
 		if l == nil {
@@ -95,16 +95,8 @@ func TestGatewayTLSPassthrough(t *testing.T) {
 	attached := map[string]int32{}
 	for _, ls := range reps[0].Listeners {
 		attached[string(ls.Name)] = ls.AttachedRoutes
-		if ls.Name == "term" {
-			if c := meta.FindStatusCondition(ls.Conditions, "Accepted"); c.Status != metav1.ConditionFalse || c.Reason != string(gwv1.ListenerReasonUnsupportedValue) {
-				t.Errorf("listener term: %+v", c)
-			}
-			if ls.SupportedKinds == nil || len(ls.SupportedKinds) != 0 {
-				t.Errorf("listener term: supportedKinds %v, want [] (a mode not served takes no kind)", ls.SupportedKinds)
-			}
-		}
 	}
-	if attached["any"] != 2 || attached["wild"] != 1 || attached["db"] != 1 || attached["idle"] != 0 {
+	if attached["any"] != 2 || attached["wild"] != 1 || attached["db"] != 1 || attached["idle"] != 0 || attached["term"] != 1 {
 		t.Errorf("attachedRoutes %v", attached)
 	}
 	want := map[string]string{
@@ -117,7 +109,7 @@ func TestGatewayTLSPassthrough(t *testing.T) {
 		"TLSRoute tls/outside/0":   "NoMatchingListenerHostname",
 		"TLSRoute tls/two-rules/0": "UnsupportedValue",
 		"TLSRoute tls/on-http/0":   "NotAllowedByListeners",
-		"TLSRoute tls/on-http/1":   "NotAllowedByListeners", // term is not accepted
+		"TLSRoute tls/on-http/1":   "Accepted", // on term, which ends TLS
 		"TLSRoute tls/on-http/2":   "NoMatchingParent",
 		"TLSRoute tls/mesh/0":      "UnsupportedValue",
 		"HTTPRoute tls/web/1":      "NotAllowedByListeners",
@@ -231,5 +223,105 @@ func TestGatewayTLSClaims(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The chains of testdata/gateway/tlsterminate.yaml as the proxy selects
+// them: Terminate, Passthrough and HTTPS listeners on one port, told apart
+// by the server name alone, in any case; a name a Passthrough listener
+// has is never terminated (nor the reverse), an exact name beats a
+// wildcard whatever the modes, and a name no chain lists reaches the
+// chain without names on a port that has one, none on a port that has
+// not.
+func TestGatewayTLSTerminate(t *testing.T) {
+	f := load(t, "testdata/gateway/tlsterminate.yaml")
+	res, reps, outs := buildGateways(t, f)
+	snap := compiled(t, res[0])
+	const (
+		pass = "passthrough"
+		term = "terminate"
+		http = "https"
+	)
+	for _, tc := range []struct {
+		port, sni, chain, mode string
+	}{
+		{"443", "pass.example.com", "tls/443/pass/term/pass", pass},
+		{"443", "PASS.Example.COM", "tls/443/pass/term/pass", pass},
+		{"443", "www.example.com", "https/443/www", http},
+		{"443", "t.example.com", "tls/443/term/term/by-port", term}, // exact (by-port's) before term-wild's wildcard
+		{"443", "T.EXAMPLE.COM", "tls/443/term/term/by-port", term},
+		{"443", "x.example.com", "tls/443/term/term/term-wild", term},
+		{"443", "x.pass.example.com", "tls/443/term/term/term-wild", term},
+		{"443", "example.com", "tls/443/term-any/term/any", term}, // not covered by *.example.com: the chain without names
+		{"443", "", "tls/443/term-any/term/any", term},
+		{"443", "other.net", "tls/443/term-any/term/any", term},
+		{"8443", "a.example.org", "tls/8443/term-exact/term/term-exact", term}, // exact Terminate before wildcard Passthrough
+		{"8443", "A.example.org", "tls/8443/term-exact/term/term-exact", term},
+		{"8443", "b.example.org", "tls/8443/pass-wild/term/pass-wild", pass}, // term-exact's route named it, outside its listener
+		{"8443", "x.a.example.org", "tls/8443/pass-wild/term/pass-wild", pass},
+		{"8443", "example.org", "", ""},
+		{"8443", "", "", ""},
+		{"9443", "n4.example.com", "tls/9443/default-mode/term/db", term}, // mode left out: Terminate
+		{"9443", "n2.example.com", "", ""},                                // its Secret does not exist
+		{"9443", "n3.example.com", "", ""},                                // no ReferenceGrant for its Secret
+		{"9443", "n1.example.com", "", ""},                                // no certificateRefs
+		{"9443", "n5.example.com", "", ""},                                // mode Mirror
+		{"9443", "", "", ""},
+	} {
+		l := snap.Listeners["0.0.0.0_"+tc.port]
+		if l == nil || !l.TLSInspector {
+			t.Fatalf("listener 0.0.0.0_%s: %+v", tc.port, l)
+		}
+		c := l.SelectSNI(tc.sni)
+		got, mode := "", ""
+		if c != nil {
+			got = c.Name
+			switch {
+			case c.HTTP != nil:
+				mode = http
+			case c.TLS != nil:
+				mode = term
+			default:
+				mode = pass
+			}
+		}
+		if got != tc.chain || mode != tc.mode {
+			t.Errorf("port %s, SNI %q: chain %q (%s), want %q (%s)", tc.port, tc.sni, got, mode, tc.chain, tc.mode)
+			continue
+		}
+		if mode == term && (!c.TCP() || len(c.TLS.ALPN) != 0 || len(c.TLS.Certificates) != 1 || len(c.NetRBAC) == 0) {
+			t.Errorf("port %s, SNI %q: a Terminate chain relays with network RBAC and offers no ALPN: %+v", tc.port, tc.sni, c)
+		}
+	}
+	attached := map[string]int32{}
+	for _, ls := range reps[0].Listeners {
+		attached[string(ls.Name)] = ls.AttachedRoutes
+		resolved := meta.FindStatusCondition(ls.Conditions, "ResolvedRefs")
+		programmed := meta.FindStatusCondition(ls.Conditions, "Programmed")
+		want := map[string]string{"no-certs": "InvalidCertificateRef", "missing": "InvalidCertificateRef", "ungranted": "RefNotPermitted"}[string(ls.Name)]
+		switch {
+		case want != "" && (resolved.Reason != want || programmed.Status != metav1.ConditionFalse):
+			t.Errorf("listener %s: ResolvedRefs %s, Programmed %s; want %s and not programmed", ls.Name, resolved.Reason, programmed.Status, want)
+		case want == "" && resolved.Status != metav1.ConditionTrue:
+			t.Errorf("listener %s: ResolvedRefs %+v", ls.Name, resolved)
+		}
+	}
+	if attached["term"] != 2 || attached["term-any"] != 1 || attached["pass"] != 1 || attached["default-mode"] != 1 || attached["mirror"] != 0 {
+		t.Errorf("attachedRoutes %v", attached)
+	}
+	reasons := acceptedReasons(outs)
+	for k, w := range map[string]string{
+		"TLSRoute term/pass/0":      "Accepted",
+		"TLSRoute term/term-wild/0": "Accepted",
+		"TLSRoute term/by-port/0":   "Accepted",
+		"TLSRoute term/any/0":       "Accepted",
+		"TLSRoute term/db/0":        "Accepted",
+		"TLSRoute term/db/1":        "Accepted", // attached, the listener not served (as HTTPS)
+		"TLSRoute term/db/2":        "NotAllowedByListeners",
+		"HTTPRoute term/web/1":      "NotAllowedByListeners", // a TLS listener takes TLSRoutes only
+	} {
+		if reasons[k] != w {
+			t.Errorf("%s: Accepted reason %q, want %q", k, reasons[k], w)
+		}
 	}
 }

@@ -29,8 +29,10 @@ import (
 //     server_names (exact names or a leading `*.` wildcard; a name is
 //     listed by one chain only, and one chain at most lists none). A chain
 //     with a transport_socket (envoy.transport_sockets.tls, a
-//     DownstreamTlsContext) ends TLS there; one without relays the
-//     connection as it came (TLS passthrough, a tcp_proxy chain).
+//     DownstreamTlsContext) ends TLS there, then serves HTTP
+//     (http_connection_manager) or relays what TLS carried (tcp_proxy: a
+//     TLSRoute in Terminate mode); one without relays the connection as
+//     it came (TLS passthrough, a tcp_proxy chain).
 //   - Chains are named, uniquely: a connection finds its chain again by
 //     name in the configuration that follows.
 

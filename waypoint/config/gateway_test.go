@@ -179,6 +179,49 @@ func TestGatewayPassthrough(t *testing.T) {
 	}
 }
 
+// A TLS listener's chain with a transport socket and a tcp_proxy ends TLS
+// and relays what it carried (TLSRoute in Terminate mode), beside a
+// passthrough chain and an HTTPS chain on the same listener.
+func TestGatewayTerminateTCP(t *testing.T) {
+	chain, key := serverCert(t, "t.example.com")
+	tcp := func(cluster string) *listenerv3.Filter {
+		return &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAnyT(t, &tcpv3.TcpProxy{StatPrefix: "x",
+			ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})}}
+	}
+	noALPN := tlsContext(chain, key)
+	noALPN.CommonTlsContext.AlpnProtocols = nil
+	l := &listenerv3.Listener{Name: "0.0.0.0_443", Address: socketAddr("0.0.0.0", 443), ListenerFilters: tlsInspector(t),
+		FilterChains: []*listenerv3.FilterChain{
+			{Name: "tls/443/term", FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{"t.example.com"}},
+				Filters: []*listenerv3.Filter{tcp("outbound|9000||echo")}, TransportSocket: downstreamTLS(t, noALPN)},
+			{Name: "tls/443/pass", FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{"*.example.com"}},
+				Filters: []*listenerv3.Filter{tcp("outbound|443||backend")}},
+			httpsChain(t, "https/443/www", []string{"www.example.com"}, tlsContext(chain, key)),
+		}}
+	cl, err := CompileListener(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for sni, want := range map[string]string{"t.example.com": "tls/443/term", "T.Example.com": "tls/443/term", "p.example.com": "tls/443/pass",
+		"www.example.com": "https/443/www", "": ""} {
+		c := cl.SelectSNI(sni)
+		switch {
+		case want == "" && c != nil:
+			t.Errorf("SNI %q: chain %s, want none", sni, c.Name)
+		case want == "":
+		case c == nil || c.Name != want:
+			t.Errorf("SNI %q: chain %v, want %s", sni, c, want)
+		}
+	}
+	term := cl.ChainNamed("tls/443/term")
+	if term.TLS == nil || len(term.TLS.Certificates) != 1 || len(term.TLS.ALPN) != 0 || !term.TCP() || term.TCPCluster != "outbound|9000||echo" || term.HTTP != nil {
+		t.Errorf("terminate chain %+v", term)
+	}
+	if pass := cl.ChainNamed("tls/443/pass"); pass.TLS != nil || !pass.TCP() {
+		t.Errorf("passthrough chain %+v", pass)
+	}
+}
+
 func TestGatewayListenerRejects(t *testing.T) {
 	chain, key := serverCert(t, "a.example.com")
 	otherChain, otherKey := serverCert(t, "b.example.com")

@@ -137,6 +137,17 @@ func httpListener(t testing.TB, port uint16, filters ...*hcmv3.HttpFilter) *list
 // tlsChain is an HTTPS chain for server names, with a certificate for
 // certNames, routed by rds.
 func (g *gatewayFixture) tlsChain(name string, serverNames, certNames []string, rds string) *listenerv3.FilterChain {
+	fc := &listenerv3.FilterChain{Name: name, Filters: []*listenerv3.Filter{gatewayHCM(g.t, rds)},
+		TransportSocket: g.downstreamTLS(certNames, "h2", "http/1.1")}
+	if len(serverNames) > 0 {
+		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: serverNames}
+	}
+	return fc
+}
+
+// downstreamTLS is a TLS transport socket with a certificate for
+// certNames, offering alpn.
+func (g *gatewayFixture) downstreamTLS(certNames []string, alpn ...string) *corev3.TransportSocket {
 	t := g.t
 	c, err := g.root.Server(certNames[0], certNames, nil)
 	if err != nil {
@@ -151,14 +162,9 @@ func (g *gatewayFixture) tlsChain(name string, serverNames, certNames []string, 
 			CertificateChain: &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: c.CertPEM()}},
 			PrivateKey:       &corev3.DataSource{Specifier: &corev3.DataSource_InlineBytes{InlineBytes: key}},
 		}},
-		AlpnProtocols: []string{"h2", "http/1.1"},
+		AlpnProtocols: alpn,
 	}}
-	fc := &listenerv3.FilterChain{Name: name, Filters: []*listenerv3.Filter{gatewayHCM(t, rds)},
-		TransportSocket: &corev3.TransportSocket{Name: config.TransportSocketTLS, ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(t, ctx)}}}
-	if len(serverNames) > 0 {
-		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: serverNames}
-	}
-	return fc
+	return &corev3.TransportSocket{Name: config.TransportSocketTLS, ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAny(t, ctx)}}
 }
 
 func tlsListener(t testing.TB, port uint16, chains ...*listenerv3.FilterChain) *listenerv3.Listener {
@@ -1166,5 +1172,147 @@ func TestGatewayUpstreamProtocol(t *testing.T) {
 		if resp.Proto != tc.down || resp.Header.Get("Seen-Proto") != tc.up {
 			t.Errorf("%s: %d, client %s, backend saw %q; want %s, %s", tc.name, resp.StatusCode, resp.Proto, resp.Header.Get("Seen-Proto"), tc.down, tc.up)
 		}
+	}
+}
+
+// plainEcho is a plain TCP backend that says its name, then echoes.
+type plainEcho struct {
+	name    string
+	addr    netip.AddrPort
+	accepts atomic.Int32
+}
+
+func newPlainEcho(t *testing.T, name string) *plainEcho {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &plainEcho{name: name, addr: ln.Addr().(*net.TCPAddr).AddrPort()}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.accepts.Add(1)
+			go func() {
+				defer c.Close()
+				fmt.Fprintf(c, "%s\n", e.name)
+				io.Copy(c, c)
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return e
+}
+
+// TLS listeners in Terminate and Passthrough mode on one port, as the
+// control plane writes TLSRoutes of both modes beside each other: the
+// server name picks the chain whatever its mode (exact, then the longest
+// wildcard, in any case). A Terminate chain answers with the gateway's
+// certificate for its listener, offers no ALPN (an h2 client gets none, so
+// nothing takes the bytes for HTTP) and relays the decrypted bytes, which
+// reach the plain backend unchanged; a Passthrough name gets the backend's
+// own certificate, never the gateway's; a name no chain lists, a
+// wildcard's suffix, a ClientHello without SNI and a client that does not
+// speak TLS reach no backend.
+func TestGatewayTerminateSNI(t *testing.T) {
+	g := newGatewayFixture(t)
+	pass := newTLSEcho(t, g, "P", "pass.example.com", "*.wild.example.com")
+	exact, wild := newPlainEcho(t, "E"), newPlainEcho(t, "W")
+	port := freePort(t)
+	term := func(name, cluster string, serverNames, certNames []string) *listenerv3.FilterChain {
+		fc := passChain(t, name, cluster, serverNames...)
+		fc.TransportSocket = g.downstreamTLS(certNames)
+		return fc
+	}
+	g.apply([]*listenerv3.Listener{tlsListener(t, port,
+		passChain(t, "tls/pass", "outbound|443||pass", "pass.example.com", "*.wild.example.com"),
+		term("tls/term", "outbound|9000||exact", []string{"term.example.com"}, []string{"term.example.com"}),
+		term("tls/term-wild", "outbound|9000||wild", []string{"*.example.com"}, []string{"*.example.com"}),
+		g.tlsChain("https/www", []string{"www.example.com"}, []string{"www.example.com"}, "https.www"),
+	)}, map[string][]*routev3.VirtualHost{"https.www": {direct("*", "terminated here")}})
+	g.endpointClusters(map[string]netip.AddrPort{"outbound|443||pass": pass.addr, "outbound|9000||exact": exact.addr, "outbound|9000||wild": wild.addr})
+
+	payload := make([]byte, 256<<10)
+	for i := range payload {
+		payload[i] = byte(i * 13)
+	}
+	for _, tc := range []struct {
+		sni, backend, cert string // cert: the gateway's leaf name; "" for the backend's own
+	}{
+		{"pass.example.com", "P", ""}, // exact Passthrough before the Terminate wildcard
+		{"PASS.Example.com", "P", ""},
+		{"x.wild.example.com", "P", ""}, // the longer wildcard, Passthrough
+		{"term.example.com", "E", "term.example.com"},
+		{"Term.EXAMPLE.com", "E", "term.example.com"},
+		{"x.example.com", "W", "*.example.com"},
+		{"xpass.example.com", "W", "*.example.com"},
+		{"wild.example.com", "W", "*.example.com"}, // *.wild.example.com does not cover its suffix
+	} {
+		t.Run(tc.sni, func(t *testing.T) {
+			c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), &tls.Config{ServerName: tc.sni, RootCAs: g.roots, NextProtos: []string{"h2", "http/1.1"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			cs := c.ConnectionState()
+			leaf := cs.PeerCertificates[0]
+			switch {
+			case tc.cert == "" && !leaf.Equal(pass.cert.Leaf):
+				t.Fatalf("certificate %v, want the backend's own", leaf.DNSNames)
+			case tc.cert != "" && (leaf.Equal(pass.cert.Leaf) || leaf.DNSNames[0] != tc.cert):
+				t.Fatalf("certificate %v, want the gateway's for %s", leaf.DNSNames, tc.cert)
+			case tc.cert != "" && cs.NegotiatedProtocol != "":
+				t.Errorf("ALPN %q on a Terminate chain, want none", cs.NegotiatedProtocol)
+			}
+			go func() { c.Write(payload); c.CloseWrite() }()
+			br := bufio.NewReader(c)
+			line, err := br.ReadString('\n')
+			want := tc.backend + "\n"
+			if tc.cert == "" {
+				want = tc.backend + " " + tc.sni + "\n" // the ClientHello as the client sent it
+			}
+			if err != nil || line != want {
+				t.Fatalf("backend says %q (%v), want %q", line, err, want)
+			}
+			got, err := io.ReadAll(br)
+			if err != nil || !bytes.Equal(got, payload) {
+				t.Errorf("echo: %d bytes (%v), want the %d sent unchanged", len(got), err, len(payload))
+			}
+		})
+	}
+	// The HTTPS chain is still HTTP.
+	c, _ := g.tlsClient("www.example.com", false)
+	if resp := gwGet(t, c, "https", port, "www.example.com", nil); resp.body != "terminated here" {
+		t.Errorf("www.example.com: %d %q", resp.StatusCode, resp.body)
+	}
+
+	before := pass.accepts.Load() + exact.accepts.Load() + wild.accepts.Load()
+	for _, sni := range []string{"example.com", "other.org", ""} {
+		conf := &tls.Config{ServerName: sni, RootCAs: g.roots, InsecureSkipVerify: sni == ""}
+		c, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port), conf)
+		switch {
+		case err == nil:
+			c.Close()
+			t.Errorf("SNI %q: handshake succeeded, want it refused", sni)
+		case !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET):
+			t.Errorf("SNI %q: %v, want the connection closed without an alert", sni, err)
+		}
+	}
+	raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(raw, "plain bytes, no ClientHello\r\n\r\n")
+	raw.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, _ := raw.Read(make([]byte, 64)); n > 0 {
+		t.Errorf("a client without TLS got %d bytes back", n)
+	}
+	raw.Close()
+	if after := pass.accepts.Load() + exact.accepts.Load() + wild.accepts.Load(); after != before {
+		t.Errorf("refused connections reached a backend (%d connections)", after-before)
 	}
 }

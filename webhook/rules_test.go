@@ -271,7 +271,28 @@ metadata: {name: public}
 spec:
   gatewayClassName: istio
   listeners:
-  - {name: tls, port: 443, protocol: TLS, tls: {mode: Terminate, certificateRefs: [{name: cert}]}}`},
+  - {name: tls, port: 443, protocol: TLS, hostname: t.example.com, tls: {mode: Terminate, certificateRefs: [{name: cert}]}}
+  - {name: default-mode, port: 443, protocol: TLS, hostname: d.example.com, tls: {certificateRefs: [{name: cert}]}}
+  - {name: pass, port: 443, protocol: TLS, hostname: p.example.com, tls: {mode: Passthrough}}
+  - {name: https, port: 443, protocol: HTTPS, hostname: www.example.com, tls: {certificateRefs: [{name: cert}]}}
+  - name: refs
+    port: 443
+    protocol: TLS
+    tls:
+      mode: Terminate
+      certificateRefs: [{group: "", kind: ConfigMap, name: cert}, {name: cert, namespace: certs}, {name: cert, namespace: shop}]`},
+	{name: "ingress-tls-terminate-options", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: tls, port: 443, protocol: TLS, tls: {mode: Terminate, certificateRefs: [{name: cert}], options: {example.com/cipher: x}}}`},
+	{name: "ingress-tls-mode-unknown", kind: gatewayKind, ns: "shop", object: `
+metadata: {name: public}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - {name: tls, port: 443, protocol: TLS, tls: {mode: Mirror, certificateRefs: [{name: cert}]}}`},
 	{name: "ingress-tls-without-mode", kind: gatewayKind, ns: "shop", object: `
 metadata: {name: public}
 spec: {gatewayClassName: istio, listeners: [{name: tls, port: 443, protocol: TLS}]}`},

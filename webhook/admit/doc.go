@@ -34,16 +34,17 @@
 //	                             TLS; TCP; UDP), and HTTPS and TLS listeners of one port differ
 //	                             in hostname (SNI decides between them)
 //	ingress-listener-tls         HTTPS has tls, in mode Terminate and without options; TLS has
-//	                             tls.mode and no options (warning: a mode other than
-//	                             Passthrough is not served, certificateRefs are ignored in
-//	                             Passthrough); HTTP has no tls
+//	                             tls, in mode Passthrough or Terminate (the default), without
+//	                             options (warning: another mode is not served,
+//	                             certificateRefs are ignored in Passthrough); HTTP has no tls
 //	ingress-listener-sets        no spec.allowedListeners
 //	ingress-gateway-tls          no spec.tls (client certificate validation, backend client
 //	                             certificates)
 //	ingress-listener-protocol    warning: a protocol other than HTTP, HTTPS, TLS or TCP serves
 //	                             nothing
-//	ingress-certificate-ref      warning: a reference that is not a core Secret, or a Secret in
-//	                             another namespace (used only under a ReferenceGrant)
+//	ingress-certificate-ref      warning: a reference of an HTTPS or Terminate TLS listener that
+//	                             is not a core Secret, or a Secret in another namespace (used
+//	                             only under a ReferenceGrant)
 //	ingress-route-kinds          warning: allowedRoutes.kinds the listener does not take
 //	                             (HTTPRoute, GRPCRoute on HTTP and HTTPS; TLSRoute on TLS;
 //	                             TCPRoute on TCP)

@@ -152,33 +152,55 @@ func ingressRouteKind(p gwv1.ProtocolType, k gwv1.RouteGroupKind) bool {
 	return slices.Contains(kinds, k.Kind)
 }
 
-// checkIngressTLS checks an HTTPS listener's tls: termination with
-// certificates from Secrets. A reference that cannot resolve is warned
-// about: the listener's status reports it (InvalidCertificateRef), and the
-// Secret or the ReferenceGrant may come later.
+// checkIngressTLS checks a listener's tls. HTTPS, and TLS in mode
+// Terminate (the API's default mode), end TLS with certificates from
+// Secrets; TLS in mode Passthrough relays it to the backend; HTTP has
+// none.
 func checkIngressTLS(rep *report, ns, field string, l *gwv1.Listener) {
-	if l.Protocol == gwv1.TLSProtocolType {
-		checkIngressPassthrough(rep, field, l)
-		return
-	}
-	if l.Protocol != gwv1.HTTPSProtocolType {
-		if l.TLS != nil && l.Protocol == gwv1.HTTPProtocolType {
+	switch l.Protocol {
+	case gwv1.HTTPProtocolType:
+		if l.TLS != nil {
 			rep.deny("ingress-listener-tls", field+".tls", "an HTTP listener has no TLS; remove tls, or use protocol HTTPS")
 		}
 		return
-	}
-	if l.TLS == nil {
-		rep.deny("ingress-listener-tls", field+".tls", "an HTTPS listener terminates TLS with a certificate; add tls.certificateRefs naming a kubernetes.io/tls Secret")
+	case gwv1.HTTPSProtocolType:
+		if l.TLS == nil {
+			rep.deny("ingress-listener-tls", field+".tls", "an HTTPS listener terminates TLS with a certificate; add tls.certificateRefs naming a kubernetes.io/tls Secret")
+			return
+		}
+		if l.TLS.Mode != nil && *l.TLS.Mode == gwv1.TLSModePassthrough {
+			rep.deny("ingress-listener-tls", field+".tls.mode",
+				"an HTTPS listener terminates TLS; for passthrough use protocol TLS with a TLSRoute, or remove mode")
+		}
+	case gwv1.TLSProtocolType:
+		switch t := l.TLS; {
+		case t == nil:
+			rep.deny("ingress-listener-tls", field+".tls",
+				"a TLS listener needs tls: mode Passthrough (the backend ends TLS), or Terminate with tls.certificateRefs naming a kubernetes.io/tls Secret")
+			return
+		case t.Mode != nil && *t.Mode == gwv1.TLSModePassthrough:
+			checkIngressPassthrough(rep, field, l)
+			return
+		case t.Mode != nil && *t.Mode != gwv1.TLSModeTerminate:
+			rep.warn("ingress-listener-tls", field+".tls.mode", "%s is not served on TLS (UnsupportedValue); use Passthrough or Terminate", *t.Mode)
+			return
+		}
+	default:
 		return
 	}
-	if l.TLS.Mode != nil && *l.TLS.Mode == gwv1.TLSModePassthrough {
-		rep.deny("ingress-listener-tls", field+".tls.mode",
-			"an HTTPS listener terminates TLS; for passthrough use protocol TLS with a TLSRoute, or remove mode")
-	}
-	if len(l.TLS.Options) > 0 {
+	checkIngressTerminate(rep, ns, field, l.TLS)
+}
+
+// checkIngressTerminate checks the tls of a listener that ends TLS: no
+// options, certificates from core Secrets. A reference that cannot
+// resolve is warned about: the listener's status reports it
+// (InvalidCertificateRef), and the Secret or the ReferenceGrant may come
+// later.
+func checkIngressTerminate(rep *report, ns, field string, t *gwv1.ListenerTLSConfig) {
+	if len(t.Options) > 0 {
 		rep.deny("ingress-listener-tls", field+".tls.options", "Weft's ingress gateways take no TLS options; remove tls.options")
 	}
-	for j, ref := range l.TLS.CertificateRefs {
+	for j, ref := range t.CertificateRefs {
 		rf := fmt.Sprintf("%s.tls.certificateRefs[%d]", field, j)
 		if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Secret") {
 			rep.warn("ingress-certificate-ref", rf,
@@ -192,19 +214,11 @@ func checkIngressTLS(rep *report, ns, field string, l *gwv1.Listener) {
 	}
 }
 
-// checkIngressPassthrough checks a TLS listener's tls: Passthrough, the
-// mode Weft serves (the backend ends TLS). Terminate is admitted with a
-// warning, as the listener's status reports it (UnsupportedValue) and
-// Gateway API's conformance tests create such a listener to read that
-// status; certificates, which Gateway API ignores in Passthrough mode,
-// are warned about.
+// checkIngressPassthrough checks a TLS listener's tls in Passthrough (the
+// backend ends TLS): no options; certificates, which Gateway API ignores
+// in Passthrough mode, are warned about.
 func checkIngressPassthrough(rep *report, field string, l *gwv1.Listener) {
 	switch t := l.TLS; {
-	case t == nil || t.Mode == nil:
-		rep.deny("ingress-listener-tls", field+".tls.mode",
-			"a TLS listener needs tls.mode; set Passthrough and the backend ends TLS (for termination use protocol HTTPS)")
-	case *t.Mode != gwv1.TLSModePassthrough:
-		rep.warn("ingress-listener-tls", field+".tls.mode", "%s is not served on TLS (UnsupportedValue); use Passthrough or HTTPS", *t.Mode)
 	case len(t.Options) > 0:
 		rep.deny("ingress-listener-tls", field+".tls.options", "Weft's ingress gateways take no TLS options; remove tls.options")
 	case len(t.CertificateRefs) > 0:

@@ -163,6 +163,8 @@ func TestChart(t *testing.T) {
 		}
 	}
 
+	checkRoutesSent(t, vwc)
+
 	dep, ok := objs["Deployment/weft-webhook"].(*appsv1.Deployment)
 	if !ok {
 		t.Fatal("no Deployment weft-webhook")
@@ -291,5 +293,40 @@ func compareGoldenText(t *testing.T, path, got string) {
 	}
 	if string(want) != got {
 		t.Errorf("%s differs from the rendered chart; run go test -run TestChart -update and review the diff", path)
+	}
+}
+
+// checkRoutesSent checks that every route kind the rule cases review
+// (HTTPRoute, GRPCRoute, TCPRoute, TLSRoute, UDPRoute) is sent to the
+// webhook on CREATE and UPDATE, under the match condition that picks
+// routes with a Service parent, the ones the webhook judges.
+func checkRoutesSent(t *testing.T, vwc *admissionregistrationv1.ValidatingWebhookConfiguration) {
+	t.Helper()
+	sent := map[string]bool{}
+	for _, w := range vwc.Webhooks {
+		for _, r := range w.Rules {
+			if !slices.Contains(r.APIGroups, "gateway.networking.k8s.io") || !slices.Contains(r.APIVersions, "v1") ||
+				!slices.Contains(r.Operations, admissionregistrationv1.Create) || !slices.Contains(r.Operations, admissionregistrationv1.Update) {
+				continue
+			}
+			for _, res := range r.Resources {
+				if strings.HasSuffix(res, "routes") && !slices.ContainsFunc(w.MatchConditions, func(m admissionregistrationv1.MatchCondition) bool {
+					return strings.Contains(m.Expression, "p.kind == 'Service'")
+				}) {
+					t.Errorf("%s: %s sent without the Service-parent match condition", w.Name, res)
+				}
+				sent[res] = true
+			}
+		}
+	}
+	for _, rc := range ruleCases {
+		group, rest, _ := strings.Cut(rc.kind, "/")
+		kind := rest[strings.LastIndex(rest, "/")+1:]
+		if group != "gateway.networking.k8s.io" || !strings.HasSuffix(kind, "Route") {
+			continue
+		}
+		if !sent[resources[kind]] {
+			t.Errorf("rule case %s reviews %s, which the chart does not send to the webhook", rc.name, kind)
+		}
 	}
 }

@@ -32,14 +32,17 @@ const (
 	ingressNS   = "ingress-demo"
 	shopHost    = "shop.example.com"
 	vaultHost   = "vault.example.com"
+	termHost    = "term.example.com"
 	gatewaySAID = "cluster.local/ns/" + ingressNS + "/sa/public-istio"
 )
 
 // ingressManifest is the ingress Gateway (HTTP and HTTPS for shopHost, TLS
-// passthrough for vaultHost on the same port), its routes to the shop app
-// and to the vault app (which ends TLS itself with the vault certificate),
-// and the shop app's L4 policy: only the gateway's identity may connect.
-func ingressManifest(certPEM, keyPEM, vaultCertPEM, vaultKeyPEM []byte) string {
+// passthrough for vaultHost and TLS terminated for termHost on the same
+// port), its routes to the shop app, to the vault app (which ends TLS
+// itself with the vault certificate) and, for termHost, the decrypted
+// bytes to the shop's plain HTTP port, and the shop app's L4 policy: only
+// the gateway's identity may connect.
+func ingressManifest(certPEM, keyPEM, vaultCertPEM, vaultKeyPEM, termCertPEM, termKeyPEM []byte) string {
 	return cluster.NamespaceManifest(ingressNS, map[string]string{"istio.io/dataplane-mode": "ambient"}) + "---\n" +
 		cluster.EchoApp(ingressNS, "shop", cluster.EchoOptions{}) + "---\n" +
 		cluster.EchoApp(ingressNS, "vault", cluster.EchoOptions{TLSSecret: "vault-cert"}) + "---\n" + `apiVersion: v1
@@ -49,6 +52,14 @@ type: kubernetes.io/tls
 data:
   tls.crt: ` + base64.StdEncoding.EncodeToString(vaultCertPEM) + `
   tls.key: ` + base64.StdEncoding.EncodeToString(vaultKeyPEM) + `
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: term-cert, namespace: ` + ingressNS + `}
+type: kubernetes.io/tls
+data:
+  tls.crt: ` + base64.StdEncoding.EncodeToString(termCertPEM) + `
+  tls.key: ` + base64.StdEncoding.EncodeToString(termKeyPEM) + `
 ---
 apiVersion: v1
 kind: Secret
@@ -75,6 +86,19 @@ spec:
     protocol: TLS
     hostname: ` + vaultHost + `
     tls: {mode: Passthrough}
+  - name: term
+    port: 443
+    protocol: TLS
+    hostname: ` + termHost + `
+    tls: {mode: Terminate, certificateRefs: [{name: term-cert}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: TLSRoute
+metadata: {name: term, namespace: ` + ingressNS + `}
+spec:
+  parentRefs: [{name: public, sectionName: term}]
+  hostnames: [` + termHost + `]
+  rules: [{backendRefs: [{name: shop, port: 80}]}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: TLSRoute
@@ -111,10 +135,11 @@ spec:
 // Secret, HTTP, the backend reached over HBONE with the gateway's own
 // identity (a policy admitting only that identity lets it in and keeps a
 // mesh client out), TLS passed through by SNI to a backend that ends it
-// itself, what an outsider tries: another Host on the TLS connection,
-// another SNI, a forged X-Forwarded-For; and the Service made
-// externalTrafficPolicy Local by the parametersRef patch, after which the
-// gateway sees the outside client's own address.
+// itself, TLS ended by SNI with a TLSRoute's listener certificate and its
+// bytes relayed to a plain backend, what an outsider tries: another Host
+// on the TLS connection, another SNI, a forged X-Forwarded-For; and the
+// Service made externalTrafficPolicy Local by the parametersRef patch,
+// after which the gateway sees the outside client's own address.
 func TestIngress(t *testing.T) {
 	m := setup(t)
 	c := m.c
@@ -140,7 +165,15 @@ func TestIngress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Apply(ctx, ingressManifest(leaf.CertPEM(), keyPEM, vaultLeaf.CertPEM(), vaultKeyPEM)); err != nil {
+	termLeaf, err := root.Server(termHost, []string{termHost}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	termKeyPEM, err := termLeaf.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Apply(ctx, ingressManifest(leaf.CertPEM(), keyPEM, vaultLeaf.CertPEM(), vaultKeyPEM, termLeaf.CertPEM(), termKeyPEM)); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"shop", "vault", "public-istio"} {
@@ -297,17 +330,74 @@ func TestIngress(t *testing.T) {
 		}
 	})
 
-	t.Run("the TLSRoute's status", func(t *testing.T) {
-		rt, err := m.gw.GatewayV1().TLSRoutes(ingressNS).Get(ctx, "vault", metav1.GetOptions{})
+	t.Run("TLS terminated for a TLSRoute reaches a plain backend", func(t *testing.T) {
+		// The client verifies the gateway's certificate for termHost (the
+		// listener's Secret), is offered no ALPN, and speaks HTTP/1.1 in
+		// TLS; the gateway relays the decrypted bytes to the shop's plain
+		// port over HBONE without reading them: the shop sees no TLS and
+		// no X-Forwarded-* of a gateway that parsed the request.
+		var cs tls.ConnectionState
+		cl := client(termHost)
+		cl.Transport.(*http.Transport).TLSClientConfig.VerifyConnection = func(s tls.ConnectionState) error {
+			cs = s
+			return nil
+		}
+		var code int
+		var r *echo.Response
+		err := c.WaitFor(ctx, "TLS terminated for the term route", func(context.Context) (bool, error) {
+			var gerr error
+			code, r, gerr = get(cl, "https://"+termHost+"/relayed", termHost)
+			if gerr != nil || code != http.StatusOK {
+				t.Logf("not yet: %d %v", code, gerr)
+				return false, nil
+			}
+			return true, nil
+		})
 		if err != nil {
+			c.Dump(t.Logf)
 			t.Fatal(err)
 		}
-		if len(rt.Status.Parents) != 1 || string(rt.Status.Parents[0].ControllerName) != apinames.GatewayController {
-			t.Fatalf("status.parents %+v, want one of %s", rt.Status.Parents, apinames.GatewayController)
+		if len(cs.PeerCertificates) == 0 || !cs.PeerCertificates[0].Equal(termLeaf.Cert) || cs.NegotiatedProtocol != "" {
+			t.Errorf("the client verified %v with ALPN %q, want the term listener's certificate and no ALPN", cs.PeerCertificates, cs.NegotiatedProtocol)
 		}
-		for _, cond := range rt.Status.Parents[0].Conditions {
-			if cond.Status != metav1.ConditionTrue {
-				t.Errorf("%s %s (%s: %s)", cond.Type, cond.Status, cond.Reason, cond.Message)
+		if !strings.HasPrefix(r.Pod, "shop-") || r.TLSServerName != "" || r.Path != "/relayed" {
+			t.Errorf("answered %+v, want a shop pod that saw no TLS and path /relayed", r)
+		}
+		if host, _, _ := net.SplitHostPort(r.Peer); host != gwIP {
+			t.Errorf("the shop saw peer %s, want the gateway pod %s (over HBONE)", r.Peer, gwIP)
+		}
+		for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Request-Id"} {
+			if v, ok := r.Headers[h]; ok {
+				t.Errorf("the shop saw %s %q: the gateway parsed the stream", h, v)
+			}
+		}
+		// The passthrough name on the same port is never terminated: the
+		// vault's own certificate answers it, and the vault sees the SNI.
+		var peer []*x509.Certificate
+		vl := client(vaultHost)
+		vl.Transport.(*http.Transport).TLSClientConfig.VerifyConnection = func(s tls.ConnectionState) error {
+			peer = s.PeerCertificates
+			return nil
+		}
+		if code, r, err := get(vl, "https://"+vaultHost+"/", vaultHost); err != nil || code != http.StatusOK || r.TLSServerName != vaultHost ||
+			len(peer) == 0 || !peer[0].Equal(vaultLeaf.Cert) {
+			t.Errorf("passthrough beside the Terminate listener: %d %v %+v", code, err, r)
+		}
+	})
+
+	t.Run("the TLSRoutes' status", func(t *testing.T) {
+		for _, name := range []string{"vault", "term"} {
+			rt, err := m.gw.GatewayV1().TLSRoutes(ingressNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(rt.Status.Parents) != 1 || string(rt.Status.Parents[0].ControllerName) != apinames.GatewayController {
+				t.Fatalf("%s: status.parents %+v, want one of %s", name, rt.Status.Parents, apinames.GatewayController)
+			}
+			for _, cond := range rt.Status.Parents[0].Conditions {
+				if cond.Status != metav1.ConditionTrue {
+					t.Errorf("%s: %s %s (%s: %s)", name, cond.Type, cond.Status, cond.Reason, cond.Message)
+				}
 			}
 		}
 	})

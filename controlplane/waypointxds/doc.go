@@ -202,7 +202,11 @@
 // and one route per name), so a name of a Passthrough listener is never
 // terminated and a name of a Terminate or HTTPS listener never passed
 // through; the proxy picks the exact name, then the longest wildcard,
-// then the chain without names, whatever their modes. A port whose only
+// then the chain without names, whatever their modes. A TLS listener with
+// a hostname that no route of it lists keeps it with a chain
+// "tls/<port>/<listener>" to BlackHoleCluster without a transport socket
+// (closed before any certificate), so that its names never fall to the
+// wildcard chain of a less specific listener. A port whose only
 // listeners are TLS listeners without routes gets one chain "tls/<port>"
 // listing no names, with a tcp_proxy to BlackHoleCluster and no
 // transport socket: the port is open, and its connections closed before

@@ -151,6 +151,13 @@ func tlsRoute(name string, created int, hosts ...string) *gwv1.TLSRoute {
 	return r
 }
 
+// section makes r's parentRef name listener name.
+func section(r *gwv1.TLSRoute, name string) *gwv1.TLSRoute {
+	sn := gwv1.SectionName(name)
+	r.Spec.ParentRefs[0].SectionName = &sn
+	return r
+}
+
 // Names that differ only in case are one name: the older route has it;
 // the same name on two listeners goes to the more specific one; a route
 // without hostnames under a listener without one takes every name, and
@@ -188,6 +195,14 @@ func TestGatewayTLSClaims(t *testing.T) {
 		routes:  []*gwv1.TLSRoute{tlsRoute("broad", 2, "a.example.com", "b.example.com"), tlsRoute("narrow", 1, "*.example.com")},
 		sni:     map[string]string{"a.example.com": "narrow", "b.example.com": "broad", "c.example.com": "narrow"},
 		reasons: map[string]string{"broad": "Accepted", "narrow": "Accepted"},
+	}, {
+		name:      "a listener's name without a route of its own",
+		listeners: []string{"all=", "one=a.example.com", "deep=*.b.example.com"},
+		// broad's wildcard (listener all) does not take the names of the
+		// more specific listeners, which have no route: they are held.
+		routes:  []*gwv1.TLSRoute{section(tlsRoute("broad", 1, "*.example.com"), "all"), section(tlsRoute("x", 1, "x.b.example.com"), "deep")},
+		sni:     map[string]string{"a.example.com": "one", "y.b.example.com": "deep", "x.b.example.com": "x", "c.example.com": "broad", "b.example.com": "broad"},
+		reasons: map[string]string{"broad": "Accepted", "x": "Accepted"},
 	}, {
 		name:      "no hostnames, no SNI",
 		listeners: []string{"all="},
@@ -255,6 +270,12 @@ func TestGatewayTLSTerminate(t *testing.T) {
 		{"443", "example.com", "tls/443/term-any/term/any", term}, // not covered by *.example.com: the chain without names
 		{"443", "", "tls/443/term-any/term/any", term},
 		{"443", "other.net", "tls/443/term-any/term/any", term},
+		// Listeners without routes keep their names (closed), never
+		// terminated by the wildcard listener term.
+		{"443", "held.example.com", "tls/443/held", pass},
+		{"443", "HELD.Example.com", "tls/443/held", pass},
+		{"443", "x.t2.example.com", "tls/443/term-held", pass},
+		{"443", "t2.example.com", "tls/443/term/term/term-wild", term},         // not covered by *.t2.example.com
 		{"8443", "a.example.org", "tls/8443/term-exact/term/term-exact", term}, // exact Terminate before wildcard Passthrough
 		{"8443", "A.example.org", "tls/8443/term-exact/term/term-exact", term},
 		{"8443", "b.example.org", "tls/8443/pass-wild/term/pass-wild", pass}, // term-exact's route named it, outside its listener
@@ -289,6 +310,9 @@ func TestGatewayTLSTerminate(t *testing.T) {
 			t.Errorf("port %s, SNI %q: chain %q (%s), want %q (%s)", tc.port, tc.sni, got, mode, tc.chain, tc.mode)
 			continue
 		}
+		if held := strings.HasPrefix(got, "tls/") && strings.Count(got, "/") == 2; held && c.TCPCluster != BlackHoleCluster {
+			t.Errorf("port %s, SNI %q: a held name's chain goes to %q, want %s", tc.port, tc.sni, c.TCPCluster, BlackHoleCluster)
+		}
 		if mode == term && (!c.TCP() || len(c.TLS.ALPN) != 0 || len(c.TLS.Certificates) != 1 || len(c.NetRBAC) == 0) {
 			t.Errorf("port %s, SNI %q: a Terminate chain relays with network RBAC and offers no ALPN: %+v", tc.port, tc.sni, c)
 		}
@@ -306,7 +330,7 @@ func TestGatewayTLSTerminate(t *testing.T) {
 			t.Errorf("listener %s: ResolvedRefs %+v", ls.Name, resolved)
 		}
 	}
-	if attached["term"] != 2 || attached["term-any"] != 1 || attached["pass"] != 1 || attached["default-mode"] != 1 || attached["mirror"] != 0 {
+	if attached["term"] != 2 || attached["term-any"] != 1 || attached["pass"] != 1 || attached["default-mode"] != 1 || attached["mirror"] != 0 || attached["held"] != 0 {
 		t.Errorf("attachedRoutes %v", attached)
 	}
 	reasons := acceptedReasons(outs)

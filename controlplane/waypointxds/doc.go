@@ -203,10 +203,12 @@
 // terminated and a name of a Terminate or HTTPS listener never passed
 // through; the proxy picks the exact name, then the longest wildcard,
 // then the chain without names, whatever their modes. A TLS listener with
-// a hostname that no route of it lists keeps it with a chain
-// "tls/<port>/<listener>" to BlackHoleCluster without a transport socket
-// (closed before any certificate), so that its names never fall to the
-// wildcard chain of a less specific listener. A port whose only
+// a hostname that no route of it lists, and an HTTPS or TLS listener with
+// a hostname but no usable certificate on a port that is served, keep
+// that hostname with a chain "tls/<port>/<listener>" to BlackHoleCluster
+// without a transport socket (closed before any certificate), so that
+// its names never fall to the wildcard (or name-less) chain of a less
+// specific listener, of the other mode perhaps. A port whose only
 // listeners are TLS listeners without routes gets one chain "tls/<port>"
 // listing no names, with a tcp_proxy to BlackHoleCluster and no
 // transport socket: the port is open, and its connections closed before

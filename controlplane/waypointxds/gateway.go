@@ -631,6 +631,10 @@ func (g *gatewayBuild) settle(d detachments) {
 type gatewayPort struct {
 	port                  gwv1.PortNumber
 	http, https, tcp, tls []*gwListener
+	// held are the port's HTTPS and TLS listeners that take routes but
+	// are not served (no usable certificate), whose hostname a chain
+	// keeps (holdChain).
+	held []*gwListener
 }
 
 // emit adds a Listener per port with served listeners: one HTTP chain for
@@ -656,6 +660,11 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 			p.tls = append(p.tls, gl)
 		default:
 			p.http = append(p.http, gl)
+		}
+	}
+	for _, gl := range g.listeners {
+		if p := ports[gl.spec.Port]; p != nil && gl.usable() && gl.tlsClass() && !gl.served() && gl.hostname != "" {
+			p.held = append(p.held, gl)
 		}
 	}
 	nums := make([]int, 0, len(ports))
@@ -684,6 +693,9 @@ func (g *gatewayBuild) emit(policies []*securityv1.AuthorizationPolicy) {
 		for _, gl := range p.tls {
 			chains = append(chains, g.tlsChains(port, gl, policies)...)
 		}
+		for _, gl := range p.held {
+			chains = append(chains, g.holdChain(port, gl, policies))
+		}
 		if len(chains) == 0 {
 			// TLS listeners without routes: the port is served, and every
 			// connection closed, as on a TCP listener without a route.
@@ -710,6 +722,20 @@ func (g *gatewayBuild) tcpProxy(port string, gl *gwListener) *listenerv3.Filter 
 	src := gl.routes[0].src
 	g.translated[src.id()] = true
 	return g.b.tcpBackends(src, "tcp."+port)
+}
+
+// holdChain keeps the hostname of an HTTPS or TLS listener that no chain
+// of its own lists (no route of it names it, or it has no usable
+// certificate): a chain "tls/<port>/<listener>" to BlackHoleCluster
+// without a transport socket, so that the connection is closed before any
+// certificate is shown. Without it, a name of the listener (or one its
+// wildcard covers) would fall to the wildcard chain of a less specific
+// listener of the port, of the other mode perhaps: terminated with that
+// listener's certificate and relayed to its backends (Gateway API's
+// listener isolation).
+func (g *gatewayBuild) holdChain(port string, gl *gwListener, policies []*securityv1.AuthorizationPolicy) *listenerv3.FilterChain {
+	m := &listenerv3.FilterChainMatch{ServerNames: []string{gl.hostname}}
+	return tcpChain("tls/"+port+"/"+string(gl.spec.Name), m, g.b.netRBACFilters(policies, nil), tcpProxy(g.b.blackHole()))
 }
 
 // httpsChain is an HTTPS listener's chain: selected by SNI (any when the

@@ -263,8 +263,18 @@ func TestGatewayResources(t *testing.T) {
 	if len(l443.ListenerFilters) != 1 || l443.ListenerFilters[0].Name != "envoy.filters.listener.tls_inspector" {
 		t.Errorf("443's listener filters: %v", l443.ListenerFilters)
 	}
-	var names []string
+	var names, held []string
 	for _, fc := range l443.FilterChains {
+		if strings.HasPrefix(fc.Name, "tls/") {
+			// The name of a listener without a usable certificate is
+			// kept, every connection closed before any certificate.
+			held = append(held, fc.Name+" "+strings.Join(fc.FilterChainMatch.GetServerNames(), ","))
+			var tcp tcpv3.TcpProxy
+			if fc.TransportSocket != nil || fc.Filters[len(fc.Filters)-1].GetTypedConfig().UnmarshalTo(&tcp) != nil || tcp.GetCluster() != BlackHoleCluster {
+				t.Errorf("chain %s: %v", fc.Name, fc)
+			}
+			continue
+		}
 		names = append(names, fc.Name)
 		ctx := &tlsv3.DownstreamTlsContext{}
 		if fc.TransportSocket.GetName() != "envoy.transport_sockets.tls" || fc.TransportSocket.GetTypedConfig().UnmarshalTo(ctx) != nil {
@@ -293,6 +303,10 @@ func TestGatewayResources(t *testing.T) {
 	}
 	if !slices.Equal(names, []string{"https/443/https", "https/443/https-shared"}) {
 		t.Errorf("443's chains %v: the listeners with unusable certificates have none", names)
+	}
+	if want := []string{"tls/443/https-ungranted a.example.org", "tls/443/https-wrong-grant b.example.org", "tls/443/https-opaque c.example.org",
+		"tls/443/https-mismatch d.example.org", "tls/443/https-garbage e.example.org", "tls/443/https-configmap f.example.org"}; !slices.Equal(held, want) {
+		t.Errorf("443's held names %v, want %v", held, want)
 	}
 	if sn := l443.FilterChains[0].FilterChainMatch.GetServerNames(); !slices.Equal(sn, []string{"*.example.com"}) {
 		t.Errorf("server names %v", sn)

@@ -117,19 +117,17 @@ func (g *gatewayBuild) claimNames(gl *gwListener, ls []*gwListener, owner map[st
 // came, ClientHello and all, and the backend ends TLS. In Terminate mode
 // it ends TLS with the listener's certificates (no ALPN: what TLS carries
 // is not HTTP to the gateway) and relays the decrypted bytes.
-//
-// A listener with a hostname that no route of it lists keeps that name
-// with a chain "tls/<port>/<listener>" to BlackHoleCluster and no
-// transport socket (closed before any certificate is shown): else a name
-// of the listener (or one its wildcard covers) that its routes do not
-// serve would fall to the wildcard chain of a less specific listener of
-// the port, in the other mode perhaps (listener isolation).
+// A listener with a hostname that no route of it lists keeps it with a
+// holdChain.
 func (g *gatewayBuild) tlsChains(port string, gl *gwListener, policies []*securityv1.AuthorizationPolicy) []*listenerv3.FilterChain {
 	held := gl.hostname != "" && !slices.ContainsFunc(gl.routes, func(ar attachedRoute) bool { return slices.Contains(ar.hosts, gl.hostname) })
-	if len(gl.routes) == 0 && !held {
-		return nil
-	}
 	var out []*listenerv3.FilterChain
+	if held {
+		out = append(out, g.holdChain(port, gl, policies))
+	}
+	if len(gl.routes) == 0 {
+		return out
+	}
 	rbac := g.b.netRBACFilters(policies, nil)
 	for _, ar := range gl.routes {
 		g.translated[ar.src.id()] = true
@@ -144,10 +142,6 @@ func (g *gatewayBuild) tlsChains(port string, gl *gwListener, policies []*securi
 			fc.TransportSocket = downstreamTLS(gl.certs, nil)
 		}
 		out = append(out, fc)
-	}
-	if held {
-		m := &listenerv3.FilterChainMatch{ServerNames: []string{gl.hostname}}
-		out = append(out, tcpChain("tls/"+port+"/"+string(gl.spec.Name), m, rbac, tcpProxy(g.b.blackHole())))
 	}
 	return out
 }

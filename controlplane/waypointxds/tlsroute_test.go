@@ -283,10 +283,11 @@ func TestGatewayTLSTerminate(t *testing.T) {
 		{"8443", "example.org", "", ""},
 		{"8443", "", "", ""},
 		{"9443", "n4.example.com", "tls/9443/default-mode/term/db", term}, // mode left out: Terminate
-		{"9443", "n2.example.com", "", ""},                                // its Secret does not exist
-		{"9443", "n3.example.com", "", ""},                                // no ReferenceGrant for its Secret
-		{"9443", "n1.example.com", "", ""},                                // no certificateRefs
-		{"9443", "n5.example.com", "", ""},                                // mode Mirror
+		// Not served, their names held (closed before any certificate).
+		{"9443", "n2.example.com", "tls/9443/missing", pass},   // its Secret does not exist
+		{"9443", "n3.example.com", "tls/9443/ungranted", pass}, // no ReferenceGrant for its Secret
+		{"9443", "n1.example.com", "tls/9443/no-certs", pass},  // no certificateRefs
+		{"9443", "n5.example.com", "", ""},                     // mode Mirror: not accepted, takes nothing
 		{"9443", "", "", ""},
 	} {
 		l := snap.Listeners["0.0.0.0_"+tc.port]

@@ -146,8 +146,9 @@
 // conformance tests ask); its tls.crt and tls.key must be PEM of a
 // certificate chain and the matching key, the check crypto/tls makes (else
 // InvalidCertificateRef). An HTTPS listener, or a TLS listener in
-// Terminate mode, with any unusable reference (or none) gets no chain
-// (Programmed False, Invalid); the routes attached to it stay attached.
+// Terminate mode, with any unusable reference (or none) is not served
+// (Programmed False, Invalid; no chain of its own, its hostname held as
+// below); the routes attached to it stay attached.
 //
 // A route attaches through a parentRef that names the Gateway (group and
 // kind default to Gateway's, namespace to the route's) to the listeners
@@ -243,7 +244,7 @@
 // Status: each listener's supportedKinds, attachedRoutes (the routes
 // attached to it, including those on an HTTPS or Terminate TLS listener
 // without a usable certificate) and the conditions Accepted, ResolvedRefs, Conflicted and
-// Programmed (True when it has a chain) with the Gateway's generation go
+// Programmed (True when it is served) with the Gateway's generation go
 // in GatewayReport.Listeners, which the controller hands to
 // ControllerConfig.Gateways; a route's parent entry for the Gateway is
 // written by StatusWriter under apinames.GatewayController.

@@ -503,6 +503,17 @@ data:
 		c.Dump(t.Logf)
 		t.Fatal(err)
 	}
+	// The harness's load balancer comes to send only to the gateway's
+	// node once its health checks say so (it polls them), and from then on
+	// every request keeps the client's address. A request before that may
+	// reach the gateway's node too, by the route's hash: it proves nothing.
+	err = c.WaitFor(ctx, "the route through the gateway's node alone", func(context.Context) (bool, error) {
+		got := hops()
+		return len(got) == 1 && got[0] == served, nil
+	})
+	if err != nil {
+		t.Fatalf("with the policy Local the outside routes %s through %v, want the gateway's node %s (%s) alone: %v", lb, hops(), gwNode, served, err)
+	}
 	outside := cluster.OutsideAddr().String()
 	var xff []string
 	err = c.WaitFor(ctx, "the outside client's own address at the backend", func(context.Context) (bool, error) {
@@ -516,10 +527,6 @@ data:
 	})
 	if err != nil {
 		t.Fatalf("X-Forwarded-For %q, want the outside client's %s: %v", xff, outside, err)
-	}
-	// The harness's load balancer sends only to the gateway's node.
-	if got := hops(); len(got) != 1 || got[0] != served {
-		t.Errorf("with the policy Local the outside routes %s through %v, want the gateway's node %s (%s) alone", lb, got, gwNode, served)
 	}
 	// Every request from now on: the route goes only through the node
 	// that serves, so none reaches a node that would drop it.

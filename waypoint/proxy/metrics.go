@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/http"
@@ -158,12 +159,7 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 		k.grpcStatus = info.grpcStatus
 	}
 	if s.listener != "" {
-		// outbound|<port>||<host>, as the control plane names clusters.
-		parts := strings.Split(info.cluster, "|")
-		k.dstSvc = "unknown"
-		if len(parts) == 4 && parts[3] != "" {
-			k.dstSvc = parts[3]
-		}
+		k.dstSvc = cmp.Or(clusterHost(info.cluster), "unknown")
 	}
 	if e := info.picked.Endpoint; e != nil {
 		k.dstWL = firstNonEmpty(e.WorkloadName, e.Workload, "unknown")
@@ -194,6 +190,22 @@ func (p *Proxy) record(s *session, r *http.Request, info *reqInfo, d time.Durati
 	}
 	attrs = info.shadow.appendLog(attrs)
 	p.cfg.AccessLog.Info("request", attrs...)
+}
+
+// clusterHost is the host of a cluster named as the control plane names
+// them, outbound|<port>|<subset>|<host>, or "" for another name.
+func clusterHost(name string) string {
+	rest := name
+	for range 3 {
+		var ok bool
+		if _, rest, ok = strings.Cut(rest, "|"); !ok {
+			return ""
+		}
+	}
+	if strings.Contains(rest, "|") {
+		return ""
+	}
+	return rest
 }
 
 func upstreamString(i *reqInfo) string {

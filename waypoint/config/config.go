@@ -172,6 +172,11 @@ type Listener struct {
 	// its connections are TLS, their chains chosen by server name
 	// (SelectSNI). Addressed listeners only.
 	TLSInspector bool
+
+	// The chains by server name, for SelectSNI (indexNames).
+	exactNames map[string]*Chain // a listed name: its chain
+	wildNames  map[string]*Chain // ".example.com" for a listed "*.example.com": its chain
+	noNames    *Chain            // the first chain listing no names
 }
 
 // LB policy.
@@ -339,6 +344,7 @@ func CompileListener(l *listenerv3.Listener) (*Listener, error) {
 		if err := compileAddressed(l, out, where); err != nil {
 			return nil, err
 		}
+		out.indexNames()
 	}
 	return out, nil
 }

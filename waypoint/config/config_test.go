@@ -211,7 +211,7 @@ func TestCompilePathNormalization(t *testing.T) {
 	}
 }
 
-func mustAnyT(t *testing.T, m proto.Message) *anypb.Any {
+func mustAnyT(t testing.TB, m proto.Message) *anypb.Any {
 	t.Helper()
 	a, err := anypb.New(m)
 	if err != nil {

@@ -252,28 +252,47 @@ func compileAddressed(l *listenerv3.Listener, out *Listener, where string) error
 // one listing the longest `*.` wildcard that covers it (`*.example.com`
 // covers every name ending in `.example.com` with at least one more
 // label), else the chain listing no names; nil when none takes it. Names
-// compare case-insensitively.
+// compare case-insensitively. The gateway calls it for every handshake
+// and for the Host of every request on a connection whose TLS it ended,
+// so its work grows with the name, not with the chains: a lookup for the
+// name, then one for each of its suffixes from a dot, longest first.
 func (l *Listener) SelectSNI(name string) *Chain {
 	name = strings.ToLower(name)
-	var best, fallback *Chain
-	bestLen := 0
-	for _, c := range l.Chains {
-		if len(c.ServerNames) == 0 && fallback == nil {
-			fallback = c
-		}
-		for _, n := range c.ServerNames {
-			switch {
-			case n == name:
+	if c := l.exactNames[name]; c != nil {
+		return c
+	}
+	if len(l.wildNames) > 0 {
+		for i := 1; i < len(name); i++ {
+			if name[i] != '.' {
+				continue
+			}
+			if c := l.wildNames[name[i:]]; c != nil {
 				return c
-			case strings.HasPrefix(n, "*.") && len(n) > bestLen && len(name) > len(n)-1 && strings.HasSuffix(name, n[1:]):
-				best, bestLen = c, len(n)
 			}
 		}
 	}
-	if best != nil {
-		return best
+	return l.noNames
+}
+
+// indexNames indexes the chains by their server names (compiled: lower
+// case) for SelectSNI. A name listed twice (compileAddressed refuses
+// that) goes to the first chain listing it.
+func (l *Listener) indexNames() {
+	l.exactNames, l.wildNames, l.noNames = map[string]*Chain{}, map[string]*Chain{}, nil
+	for _, c := range l.Chains {
+		if len(c.ServerNames) == 0 && l.noNames == nil {
+			l.noNames = c
+		}
+		for _, n := range c.ServerNames {
+			m, key := l.exactNames, n
+			if strings.HasPrefix(n, "*.") {
+				m, key = l.wildNames, n[1:]
+			}
+			if m[key] == nil {
+				m[key] = c
+			}
+		}
 	}
-	return fallback
 }
 
 // ChainNamed returns the listener's chain of that name, or nil.

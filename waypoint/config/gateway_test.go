@@ -21,7 +21,7 @@ import (
 
 // gatewayHCM is the http_connection_manager the control plane gives an
 // ingress gateway's chains.
-func gatewayHCM(t *testing.T, rds string) *listenerv3.Filter {
+func gatewayHCM(t testing.TB, rds string) *listenerv3.Filter {
 	h := &hcmv3.HttpConnectionManager{StatPrefix: rds,
 		RouteSpecifier:   &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{RouteConfigName: rds}},
 		UseRemoteAddress: wrapperspb.Bool(true),
@@ -36,14 +36,14 @@ func socketAddr(addr string, port uint32) *corev3.Address {
 		Address: addr, PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}}
 }
 
-func tlsInspector(t *testing.T) []*listenerv3.ListenerFilter {
+func tlsInspector(t testing.TB) []*listenerv3.ListenerFilter {
 	return []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
 		ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: mustAnyT(t, &tlsinspector.TlsInspector{})}}}
 }
 
 // serverCert issues a serving certificate for names and returns its chain
 // and key in PEM.
-func serverCert(t *testing.T, names ...string) (chain, key []byte) {
+func serverCert(t testing.TB, names ...string) (chain, key []byte) {
 	t.Helper()
 	root, err := testpki.NewRoot("gateway test root")
 	if err != nil {
@@ -60,7 +60,7 @@ func serverCert(t *testing.T, names ...string) (chain, key []byte) {
 	return c.CertPEM(), k
 }
 
-func downstreamTLS(t *testing.T, ctx *tlsv3.DownstreamTlsContext) *corev3.TransportSocket {
+func downstreamTLS(t testing.TB, ctx *tlsv3.DownstreamTlsContext) *corev3.TransportSocket {
 	return &corev3.TransportSocket{Name: TransportSocketTLS, ConfigType: &corev3.TransportSocket_TypedConfig{TypedConfig: mustAnyT(t, ctx)}}
 }
 
@@ -74,7 +74,7 @@ func tlsContext(chain, key []byte) *tlsv3.DownstreamTlsContext {
 	}}
 }
 
-func httpsChain(t *testing.T, name string, names []string, ctx *tlsv3.DownstreamTlsContext) *listenerv3.FilterChain {
+func httpsChain(t testing.TB, name string, names []string, ctx *tlsv3.DownstreamTlsContext) *listenerv3.FilterChain {
 	fc := &listenerv3.FilterChain{Name: name, Filters: []*listenerv3.Filter{gatewayHCM(t, "https.443."+name)}, TransportSocket: downstreamTLS(t, ctx)}
 	if len(names) > 0 {
 		fc.FilterChainMatch = &listenerv3.FilterChainMatch{ServerNames: names}
@@ -339,6 +339,7 @@ func FuzzSelectSNI(f *testing.F) {
 			}
 			l.Chains = append(l.Chains, c)
 		}
+		l.indexNames()
 		want, bestLen := "2", 0
 		lower := strings.ToLower(sni)
 	search:
@@ -373,4 +374,36 @@ func dupNames(names [][]string) bool {
 		}
 	}
 	return false
+}
+
+// BenchmarkSelectSNI picks among many chains, as the gateway does for
+// every handshake and for every request's Host on a connection whose TLS
+// it ended (421 Misdirected Request): the work must not grow with the
+// chains.
+func BenchmarkSelectSNI(b *testing.B) {
+	for _, n := range []int{4, 1000} {
+		var fcs []*listenerv3.FilterChain
+		chain, key := serverCert(b, "example.com")
+		ctx := tlsContext(chain, key)
+		for i := range n {
+			name := "host" + strconv.Itoa(i) + ".example.com"
+			if i%2 == 1 {
+				name = "*.zone" + strconv.Itoa(i) + ".example.com"
+			}
+			fcs = append(fcs, httpsChain(b, "c"+strconv.Itoa(i), []string{name}, ctx))
+		}
+		fcs = append(fcs, httpsChain(b, "default", nil, ctx))
+		l, err := CompileListener(&listenerv3.Listener{Name: "0.0.0.0_443", Address: socketAddr("::", 443), ListenerFilters: tlsInspector(b), FilterChains: fcs})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, sni := range []string{"host2.example.com", "a.b.zone1.example.com", "Other.Example.com"} {
+			b.Run(strconv.Itoa(n)+"/"+sni, func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					l.SelectSNI(sni)
+				}
+			})
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 )
 
 // misdirectedFixture is the Gateway API conformance suite's gateway with
@@ -293,5 +294,119 @@ func TestGatewayMisdirectedFollowsConfiguration(t *testing.T) {
 	waitFor(t, "the new chain to take its name", func() bool { return get("late.example.org") == 421 })
 	if code := get("example.org"); code != 200 {
 		t.Errorf("example.org after the change: %d, want 200", code)
+	}
+}
+
+// The other forms a name takes in HTTP/1.1: in the request line (with
+// userinfo, another scheme, a port, in any case), in a CONNECT's target,
+// with whitespace around it; and the forms that are not a name at all
+// (userinfo or non-ASCII in Host, refused) or that name no chain
+// (percent-encoded: neither this check nor the route table decodes it).
+func TestGatewayMisdirectedForms(t *testing.T) {
+	f := newMisdirectedFixture(t)
+	for _, tc := range []struct {
+		head string
+		want int
+	}{
+		{"GET https://user@second-example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n", 421},
+		{"GET https://user:pw@example.org/ HTTP/1.1\r\nHost: second-example.org\r\n\r\n", 200},
+		{"GET http://SECOND-example.org:443/ HTTP/1.1\r\nHost: example.org\r\n\r\n", 421},
+		{"GET https://x.wildcard.org./ HTTP/1.1\r\nHost: example.org\r\n\r\n", 421},
+		{"CONNECT second-example.org:443 HTTP/1.1\r\nHost: second-example.org:443\r\n\r\n", 421},
+		{"CONNECT second-example.org:443 HTTP/1.1\r\nHost: example.org\r\n\r\n", 421},
+		{"GET / HTTP/1.1\r\nHost:   second-example.org \t\r\n\r\n", 421},
+		{"GET / HTTP/1.1\r\nHost: user@second-example.org\r\n\r\n", 400},
+		{"GET / HTTP/1.1\r\nHost: \u017fecond-example.org\r\n\r\n", 400}, // long s: folds to s, is no DNS name
+		{"GET / HTTP/1.1\r\nHost: second-example.org\u212a\r\n\r\n", 400}, // Kelvin sign
+		{"GET / HTTP/1.1\r\nHost: second%2Dexample.org\r\n\r\n", 404},
+		// The chain's strip_any_host_port takes one port off and the check
+		// another: a name followed by two ports is still the name's.
+		{"GET / HTTP/1.1\r\nHost: second-example.org:443:443\r\n\r\n", 421},
+		{"GET / HTTP/1.1\r\nHost: [second-example.org]:443\r\n\r\n", 404},
+		{"GET / HTTP/1.0\r\n\r\n", 404},
+	} {
+		c := f.conn(t, "example.org", "http/1.1")
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, tc.head)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Errorf("%q: %v", tc.head, err)
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%q: %d, want %d", tc.head, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+// HTTP/2 requests written field by field: the name that decides is
+// :authority, the one routing uses, whatever a host field says (a host
+// without :authority decides alone); CONNECT's :authority is checked as
+// well.
+func TestGatewayMisdirectedH2Fields(t *testing.T) {
+	f := newMisdirectedFixture(t)
+	for _, tc := range []struct {
+		fields []string
+		want   string // a status, or "reset"
+	}{
+		{[]string{":method", "GET", ":scheme", "https", ":authority", "second-example.org", ":path", "/", "host", "example.org"}, "421"},
+		{[]string{":method", "GET", ":scheme", "https", ":authority", "example.org", ":path", "/", "host", "second-example.org"}, "200"},
+		{[]string{":method", "GET", ":scheme", "https", ":path", "/", "host", "second-example.org"}, "421"},
+		{[]string{":method", "GET", ":scheme", "https", ":authority", "SECOND-EXAMPLE.ORG.:443", ":path", "/"}, "421"},
+		{[]string{":method", "CONNECT", ":authority", "second-example.org:443"}, "421"},
+		{[]string{":method", "GET", ":scheme", "https", ":authority", "user@second-example.org", ":path", "/"}, "reset"},
+		{[]string{":method", "GET", ":scheme", "https", ":authority", "\u017fecond-example.org", ":path", "/"}, "400"},
+		{[]string{":method", "GET", ":scheme", "https", ":path", "/", "host", "second-example.org\u212a"}, "400"},
+	} {
+		c := f.conn(t, "example.org", "h2")
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, http2.ClientPreface)
+		fr := http2.NewFramer(c, c)
+		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		if err := fr.WriteSettings(); err != nil {
+			t.Fatal(err)
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: encodeHeaders(tc.fields...), EndHeaders: true, EndStream: true}); err != nil {
+			t.Fatal(err)
+		}
+		got := ""
+		for got == "" {
+			fm, err := fr.ReadFrame()
+			if err != nil {
+				got = "read: " + err.Error()
+				break
+			}
+			switch fm := fm.(type) {
+			case *http2.MetaHeadersFrame:
+				got = fm.PseudoValue("status")
+			case *http2.RSTStreamFrame:
+				got = "reset"
+			case *http2.GoAwayFrame:
+				got = "reset"
+			}
+		}
+		if got != tc.want {
+			t.Errorf("%q: %s, want %s", tc.fields, got, tc.want)
+		}
+	}
+}
+
+// A name held by a chain that serves nothing (the control plane's chain
+// to BlackHoleCluster for a listener left unserved) is still that
+// chain's: on a connection of a wildcard chain that would cover it, a
+// request for it is misdirected, not routed by the wildcard's routes.
+func TestGatewayMisdirectedHeldName(t *testing.T) {
+	f := newMisdirectedFixture(t)
+	p := strconv.Itoa(int(f.port))
+	f.chains = append(f.chains, passChain(t, "tls/"+p+"/held", "BlackHoleCluster", "held.wildcard.org"))
+	f.push()
+	for _, h2 := range []bool{false, true} {
+		c, _ := f.tlsClient("x.wildcard.org", h2)
+		for host, want := range map[string]int{"held.wildcard.org": 421, "HELD.wildcard.org:443": 421, "other.wildcard.org": 200} {
+			if resp := gwGet(t, c, "https", f.port, host, nil); resp.StatusCode != want {
+				t.Errorf("h2 %v, Host %s on the wildcard's connection: %d %q, want %d", h2, host, resp.StatusCode, resp.body, want)
+			}
+		}
 	}
 }

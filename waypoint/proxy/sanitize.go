@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/route"
 	"github.com/weftmesh/weft/waypoint/urlpath"
@@ -22,6 +24,11 @@ import (
 //     fragment is removed from the target in every mode, as Envoy does
 //     (RFC 9110 section 7.1: a client does not send one). The query is
 //     left as it is.
+//   - A Host (HTTP/2's :authority) that is not a valid host is refused
+//     with 400, as the HTTP/1 server refuses it: net/http's HTTP/2 server
+//     passes a non-ASCII :authority on, which neither a 421 nor a route
+//     would compare with the names it resembles (a long s folds to s) and
+//     which no upstream would be sent.
 //   - x-forwarded-client-cert is removed (Envoy's default
 //     forward_client_cert_details, SANITIZE): only a proxy that verified a
 //     certificate may write it, and the waypoint writes none.
@@ -48,6 +55,9 @@ type sanitized struct {
 
 // sanitize rewrites r's target and header in place; see above.
 func sanitize(r *http.Request, o urlpath.Options) sanitized {
+	if r.Host != "" && !httpguts.ValidHostHeader(r.Host) {
+		return sanitized{code: http.StatusBadRequest, text: "malformed Host header"}
+	}
 	for k := range r.Header {
 		if k == "X-Forwarded-Client-Cert" || strings.HasPrefix(k, "X-Envoy-") {
 			delete(r.Header, k)

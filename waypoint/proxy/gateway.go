@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/weftmesh/weft/internal/accept"
@@ -360,7 +361,7 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 	if ch.TCP() {
 		// TLS ends here and what it carried is relayed.
 		s.use(ch, "")
-		s.serveTCP(tcpStream{tc}, ch)
+		s.serveTCP(&tlsStream{Conn: tc}, ch)
 		return
 	}
 	cs := tc.ConnectionState()
@@ -438,6 +439,34 @@ func (c tcpStream) SetLinger(sec int) error {
 	return nil
 }
 
+// tlsStream is a gateway connection whose TLS the proxy ended, relayed by
+// tcp_proxy, as a clientConn. Once the relay aborts (SetLinger(0)), Close
+// resets the socket below without the close_notify alert tls.Conn.Close
+// sends first: the client would read that alert as a clean end of what it
+// was sent, and take an answer the backend's reset cut off for a whole
+// one.
+type tlsStream struct {
+	*tls.Conn
+	reset atomic.Bool
+}
+
+func (*tlsStream) AfterPeerEnd(func()) func() bool { return func() bool { return false } }
+
+// SetLinger sets the socket's SO_LINGER; with 0, Close resets it.
+func (c *tlsStream) SetLinger(sec int) error {
+	c.reset.Store(sec == 0)
+	return tcpStream{c.Conn}.SetLinger(sec)
+}
+
+// Close ends TLS with close_notify and closes the socket, or only resets
+// the socket after SetLinger(0).
+func (c *tlsStream) Close() error {
+	if c.reset.Load() {
+		return c.NetConn().Close()
+	}
+	return c.Conn.Close()
+}
+
 // recordingConn keeps what a TLS server reads during the handshake, so
 // that a passed-through connection can be replayed, and drops what it
 // writes once muted.
@@ -472,6 +501,9 @@ func (c *recordingConn) Write(p []byte) (int, error) {
 	}
 	return c.Conn.Write(p)
 }
+
+// SetLinger sets the socket's SO_LINGER: TLS that ended here is above it.
+func (c *recordingConn) SetLinger(sec int) error { return tcpStream{c.Conn}.SetLinger(sec) }
 
 func (c *recordingConn) mute() {
 	c.mu.Lock()

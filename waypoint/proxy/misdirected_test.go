@@ -316,7 +316,7 @@ func TestGatewayMisdirectedForms(t *testing.T) {
 		{"CONNECT second-example.org:443 HTTP/1.1\r\nHost: example.org\r\n\r\n", 421},
 		{"GET / HTTP/1.1\r\nHost:   second-example.org \t\r\n\r\n", 421},
 		{"GET / HTTP/1.1\r\nHost: user@second-example.org\r\n\r\n", 400},
-		{"GET / HTTP/1.1\r\nHost: \u017fecond-example.org\r\n\r\n", 400}, // long s: folds to s, is no DNS name
+		{"GET / HTTP/1.1\r\nHost: \u017fecond-example.org\r\n\r\n", 400},  // long s: folds to s, is no DNS name
 		{"GET / HTTP/1.1\r\nHost: second-example.org\u212a\r\n\r\n", 400}, // Kelvin sign
 		{"GET / HTTP/1.1\r\nHost: second%2Dexample.org\r\n\r\n", 404},
 		// The chain's strip_any_host_port takes one port off and the check

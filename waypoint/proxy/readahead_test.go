@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -11,12 +12,15 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -370,5 +374,143 @@ func TestReadAheadConnCloseRace(t *testing.T) {
 			t.Fatalf("%d goroutines, %d before:\n%s", runtime.NumGoroutine(), before, buf[:runtime.Stack(buf, true)])
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A gateway's tcp_proxy chains pass resets both ways and keep clean ends
+// clean, on a plain TCP listener, a TLS chain that ends TLS and relays
+// what it carried, and a passthrough chain: a backend's reset reaches the
+// client as a reset (in its handshake, through passthrough), a client's
+// reaches the backend, and a backend that closes after its answer gives
+// the client that answer and an end.
+func TestGatewayTCPChainsPassResets(t *testing.T) {
+	g := newGatewayFixture(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mode atomic.Value // of the next connection: "reset", "client", "clean"
+	got := make(chan struct{}, 1)
+	backendRead := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c := nc.(*net.TCPConn)
+			if _, err := c.Read(make([]byte, 1)); err != nil {
+				c.Close()
+				continue
+			}
+			switch mode.Load() {
+			case "reset":
+				c.SetLinger(0)
+			case "client":
+				got <- struct{}{}
+				_, err := io.Copy(io.Discard, c)
+				backendRead <- err
+			case "clean":
+				io.Copy(io.Discard, c)
+				c.Write([]byte("bye"))
+			}
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	g.backend = ln.Addr().(*net.TCPAddr).AddrPort()
+	tlsPort, tcpPort := freePort(t), freePort(t)
+	tcpProxy := &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: mustAny(t, &tcpv3.TcpProxy{
+		StatPrefix: "tcp", ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: backendCluster}})}}
+	term := g.tlsChain("tls/term", []string{"term.example.com"}, []string{"term.example.com"}, "unused")
+	term.Filters = []*listenerv3.Filter{tcpProxy}
+	g.apply([]*listenerv3.Listener{
+		tlsListener(t, tlsPort, term, passChain(t, "tls/pass", backendCluster, "pass.example.com")),
+		{Name: "0.0.0.0_tcp", Address: gatewayAddr(tcpPort), FilterChains: []*listenerv3.FilterChain{{Name: "tcp", Filters: []*listenerv3.Filter{tcpProxy}}}},
+	}, nil)
+
+	// dial connects through a chain; its first bytes (a request, or the
+	// ClientHello through passthrough) are on their way when it returns.
+	type conn struct {
+		c   net.Conn // what the client reads and writes
+		raw *net.TCPConn
+		hs  chan error // passthrough: the handshake's end
+	}
+	dials := map[string]func(t *testing.T) conn{
+		"TCP": func(t *testing.T) conn {
+			c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", tcpPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Write([]byte("hi"))
+			return conn{c, c.(*net.TCPConn), nil}
+		},
+		"TLS terminated": func(t *testing.T) conn {
+			raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", tlsPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := tls.Client(raw, &tls.Config{ServerName: "term.example.com", RootCAs: g.roots})
+			if err := c.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			c.Write([]byte("hi"))
+			return conn{c, raw.(*net.TCPConn), nil}
+		},
+		"passthrough": func(t *testing.T) conn {
+			raw, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", tlsPort))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := tls.Client(raw, &tls.Config{ServerName: "pass.example.com", RootCAs: g.roots})
+			hs := make(chan error, 1)
+			go func() { hs <- c.Handshake() }()
+			return conn{c, raw.(*net.TCPConn), hs}
+		},
+	}
+	for name, dial := range dials {
+		t.Run(name, func(t *testing.T) {
+			mode.Store("reset")
+			c := dial(t)
+			defer c.c.Close()
+			c.raw.SetDeadline(time.Now().Add(10 * time.Second))
+			var err error
+			if c.hs != nil {
+				err = <-c.hs
+			} else {
+				_, err = io.ReadAll(c.c)
+			}
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("after the backend's reset the client saw %v, want a reset", err)
+			}
+
+			mode.Store("client")
+			c = dial(t)
+			<-got
+			c.raw.SetLinger(0)
+			c.raw.Close()
+			select {
+			case err := <-backendRead:
+				if !errors.Is(err, syscall.ECONNRESET) {
+					t.Errorf("after the client's reset the backend read %v, want a reset", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the backend's read did not end after the client's reset")
+			}
+
+			if c.hs != nil {
+				return // a clean end needs TLS with the backend
+			}
+			mode.Store("clean")
+			c = dial(t)
+			defer c.c.Close()
+			c.raw.SetDeadline(time.Now().Add(10 * time.Second))
+			c.c.(interface{ CloseWrite() error }).CloseWrite()
+			if b, err := io.ReadAll(c.c); err != nil || string(b) != "bye" {
+				t.Errorf("after the backend's close the client read %q and %v, want bye and an end", b, err)
+			}
+		})
 	}
 }

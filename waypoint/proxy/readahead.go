@@ -25,15 +25,19 @@ const watchAfter = 20 * time.Millisecond
 // it would cost two hand-offs per request. So the server reads the
 // connection itself, and only once it has not read for watchAfter (a
 // request runs long) does a goroutine of the connection's own read ahead
-// of it, one chunk at a time: a client that sends faster than the server
-// reads is held back by TCP, not buffered. The server's next read stops
+// of it, one chunk at a time, at most two chunks ahead: a client that sends
+// faster than the server reads is held back by TCP, not buffered. With one
+// chunk waiting for the server, the reader still reads, so a client that
+// pipelines its next request and then leaves is seen leaving; only one
+// that sends more than a chunk ahead first is not (net/http's background
+// read stops at its first byte). The server's next read stops
 // that reader (a read deadline in the past, as net/http stops its
 // background read) and takes what it read.
 //
 // Read deadlines apply to what the server reads itself, as net.Conn's do.
 type readAheadConn struct {
 	net.Conn
-	chunks chan readChunk // the reader's chunks, one at a time
+	chunks chan readChunk // the reader's chunks; one waits while it reads the next
 	closed chan struct{}  // closed by Close
 	once   sync.Once
 	idle   *time.Timer // fires watchAfter after the server's last read: startAhead
@@ -63,7 +67,7 @@ var aLongTimeAgo = time.Unix(1, 0)
 
 // newReadAheadConn serves c; Close stops it.
 func newReadAheadConn(c net.Conn) *readAheadConn {
-	r := &readAheadConn{Conn: c, chunks: make(chan readChunk), closed: make(chan struct{})}
+	r := &readAheadConn{Conn: c, chunks: make(chan readChunk, 1), closed: make(chan struct{})}
 	r.idle = time.AfterFunc(watchAfter, r.startAhead)
 	return r
 }
@@ -87,12 +91,13 @@ func (r *readAheadConn) startAhead() {
 }
 
 // readAhead reads the connection until it fails or ends, or the server
-// stops it, handing each chunk to the server. Two buffers take turns: the
-// channel is unbuffered, so a chunk is handed over only once the server
-// has taken the one before, which it copies.
+// stops it, handing each chunk to the server. Three buffers take turns:
+// the channel holds one chunk, so the reader reads into a buffer only
+// once the server has taken the chunk after the one that buffer held,
+// and the server copies a chunk before it takes the next.
 func (r *readAheadConn) readAhead() {
-	var bufs [2][readAheadChunk]byte
-	for i := 0; ; i ^= 1 {
+	var bufs [3][readAheadChunk]byte
+	for i := 0; ; i = (i + 1) % len(bufs) {
 		buf := bufs[i][:]
 		n, err := r.Conn.Read(buf)
 		stopped := false

@@ -170,6 +170,35 @@ func TestGatewayClientResets(t *testing.T) {
 	}
 }
 
+// A client that pipelines its next request while a slow one runs, then
+// leaves, has left: the reader that read the next request on (which the
+// server has not taken) still sees the end.
+func TestGatewayClientLeavesAfterPipelining(t *testing.T) {
+	f := newReadAheadFixture(t, 0)
+	for name, dial := range f.dialers(nil) {
+		for _, reset := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/reset=%v", name, reset), func(t *testing.T) {
+				c, raw := dial(t)
+				io.WriteString(c, "POST /hang HTTP/1.1\r\nHost: "+name+"\r\nContent-Length: 2\r\n\r\nhi")
+				time.Sleep(3 * watchAfter) // the request is upstream, the reader runs
+				io.WriteString(c, "GET /next HTTP/1.1\r\nHost: a\r\n\r\n")
+				time.Sleep(watchAfter)
+				if reset {
+					raw.SetLinger(0)
+					raw.Close()
+				} else {
+					c.(interface{ CloseWrite() error }).CloseWrite()
+				}
+				select {
+				case <-f.canceled:
+				case <-time.After(5 * time.Second):
+					t.Fatal("the upstream request ran on after its client left")
+				}
+			})
+		}
+	}
+}
+
 // splitConn writes what it is given in small pieces, apart in time, so
 // that TLS records arrive split across the server's reads and the
 // reader's.

@@ -372,7 +372,9 @@ func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 		return
 	}
 	s.use(ch, config.ProtoHTTP11)
-	rc := newReadAheadConn(tc)
+	// As a tlsStream, so that a switched session that breaks resets the
+	// client without a close_notify.
+	rc := newReadAheadConn(&tlsStream{Conn: tc})
 	defer rc.Close()
 	hl := h1server.NewHeadLimiter(rc)
 	s.serveHTTP(rc, bufio.NewReaderSize(hl, 4096), hl, sniffedH1)

@@ -214,6 +214,10 @@ func (r *readAheadConn) SetDeadline(t time.Time) error {
 	return r.Conn.SetWriteDeadline(t)
 }
 
+// SetLinger sets the connection's SO_LINGER (a TLS connection's through
+// its tlsStream): with 0, Close resets it.
+func (r *readAheadConn) SetLinger(sec int) error { return tcpStream{r.Conn}.SetLinger(sec) }
+
 // CloseWrite ends the sending side, when the connection has one.
 func (r *readAheadConn) CloseWrite() error { return tcpStream{r.Conn}.CloseWrite() }
 

@@ -543,3 +543,32 @@ func TestGatewayTCPChainsPassResets(t *testing.T) {
 		})
 	}
 }
+
+// TestGatewayUpgradeResetPassedOn: an upstream that resets a switched
+// session resets the gateway client's connection, over TCP and over TLS,
+// where no close_notify may come first: the client reads a failure, not
+// an end.
+func TestGatewayUpgradeResetPassedOn(t *testing.T) {
+	g := newGatewayFixture(t)
+	g.backend = resettingSwitch(t)
+	plain, secure := freePort(t), freePort(t)
+	g.apply([]*listenerv3.Listener{httpListener(t, plain),
+		tlsListener(t, secure, g.tlsChain("https/ws", []string{"ws.example.com"}, []string{"ws.example.com"}, "https.ws"))},
+		map[string][]*routev3.VirtualHost{"http." + strconv.Itoa(int(plain)): {toBackend("*")}, "https.ws": {toBackend("*")}})
+	for name, dial := range map[string]func() (net.Conn, error){
+		"TCP": func() (net.Conn, error) { return net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", plain)) },
+		"TLS": func() (net.Conn, error) {
+			return tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", secure), &tls.Config{ServerName: "ws.example.com", RootCAs: g.roots, NextProtos: []string{"http/1.1"}})
+		},
+	} {
+		c, err := dial()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := readSwitched(t, c, "ws.example.com")
+		if got != "partial" || !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: the client read %q and %v, want partial and a reset", name, got, err)
+		}
+		c.Close()
+	}
+}

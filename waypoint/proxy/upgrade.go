@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"crypto/sha1"
 	"encoding/base64"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -107,9 +108,13 @@ func (s *session) switchedStream(w http.ResponseWriter, resp *http.Response, st 
 		info.flags = flagDownstreamConnection
 		return
 	}
-	recv, sent, _ := relay.Join(down, up, idle(s.chain.HTTP.IdleTimeout))
+	recv, sent, err := relay.Join(down, up, idle(s.chain.HTTP.IdleTimeout))
 	cw.n += sent
 	info.reqBytes.Add(recv)
+	// A session that broke (not one that idled out) resets the client's
+	// stream, as its HTTP/1 and HBONE peers are reset, rather than ending
+	// it as if it were whole.
+	info.aborted = err != nil && !errors.Is(err, relay.ErrIdle)
 }
 
 // streamTunnel is the client's side of an HTTP/2 WebSocket: the request

@@ -3,6 +3,7 @@ package proxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +18,8 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	rbacfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/rbac/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+
+	"github.com/weftmesh/weft/internal/hbone"
 )
 
 // wsEcho is a WebSocket server echoing each message with a prefix; conns
@@ -305,5 +308,68 @@ func TestUpgradeHalfClose(t *testing.T) {
 	rest, err := io.ReadAll(br)
 	if err != nil || string(rest) != "hello after your end" {
 		t.Errorf("the client got %q, %v", rest, err)
+	}
+}
+
+// resettingSwitch is an upstream that switches protocols for one request,
+// sends "partial" and resets its connection: a session that broke.
+func resettingSwitch(t *testing.T) netip.AddrPort {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					c.Close()
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\npartial")
+				time.Sleep(50 * time.Millisecond)
+				c.(*net.TCPConn).SetLinger(0)
+				c.Close()
+			}()
+		}
+	}()
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// readSwitched sends an upgrade request on c, reads the switch and the
+// session's bytes to their end, and returns them and the error that ended
+// them.
+func readSwitched(t *testing.T, c net.Conn, host string) (string, error) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "GET /ws HTTP/1.1\r\nHost: "+host+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("switch: %v %v", resp, err)
+	}
+	b, err := io.ReadAll(br)
+	return string(b), err
+}
+
+// TestUpgradeResetPassedOn: an upstream that resets a switched session
+// resets the client's stream, so that the client does not take what it
+// got for the session's whole.
+func TestUpgradeResetPassedOn(t *testing.T) {
+	m := newMesh(t)
+	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {resettingSwitch(t)}})
+	c, err := m.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got, err := readSwitched(t, c, svcHost)
+	var re *hbone.ResetError
+	if got != "partial" || !errors.As(err, &re) {
+		t.Errorf("the client read %q and %v, want partial and its stream reset", got, err)
 	}
 }

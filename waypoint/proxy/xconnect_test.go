@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha1"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -262,5 +263,45 @@ func waitCounted(t *testing.T, m *mesh, code string, n float64) {
 			t.Fatalf("istio_requests_total{response_code=%s} = %v, want %v", code, m.requests(t, code), n)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestWebSocketOverHTTP2UpstreamResets: an upstream that resets a session
+// resets the client's HTTP/2 stream; the client reads a failure, where an
+// upstream's clean end (TestWebSocketOverHTTP2UpstreamEnds) is an end.
+func TestWebSocketOverHTTP2UpstreamResets(t *testing.T) {
+	if !inXConnectProcess(t) {
+		return
+	}
+	m := newMesh(t)
+	up := rawUpstream(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: %s\r\n\r\n", rfc6455Accept(req.Header.Get("Sec-WebSocket-Key")))
+		io.WriteString(c, "\x81\x03bye")
+		time.Sleep(50 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0)
+	})
+	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {up}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, _, err := m.wsH2(ctx, "/chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := s.Receive(); err != nil || msg != "bye" {
+		t.Fatalf("got %q, %v", msg, err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := s.Receive(); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "stream error") {
+			t.Errorf("after the upstream's reset the client read %v, want its stream reset", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the stream outlived the upstream's connection")
 	}
 }

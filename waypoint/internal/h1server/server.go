@@ -808,3 +808,14 @@ func (c *Tunnel) Read(p []byte) (int, error)        { return c.br.Read(p) }
 func (c *Tunnel) Write(p []byte) (int, error)       { return c.st.Write(p) }
 func (c *Tunnel) CloseWrite() error                 { return c.st.CloseWrite() }
 func (c *Tunnel) SetReadDeadline(t time.Time) error { return c.st.SetReadDeadline(t) }
+
+// SetLinger passes on to the connection, when it has one, what a relay
+// whose other end failed asks: with 0, the connection is reset when it is
+// closed (a TCP socket's SO_LINGER, an HBONE stream's RST_STREAM), so that
+// the client learns the switched session broke rather than ended.
+func (c *Tunnel) SetLinger(sec int) error {
+	if l, ok := c.st.(interface{ SetLinger(int) error }); ok {
+		return l.SetLinger(sec)
+	}
+	return nil
+}

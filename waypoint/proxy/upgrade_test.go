@@ -314,30 +314,14 @@ func TestUpgradeHalfClose(t *testing.T) {
 // resettingSwitch is an upstream that switches protocols for one request,
 // sends "partial" and resets its connection: a session that broke.
 func resettingSwitch(t *testing.T) netip.AddrPort {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					c.Close()
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\npartial")
-				time.Sleep(50 * time.Millisecond)
-				c.(*net.TCPConn).SetLinger(0)
-				c.Close()
-			}()
+	return rawUpstream(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
 		}
-	}()
-	return ln.Addr().(*net.TCPAddr).AddrPort()
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\npartial")
+		time.Sleep(50 * time.Millisecond)
+		c.(*net.TCPConn).SetLinger(0) // rawUpstream closes it
+	})
 }
 
 // readSwitched sends an upgrade request on c, reads the switch and the

@@ -186,39 +186,51 @@ func TestWebSocketOverHTTP2Upstreams(t *testing.T) {
 }
 
 // TestWebSocketOverHTTP2UpstreamEnds: the upstream closing the session's
-// connection ends the client's stream, while the client has not ended it.
+// connection ends the client's stream, while the client has not ended it;
+// the upstream resetting it resets the client's stream.
 func TestWebSocketOverHTTP2UpstreamEnds(t *testing.T) {
 	if !inXConnectProcess(t) {
 		return
 	}
-	m := newMesh(t)
-	up := rawUpstream(t, func(c net.Conn) {
-		req, err := http.ReadRequest(bufio.NewReader(c))
+	for _, reset := range []bool{false, true} {
+		m := newMesh(t)
+		up := rawUpstream(t, func(c net.Conn) {
+			req, err := http.ReadRequest(bufio.NewReader(c))
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: %s\r\n\r\n", rfc6455Accept(req.Header.Get("Sec-WebSocket-Key")))
+			io.WriteString(c, "\x81\x03bye") // one text frame, then the end
+			if reset {
+				time.Sleep(50 * time.Millisecond)
+				c.(*net.TCPConn).SetLinger(0)
+			}
+		})
+		m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {up}})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, _, err := m.wsH2(ctx, "/chat")
 		if err != nil {
-			return
+			t.Fatal(err)
 		}
-		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: %s\r\n\r\n", rfc6455Accept(req.Header.Get("Sec-WebSocket-Key")))
-		io.WriteString(c, "\x81\x03bye") // one text frame, then the end
-	})
-	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {up}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, _, err := m.wsH2(ctx, "/chat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := s.Receive(); err != nil || msg != "bye" {
-		t.Fatalf("got %q, %v", msg, err)
-	}
-	done := make(chan error, 1)
-	go func() { _, err := s.Receive(); done <- err }()
-	select {
-	case err := <-done:
-		if err == nil {
-			t.Error("a message after the upstream's end")
+		if msg, err := s.Receive(); err != nil || msg != "bye" {
+			t.Fatalf("got %q, %v", msg, err)
 		}
-	case <-ctx.Done():
-		t.Fatal("the stream outlived the upstream's connection")
+		done := make(chan error, 1)
+		go func() { _, err := s.Receive(); done <- err }()
+		select {
+		case err := <-done:
+			switch {
+			case err == nil:
+				t.Error("a message after the upstream's end")
+			case reset && (errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "stream error")):
+				// The client reads a failure, not an end it could take
+				// for the session's whole.
+				t.Errorf("after the upstream's reset the client read %v, want its stream reset", err)
+			}
+		case <-ctx.Done():
+			t.Fatal("the stream outlived the upstream's connection")
+		}
 	}
 }
 
@@ -263,45 +275,5 @@ func waitCounted(t *testing.T, m *mesh, code string, n float64) {
 			t.Fatalf("istio_requests_total{response_code=%s} = %v, want %v", code, m.requests(t, code), n)
 		}
 		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// TestWebSocketOverHTTP2UpstreamResets: an upstream that resets a session
-// resets the client's HTTP/2 stream; the client reads a failure, where an
-// upstream's clean end (TestWebSocketOverHTTP2UpstreamEnds) is an end.
-func TestWebSocketOverHTTP2UpstreamResets(t *testing.T) {
-	if !inXConnectProcess(t) {
-		return
-	}
-	m := newMesh(t)
-	up := rawUpstream(t, func(c net.Conn) {
-		req, err := http.ReadRequest(bufio.NewReader(c))
-		if err != nil {
-			return
-		}
-		fmt.Fprintf(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: %s\r\n\r\n", rfc6455Accept(req.Header.Get("Sec-WebSocket-Key")))
-		io.WriteString(c, "\x81\x03bye")
-		time.Sleep(50 * time.Millisecond)
-		c.(*net.TCPConn).SetLinger(0)
-	})
-	m.apply(wsRoutes(), map[string][]netip.AddrPort{"ws": {up}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, _, err := m.wsH2(ctx, "/chat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if msg, err := s.Receive(); err != nil || msg != "bye" {
-		t.Fatalf("got %q, %v", msg, err)
-	}
-	done := make(chan error, 1)
-	go func() { _, err := s.Receive(); done <- err }()
-	select {
-	case err := <-done:
-		if err == nil || errors.Is(err, io.EOF) || !strings.Contains(err.Error(), "stream error") {
-			t.Errorf("after the upstream's reset the client read %v, want its stream reset", err)
-		}
-	case <-ctx.Done():
-		t.Fatal("the stream outlived the upstream's connection")
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"runtime"
 	"slices"
 	"sync"
@@ -64,19 +63,7 @@ func newBenchEnv(b *testing.B) *benchEnv {
 	e.echo = listenTCP(b, func(c net.Conn) { io.Copy(c, c); c.Close() })
 
 	// HBONE server: connect to the authority, answer 200, relay.
-	e.ts = startServer(b, p, p.identity("bench", "server"), HandlerFunc(func(r *Request) {
-		up, err := net.Dial("tcp", r.Authority.String())
-		if err != nil {
-			r.Reject(http.StatusServiceUnavailable)
-			return
-		}
-		st, err := r.Accept(nil)
-		if err != nil {
-			up.Close()
-			return
-		}
-		relay.Join(up, st, 0)
-	}), func(c *ServerConfig) { c.KeepAlive = -1 })
+	e.ts = startServer(b, p, p.identity("bench", "server"), relayToAuthority(nil), func(c *ServerConfig) { c.KeepAlive = -1 })
 	e.d = newDialer(b, p, func(c *DialerConfig) { c.KeepAlive = -1 })
 	return e
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -41,18 +40,7 @@ func TestJoinEndToEnd(t *testing.T) {
 	}()
 	type counts struct{ sent, received int64 }
 	serverCounts := make(chan counts, 1)
-	ts := startServer(t, p, srvID, HandlerFunc(func(r *Request) {
-		up, err := net.Dial("tcp", r.Authority.String())
-		if err != nil {
-			r.Reject(http.StatusServiceUnavailable)
-			return
-		}
-		st, err := r.Accept(nil)
-		if err != nil {
-			up.Close()
-			return
-		}
-		s, rcv, err := relay.Join(up, st, 0)
+	ts := startServer(t, p, srvID, relayToAuthority(func(s, rcv int64, err error) {
 		if err != nil {
 			t.Errorf("server Join: %v", err)
 		}

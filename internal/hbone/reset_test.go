@@ -31,20 +31,7 @@ func newTwoHops(t *testing.T, backend net.Addr) *twoHops {
 	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
 	h := &twoHops{joins: make(chan error, 3)}
 	d := newDialer(t, p)
-	last := startServer(t, p, srvID, HandlerFunc(func(r *Request) {
-		up, err := net.Dial("tcp", r.Authority.String())
-		if err != nil {
-			r.Reject(http.StatusServiceUnavailable)
-			return
-		}
-		st, err := r.Accept(nil)
-		if err != nil {
-			up.Close()
-			return
-		}
-		_, _, err = relay.Join(up, st, 0)
-		h.joins <- err
-	}))
+	last := startServer(t, p, srvID, relayToAuthority(func(_, _ int64, err error) { h.joins <- err }))
 	middle := startServer(t, p, srvID, HandlerFunc(func(r *Request) {
 		on, err := d.Dial(r.Context(), last.target(cliID, r.Authority.String()))
 		if err != nil {
@@ -220,19 +207,7 @@ func TestJoinIdleEndsStreamCleanly(t *testing.T) {
 func TestInteropXNetSeesRelayReset(t *testing.T) {
 	p := newPKI(t, "cluster.local")
 	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
-	ts := startServer(t, p, srvID, HandlerFunc(func(r *Request) {
-		up, err := net.Dial("tcp", r.Authority.String())
-		if err != nil {
-			r.Reject(http.StatusServiceUnavailable)
-			return
-		}
-		st, err := r.Accept(nil)
-		if err != nil {
-			up.Close()
-			return
-		}
-		relay.Join(up, st, 0)
-	}))
+	ts := startServer(t, p, srvID, relayToAuthority(nil))
 	x := dialX(t, p, ts, cliID)
 	for _, reset := range []bool{true, false} {
 		be := backendOnce(t, func(c *net.TCPConn) {

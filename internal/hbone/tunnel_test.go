@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 	"golang.org/x/net/nettest"
 
+	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -103,6 +104,28 @@ func streamServer(t testing.TB, p *pki, id spiffe.Identity) (*testServer, <-chan
 		<-r.Context().Done()
 	}))
 	return ts, streams
+}
+
+// relayToAuthority is a node proxy's inbound as an HBONE handler: it
+// connects to the request's authority over TCP, accepts the stream and
+// relays the two; done, when not nil, gets what relay.Join returned.
+func relayToAuthority(done func(ab, ba int64, err error)) Handler {
+	return HandlerFunc(func(r *Request) {
+		up, err := net.Dial("tcp", r.Authority.String())
+		if err != nil {
+			r.Reject(http.StatusServiceUnavailable)
+			return
+		}
+		st, err := r.Accept(nil)
+		if err != nil {
+			up.Close()
+			return
+		}
+		ab, ba, err := relay.Join(up, st, 0)
+		if done != nil {
+			done(ab, ba, err)
+		}
+	})
 }
 
 func startServer(t testing.TB, p *pki, id spiffe.Identity, h Handler, tweak ...func(*ServerConfig)) *testServer {

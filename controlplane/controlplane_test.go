@@ -3,6 +3,7 @@ package controlplane_test
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -41,7 +42,9 @@ import (
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
 	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/apitest"
+	"github.com/weftmesh/weft/internal/grpcwire"
 	"github.com/weftmesh/weft/internal/pb/capb"
+	"github.com/weftmesh/weft/internal/pb/caservicepb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/spiffe"
@@ -118,7 +121,7 @@ func TestCAImpersonationMatrix(t *testing.T) {
 					wrongGrants++
 					t.Fatalf("granted %s, want %s", tc.want, tc.wantCode)
 				}
-				if got := status.Code(unwrap(err)); got != tc.wantCode {
+				if got := code(err); got != tc.wantCode {
 					t.Errorf("refused with %s (%v), want %s", got, err, tc.wantCode)
 				}
 				return
@@ -156,7 +159,7 @@ func TestCAImpersonationMatrix(t *testing.T) {
 		}
 		defer conn.Close()
 		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+podToken(t, c, cart))
-		_, err = capb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &capb.IstioCertificateRequest{Csr: string(csr)})
+		_, err = caservicepb.NewIstioCertificateServiceClient(conn).CreateCertificate(ctx, &capb.IstioCertificateRequest{Csr: string(csr)})
 		if status.Code(err) != codes.PermissionDenied {
 			t.Errorf("got %v, want PermissionDenied", err)
 		}
@@ -176,19 +179,14 @@ func TestCAImpersonationMatrix(t *testing.T) {
 	}
 }
 
-// unwrap finds the gRPC status error inside a wrapped error.
-func unwrap(err error) error {
-	for e := err; e != nil; {
-		if _, ok := status.FromError(e); ok {
-			return e
-		}
-		u, ok := e.(interface{ Unwrap() error })
-		if !ok {
-			break
-		}
-		e = u.Unwrap()
+// code is the gRPC status code of a caclient error (the client speaks
+// gRPC with package grpcwire).
+func code(err error) codes.Code {
+	var e *grpcwire.Error
+	if errors.As(err, &e) {
+		return codes.Code(e.Code)
 	}
-	return err
+	return status.Code(err)
 }
 
 func get(t *testing.T, url string) string {

@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -24,6 +23,7 @@ import (
 
 	"github.com/weftmesh/weft/internal/caclient"
 	"github.com/weftmesh/weft/internal/netns"
+	"github.com/weftmesh/weft/internal/pb/discoverypb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/podnet"
@@ -378,12 +378,12 @@ func (z *Ztunnel) dump() any {
 	return d
 }
 
-func (z *Ztunnel) node() *corev3.Node {
+func (z *Ztunnel) node() *discoverypb.Node {
 	c := z.cfg
 	md, _ := structpb.NewStruct(map[string]any{
 		"NAME": c.PodName, "NAMESPACE": c.PodNamespace, "INSTANCE_IPS": c.InstanceIP, "NODE_NAME": c.NodeName,
 	})
-	return &corev3.Node{
+	return &discoverypb.Node{
 		Id:       fmt.Sprintf("ztunnel~%s~%s.%s~%s.svc.cluster.local", c.InstanceIP, c.PodName, c.PodNamespace, c.PodNamespace),
 		Metadata: md,
 	}

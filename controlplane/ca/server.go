@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/weftmesh/weft/internal/pb/capb"
+	"github.com/weftmesh/weft/internal/pb/caservicepb"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
 
@@ -67,7 +68,7 @@ type ServerConfig struct {
 // Server is the IstioCertificateService. See the package documentation
 // for the rules it applies.
 type Server struct {
-	capb.UnimplementedIstioCertificateServiceServer
+	caservicepb.UnimplementedIstioCertificateServiceServer
 	cfg    ServerConfig
 	signer Signer
 	authn  CallerAuthenticator
@@ -77,7 +78,7 @@ type Server struct {
 	admit  *admission
 }
 
-var _ capb.IstioCertificateServiceServer = (*Server)(nil)
+var _ caservicepb.IstioCertificateServiceServer = (*Server)(nil)
 
 // NewServer returns a CA server.
 func NewServer(cfg ServerConfig, signer Signer, authn CallerAuthenticator, nodes NodeIndex) (*Server, error) {
@@ -113,7 +114,7 @@ func NewServer(cfg ServerConfig, signer Signer, authn CallerAuthenticator, nodes
 }
 
 // Register adds the service to g.
-func (s *Server) Register(g *grpc.Server) { capb.RegisterIstioCertificateServiceServer(g, s) }
+func (s *Server) Register(g *grpc.Server) { caservicepb.RegisterIstioCertificateServiceServer(g, s) }
 
 // request is a parsed CreateCertificate request.
 type request struct {

@@ -12,6 +12,9 @@
 // *Client is a spiffe.Signer, so it plugs into spiffe.Source and ztunnel's
 // identity manager. It checks what the CA returns: the chain must verify to
 // the roots and the leaf must carry exactly the identity asked for.
+//
+// The call is made with package grpcwire, so that a proxy linking this
+// package does not link the gRPC library.
 package caclient
 
 import (
@@ -26,11 +29,9 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/weftmesh/weft/internal/grpcwire"
 	"github.com/weftmesh/weft/internal/pb/capb"
 	"github.com/weftmesh/weft/internal/spiffe"
 )
@@ -78,8 +79,7 @@ type Config struct {
 // Client requests certificates from the CA. It is safe for concurrent use.
 type Client struct {
 	cfg  Config
-	conn *grpc.ClientConn
-	ca   capb.IstioCertificateServiceClient
+	conn *grpcwire.Conn
 }
 
 var _ spiffe.Signer = (*Client)(nil)
@@ -108,15 +108,11 @@ func New(cfg Config) (*Client, error) {
 		cfg.Timeout = DefaultTimeout
 	}
 	tlsCfg := &tls.Config{RootCAs: cfg.Roots, ServerName: cfg.ServerName, MinVersion: tls.VersionTLS12}
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(tlsCfg))}
-	if cfg.Dialer != nil {
-		opts = append(opts, grpc.WithContextDialer(cfg.Dialer))
-	}
-	conn, err := grpc.NewClient(cfg.Address, opts...)
+	conn, err := grpcwire.New(grpcwire.Config{Address: cfg.Address, TLS: tlsCfg, Dial: cfg.Dialer})
 	if err != nil {
 		return nil, fmt.Errorf("creating CA client for %s: %w", cfg.Address, err)
 	}
-	return &Client{cfg: cfg, conn: conn, ca: capb.NewIstioCertificateServiceClient(conn)}, nil
+	return &Client{cfg: cfg, conn: conn}, nil
 }
 
 // Close closes the connection.
@@ -128,11 +124,12 @@ func (c *Client) SignCSR(ctx context.Context, csrPEM []byte, id spiffe.Identity,
 	if err != nil {
 		return nil, fmt.Errorf("requesting certificate for %s: reading the token: %w", id, err)
 	}
-	md := metadata.Pairs("authorization", "Bearer "+tok, "clusterid", c.cfg.ClusterID)
+	md := make(map[string]string, len(c.cfg.Metadata)+2)
 	for k, v := range c.cfg.Metadata {
-		md.Append(strings.ToLower(k), v)
+		md[strings.ToLower(k)] = v
 	}
-	ctx = metadata.NewOutgoingContext(ctx, md)
+	md["authorization"] = "Bearer " + tok
+	md["clusterid"] = c.cfg.ClusterID
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.cfg.Timeout)
@@ -144,8 +141,8 @@ func (c *Client) SignCSR(ctx context.Context, csrPEM []byte, id spiffe.Identity,
 			capb.ImpersonatedIdentityKey: structpb.NewStringValue(id.String()),
 		}}
 	}
-	resp, err := c.ca.CreateCertificate(ctx, req)
-	if err != nil {
+	resp := &capb.IstioCertificateResponse{}
+	if err := c.conn.Invoke(ctx, capb.CreateCertificateMethod, md, req, resp); err != nil {
 		return nil, fmt.Errorf("requesting certificate for %s from %s: %w", id, c.cfg.Address, err)
 	}
 	chain, err := c.check(resp, id)

@@ -7,6 +7,10 @@
 // error (the handler keeps serving its last good state). On reconnect the
 // client sends the versions it holds (initial_resource_versions) so the
 // server can skip what did not change.
+//
+// The stream is made with package grpcwire and the messages of package
+// discoverypb, not with the gRPC library and Envoy's generated API, which
+// would add several megabytes to the binary and heap of every proxy.
 package xdsclient
 
 import (
@@ -18,16 +22,10 @@ import (
 	"sync"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/genproto/googleapis/rpc/status"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/weftmesh/weft/internal/grpcwire"
+	"github.com/weftmesh/weft/internal/pb/discoverypb"
 	"github.com/weftmesh/weft/internal/reconnect"
 )
 
@@ -48,7 +46,7 @@ type Config struct {
 	// TLS, when set, secures the connection; nil means plaintext.
 	TLS *tls.Config
 	// Node identifies this proxy to the control plane.
-	Node *corev3.Node
+	Node *discoverypb.Node
 	// Token, when set, returns the bearer token sent with every stream
 	// (a projected service-account token, re-read on each connect).
 	Token func() (string, error)
@@ -120,21 +118,15 @@ const MaxMessageSize = 256 << 20
 // backoff and jitter, from MinBackoff again after a stream that was up for
 // reconnect.Healthy. It returns nil when ctx ends.
 func (c *Client) Run(ctx context.Context) error {
-	creds := insecure.NewCredentials()
-	if c.cfg.TLS != nil {
-		creds = credentials.NewTLS(c.cfg.TLS)
-	}
-	conn, err := grpc.NewClient(c.cfg.Address, grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(MaxMessageSize)))
+	conn, err := grpcwire.New(grpcwire.Config{Address: c.cfg.Address, TLS: c.cfg.TLS, MaxRecvSize: MaxMessageSize})
 	if err != nil {
 		return fmt.Errorf("xds client: %w", err)
 	}
 	defer conn.Close()
-	ads := discoveryv3.NewAggregatedDiscoveryServiceClient(conn)
 	backoff := reconnect.NewBackoff(c.cfg.MinBackoff, c.cfg.MaxBackoff)
 	for {
 		start := time.Now()
-		err := c.stream(ctx, ads)
+		err := c.stream(ctx, conn)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -150,29 +142,30 @@ func (c *Client) Run(ctx context.Context) error {
 }
 
 // stream runs one DeltaAggregatedResources stream until it fails.
-func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscoveryServiceClient) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	md := metadata.New(c.cfg.Metadata)
+func (c *Client) stream(ctx context.Context, conn *grpcwire.Conn) error {
+	md := make(map[string]string, len(c.cfg.Metadata)+1)
+	for k, v := range c.cfg.Metadata {
+		md[k] = v
+	}
 	if c.cfg.Token != nil {
 		tok, err := c.cfg.Token()
 		if err != nil {
 			return fmt.Errorf("reading the xds token: %w", err)
 		}
-		md.Set("authorization", "Bearer "+tok)
+		md["authorization"] = "Bearer " + tok
 	}
-	ctx = metadata.NewOutgoingContext(ctx, md)
-	st, err := ads.DeltaAggregatedResources(ctx)
+	st, err := conn.NewStream(ctx, discoverypb.DeltaAggregatedResourcesMethod, md)
 	if err != nil {
 		return fmt.Errorf("opening the delta ADS stream to %s: %w", c.cfg.Address, err)
 	}
+	defer st.Close()
 	c.mu.Lock()
 	c.stats.Connects++
 	c.mu.Unlock()
 	handlers := map[string]HandlerFunc{}
 	for i, s := range c.cfg.Subscriptions {
 		handlers[s.TypeURL] = s.Handle
-		req := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: s.TypeURL, InitialResourceVersions: c.knownVersions(s.TypeURL)}
+		req := &discoverypb.DeltaDiscoveryRequest{TypeUrl: s.TypeURL, InitialResourceVersions: c.knownVersions(s.TypeURL)}
 		if i == 0 {
 			req.Node = c.cfg.Node
 		}
@@ -181,8 +174,8 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 		}
 	}
 	for {
-		resp, err := st.Recv()
-		if err != nil {
+		resp := &discoverypb.DeltaDiscoveryResponse{}
+		if err := st.Recv(resp); err != nil {
 			return fmt.Errorf("receiving from %s: %w", c.cfg.Address, err)
 		}
 		h := handlers[resp.GetTypeUrl()]
@@ -191,9 +184,9 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 			continue
 		}
 		herr := c.apply(resp, h)
-		ack := &discoveryv3.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
+		ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
 		if herr != nil {
-			ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: herr.Error()}
+			ack.ErrorDetail = &discoverypb.Status{Code: int32(grpcwire.InvalidArgument), Message: herr.Error()}
 			c.cfg.Logger.Warn("xds NACK", "type_url", resp.GetTypeUrl(), "nonce", resp.GetNonce(), "error", herr.Error())
 		}
 		if err := st.Send(ack); err != nil {
@@ -203,7 +196,7 @@ func (c *Client) stream(ctx context.Context, ads discoveryv3.AggregatedDiscovery
 }
 
 // apply hands a response to its handler and records versions and stats.
-func (c *Client) apply(resp *discoveryv3.DeltaDiscoveryResponse, h HandlerFunc) error {
+func (c *Client) apply(resp *discoverypb.DeltaDiscoveryResponse, h HandlerFunc) error {
 	upserts := make(map[string]*anypb.Any, len(resp.GetResources()))
 	var bad []error
 	for _, r := range resp.GetResources() {

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoveryv3 "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/weftmesh/weft/internal/pb/discoverypb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 )
@@ -129,7 +129,7 @@ func TestDeltaSubscribeUpdateRemoveNACK(t *testing.T) {
 	var policies int
 	c := run(t, Config{
 		Address: cp.addr,
-		Node:    &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
+		Node:    &discoverypb.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
 		Token:   func() (string, error) { return "tok", nil },
 		Subscriptions: []Subscription{
 			{TypeURL: workloadpb.AddressTypeURL, Handle: s.handle},
@@ -271,7 +271,7 @@ func TestLargeResponse(t *testing.T) {
 	s := &store{have: map[string]*workloadpb.Address{}, changed: make(chan struct{}, 1)}
 	run(t, Config{
 		Address:       cp.addr,
-		Node:          &corev3.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
+		Node:          &discoverypb.Node{Id: "ztunnel~10.0.0.1~ztunnel-x.weft-system~weft-system.svc.cluster.local"},
 		Token:         func() (string, error) { return "tok", nil },
 		Subscriptions: []Subscription{{TypeURL: workloadpb.AddressTypeURL, Handle: s.handle}},
 	})

@@ -12,9 +12,9 @@ import (
 	"log/slog"
 	"sync"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/weftmesh/weft/internal/pb/discoverypb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/xdsclient"
@@ -77,7 +77,7 @@ func New(cfg Config) (*Client, error) {
 	}
 	c, err := xdsclient.New(xdsclient.Config{
 		Address: cfg.Address, TLS: cfg.TLS, Token: cfg.Token,
-		Node:          &core.Node{Id: cfg.NodeID},
+		Node:          &discoverypb.Node{Id: cfg.NodeID},
 		Metadata:      map[string]string{"clusterid": "Kubernetes"},
 		Subscriptions: subs,
 		Logger:        cfg.Logger,

@@ -9,9 +9,11 @@
 // [ImpersonatedIdentityKey] of [IstioCertificateRequest.Metadata]. The returned
 // chain lists the leaf first and the root last.
 //
-// The service and messages are identical on the wire to Istio's. The Go code,
-// including the gRPC client and server stubs, is generated from ca.proto by
-// scripts/proto.sh; do not edit the *.pb.go files.
+// The service and messages are identical on the wire to Istio's. The Go code
+// is generated from ca.proto by scripts/proto.sh; do not edit the *.pb.go
+// files. The service's gRPC stubs are in package caservicepb, apart, so that
+// a client (ztunnel's, over package grpcwire) can use the messages without
+// linking the gRPC library.
 //
 // Because the proto names are Istio's, a binary must not also link Istio's
 // own generated copy (istio.io/api/security/v1alpha1): the protobuf runtime
@@ -22,3 +24,8 @@ package capb
 // in which a trusted node proxy names the SPIFFE ID it requests a certificate
 // for, when that is not its own.
 const ImpersonatedIdentityKey = "ImpersonatedIdentity"
+
+// CreateCertificateMethod is the gRPC method path of
+// IstioCertificateService/CreateCertificate (the service's stubs are in
+// package caservicepb).
+const CreateCertificateMethod = "/istio.v1.auth.IstioCertificateService/CreateCertificate"

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/weftmesh/weft/internal/pb/capb"
+	"github.com/weftmesh/weft/internal/pb/caservicepb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/pb/zdspb"
@@ -50,6 +51,7 @@ func TestProtoPackages(t *testing.T) {
 		"workloadpb/workload.proto":      "istio.workload",
 		"securitypb/authorization.proto": "istio.security",
 		"capb/ca.proto":                  "istio.v1.auth",
+		"caservicepb/ca_service.proto":   "istio.v1.auth",
 	}
 	got := map[string]protoreflect.FullName{}
 	for _, fd := range ourFiles() {
@@ -62,7 +64,8 @@ func TestProtoPackages(t *testing.T) {
 
 // TestRegistry checks that the global registry, as initialised in this
 // binary, resolves every Istio name to our generated types and that no other
-// linked file declares anything in the Istio packages. (A real duplicate
+// linked file declares anything in the Istio packages (the CA's messages
+// and service are two of our files in one package). (A real duplicate
 // would already have stopped the binary at start-up.)
 func TestRegistry(t *testing.T) {
 	for _, fd := range ourFiles() {
@@ -72,9 +75,13 @@ func TestRegistry(t *testing.T) {
 		} else if reg != fd {
 			t.Errorf("file %s registered by someone else", fd.Path())
 		}
+		ours := map[string]bool{}
+		for _, o := range ourFiles() {
+			ours[o.Path()] = true
+		}
 		var others []string
 		protoregistry.GlobalFiles.RangeFilesByPackage(fd.Package(), func(f protoreflect.FileDescriptor) bool {
-			if f.Path() != fd.Path() {
+			if !ours[f.Path()] {
 				others = append(others, f.Path())
 			}
 			return true
@@ -117,17 +124,20 @@ func sameGoType(a, b proto.Message) bool {
 
 func TestCAMethodName(t *testing.T) {
 	const want = "/istio.v1.auth.IstioCertificateService/CreateCertificate"
-	if got := capb.IstioCertificateService_CreateCertificate_FullMethodName; got != want {
+	if got := caservicepb.IstioCertificateService_CreateCertificate_FullMethodName; got != want {
 		t.Errorf("full method name = %q, want %q", got, want)
 	}
-	if got := capb.IstioCertificateService_ServiceDesc.ServiceName; got != "istio.v1.auth.IstioCertificateService" {
+	if capb.CreateCertificateMethod != want {
+		t.Errorf("capb.CreateCertificateMethod = %q, want %q", capb.CreateCertificateMethod, want)
+	}
+	if got := caservicepb.IstioCertificateService_ServiceDesc.ServiceName; got != "istio.v1.auth.IstioCertificateService" {
 		t.Errorf("service name = %q", got)
 	}
 }
 
 // fakeCA answers CreateCertificate with a fixed chain and records what it saw.
 type fakeCA struct {
-	capb.UnimplementedIstioCertificateServiceServer
+	caservicepb.UnimplementedIstioCertificateServiceServer
 	got chan *capb.IstioCertificateRequest
 }
 
@@ -149,7 +159,7 @@ func TestCAOverGRPC(t *testing.T) {
 		return h(ctx, req)
 	}))
 	ca := &fakeCA{got: make(chan *capb.IstioCertificateRequest, 1)}
-	capb.RegisterIstioCertificateServiceServer(srv, ca)
+	caservicepb.RegisterIstioCertificateServiceServer(srv, ca)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	t.Cleanup(func() {
@@ -172,7 +182,7 @@ func TestCAOverGRPC(t *testing.T) {
 			capb.ImpersonatedIdentityKey: structpb.NewStringValue("spiffe://cluster.local/ns/a/sa/b"),
 		}},
 	}
-	resp, err := capb.NewIstioCertificateServiceClient(conn).CreateCertificate(t.Context(), req)
+	resp, err := caservicepb.NewIstioCertificateServiceClient(conn).CreateCertificate(t.Context(), req)
 	if err != nil {
 		t.Fatalf("CreateCertificate: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/weftmesh/weft/internal/pb/capb"
+	"github.com/weftmesh/weft/internal/pb/caservicepb"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/pb/zdspb"
@@ -22,6 +23,7 @@ func ourFiles() []protoreflect.FileDescriptor {
 		workloadpb.File_workloadpb_workload_proto,
 		securitypb.File_securitypb_authorization_proto,
 		capb.File_capb_ca_proto,
+		caservicepb.File_caservicepb_ca_service_proto,
 	}
 }
 

@@ -37,7 +37,6 @@ import (
 	"syscall"
 	"time"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -47,6 +46,7 @@ import (
 
 	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/caclient"
+	"github.com/weftmesh/weft/internal/pb/discoverypb"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/internal/xdsclient"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -363,7 +363,7 @@ func dynamicConfig(cfg Config, roots *x509.CertPool, store *config.Store, log *s
 	xds, err := xdsclient.New(xdsclient.Config{
 		Address:  cfg.XDSAddress,
 		TLS:      &tls.Config{RootCAs: roots, ServerName: cfg.XDSSAN, MinVersion: tls.VersionTLS12},
-		Node:     &corev3.Node{Id: fmt.Sprintf("waypoint~%s~%s.%s~%s.svc.cluster.local", cfg.InstanceIP, cfg.PodName, cfg.Namespace, cfg.Namespace)},
+		Node:     &discoverypb.Node{Id: fmt.Sprintf("waypoint~%s~%s.%s~%s.svc.cluster.local", cfg.InstanceIP, cfg.PodName, cfg.Namespace, cfg.Namespace)},
 		Token:    token,
 		Metadata: map[string]string{"clusterid": cfg.ClusterID},
 		Subscriptions: []xdsclient.Subscription{

@@ -1,0 +1,67 @@
+package grpcwire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// A gRPC message on the wire is a 5-byte prefix (a compressed flag and the
+// length, big-endian) and the serialized message.
+const prefixLen = 5
+
+// frame serializes m with its prefix.
+func frame(m proto.Message) ([]byte, error) {
+	b := make([]byte, prefixLen, prefixLen+proto.Size(m))
+	b, err := proto.MarshalOptions{}.MarshalAppend(b, m)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %T: %w", m, err)
+	}
+	n := len(b) - prefixLen
+	if uint64(n) > 1<<32-1 {
+		return nil, fmt.Errorf("encoding %T: %d bytes do not fit a gRPC message", m, n)
+	}
+	binary.BigEndian.PutUint32(b[1:], uint32(n))
+	return b, nil
+}
+
+// errMidMessage is a body that ends inside a message.
+var errMidMessage = errors.New("the response ended inside a message")
+
+// readMessage reads one message of at most max bytes from r. It returns
+// io.EOF, and nothing else, when r ends where a message would start.
+func readMessage(r io.Reader, max int) ([]byte, error) {
+	var p [prefixLen]byte
+	if _, err := io.ReadFull(r, p[:]); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, errMidMessage
+		}
+		return nil, err
+	}
+	switch p[0] {
+	case 0:
+	case 1:
+		return nil, errors.New("the server sent a compressed message, but no compression was offered")
+	default:
+		return nil, fmt.Errorf("malformed message prefix: flags %#x", p[0])
+	}
+	n := binary.BigEndian.Uint32(p[1:])
+	if uint64(n) > uint64(max) {
+		return nil, fmt.Errorf("a message of %d bytes exceeds the limit of %d", n, max)
+	}
+	// Grow with what arrives rather than trusting the length with an
+	// allocation up front.
+	var buf bytes.Buffer
+	buf.Grow(int(min(n, 64<<10)))
+	if m, err := io.CopyN(&buf, r, int64(n)); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%w (%d of %d bytes)", errMidMessage, m, n)
+		}
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

@@ -113,10 +113,13 @@ type recvBuf struct {
 	n      int // bytes buffered
 }
 
-// space returns where the next bytes go, adding a chunk when the tail is full.
-func (b *recvBuf) space() []byte {
+// space returns where the next bytes go, adding a chunk when the tail is
+// full: one of the smallest class that holds want bytes (the rest of the
+// DATA frame being read), up to recvChunk, so that small frames do not
+// take large chunks.
+func (b *recvBuf) space(want int) []byte {
 	if len(b.chunks) == 0 || b.w == len(b.chunks[len(b.chunks)-1]) {
-		b.chunks = append(b.chunks, getBuf(recvChunk))
+		b.chunks = append(b.chunks, getBuf(min(want, recvChunk)))
 		b.w = 0
 	}
 	return b.chunks[len(b.chunks)-1][b.w:]
@@ -198,7 +201,7 @@ func (s *Stream) fill(r io.Reader, n int) (read, dropped int, err error) {
 			}
 			continue
 		}
-		dst := s.buf.space()
+		dst := s.buf.space(n - read)
 		s.filling = true
 		s.mu.Unlock()
 		if len(dst) > n-read {
@@ -230,7 +233,7 @@ func (s *Stream) fillDirect(r io.Reader, n int) (read, dropped int, err error) {
 	s.reading = true
 	sink := s.sink
 	s.mu.Unlock()
-	chunk := getBuf(recvChunk)
+	chunk := getBuf(min(n, recvChunk))
 	m, err := io.ReadFull(r, chunk[:min(n, len(chunk))])
 	written := tryWrite(sink, chunk[:m])
 	s.mu.Lock()

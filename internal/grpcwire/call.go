@@ -34,7 +34,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, md map[string]string, 
 	msg, err := readMessage(hresp.Body, c.cfg.MaxRecvSize)
 	if errors.Is(err, io.EOF) {
 		// No message: the trailers say why.
-		if err := statusFrom(hresp.Trailer); err != nil {
+		if err := endStatus(hresp); err != nil {
 			return err
 		}
 		return &Error{Code: Internal, Message: "the server sent no response message"}
@@ -48,7 +48,7 @@ func (c *Conn) Invoke(ctx context.Context, method string, md map[string]string, 
 		}
 		return err
 	}
-	if err := statusFrom(hresp.Trailer); err != nil {
+	if err := endStatus(hresp); err != nil {
 		return err
 	}
 	if err := proto.Unmarshal(msg, resp); err != nil {
@@ -135,7 +135,7 @@ func (s *Stream) Recv(m proto.Message) error {
 	}
 	msg, err := readMessage(s.resp.Body, s.c.cfg.MaxRecvSize)
 	if errors.Is(err, io.EOF) {
-		if err := statusFrom(s.resp.Trailer); err != nil {
+		if err := endStatus(s.resp); err != nil {
 			return err
 		}
 		return io.EOF

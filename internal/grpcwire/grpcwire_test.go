@@ -10,8 +10,10 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"io"
+	"log"
 	"math/big"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -261,5 +263,109 @@ func TestTimeout(t *testing.T) {
 		if got := timeout(d); got != want {
 			t.Errorf("timeout(%s) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// h2cServer serves h over HTTP/2 with prior knowledge until the test ends.
+func h2cServer(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	p := new(http.Protocols)
+	p.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Handler: h, Protocols: p}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String()
+}
+
+// TestResponsesRefused: answers that are not a well-formed gRPC response
+// fail the call with a clear error, whatever else they carry.
+func TestResponsesRefused(t *testing.T) {
+	msg, _ := frame(&capb.IstioCertificateResponse{CertChain: []string{"leaf"}})
+	for name, tc := range map[string]struct {
+		h    http.HandlerFunc
+		want string
+	}{
+		"not found without a status": {func(w http.ResponseWriter, r *http.Request) {
+			http.NotFound(w, r)
+		}, "code = 12"},
+		"HTML": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "text/html")
+			w.Write([]byte("<html>"))
+		}, "not application/grpc"},
+		"gzip chosen by the server": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/grpc")
+			w.Header().Set("grpc-encoding", "gzip")
+			w.Write(msg)
+		}, "was not offered"},
+		"no status in the trailers": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/grpc")
+			w.Write(msg)
+		}, "without a grpc-status"},
+		"malformed status": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/grpc")
+			w.Header().Set("Trailer", "grpc-status")
+			w.Write(msg)
+			w.Header().Set("grpc-status", "zero")
+		}, "malformed grpc-status"},
+		"two messages to a unary call": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/grpc")
+			w.Header().Set("Trailer", "grpc-status")
+			w.Write(append(append([]byte{}, msg...), msg...))
+			w.Header().Set("grpc-status", "0")
+		}, "more than one response message"},
+		"OK with no message": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/grpc")
+			w.Header().Set("grpc-status", "0")
+		}, "no response message"},
+		"status with an escaped message": {func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("content-type", "application/grpc")
+			w.Header().Set("grpc-status", "16")
+			w.Header().Set("grpc-message", "bad%20token")
+		}, "code = 16 desc = bad token"},
+	} {
+		addr := h2cServer(t, tc.h)
+		c := dial(t, Config{Address: addr})
+		var resp capb.IstioCertificateResponse
+		err := c.Invoke(t.Context(), capb.CreateCertificateMethod, nil, &capb.IstioCertificateRequest{Csr: "x"}, &resp)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %q", name, err, tc.want)
+		}
+	}
+	// A well-formed answer from the same kind of server is taken.
+	addr := h2cServer(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/grpc")
+		w.Header().Set("Trailer", "grpc-status")
+		w.Write(msg)
+		w.Header().Set("grpc-status", "0")
+	})
+	var resp capb.IstioCertificateResponse
+	if err := dial(t, Config{Address: addr}).Invoke(t.Context(), capb.CreateCertificateMethod, nil, &capb.IstioCertificateRequest{}, &resp); err != nil || len(resp.GetCertChain()) != 1 {
+		t.Errorf("well-formed answer: %v, %v", resp.GetCertChain(), err)
+	}
+}
+
+// TestHTTP1Refused: a server that speaks only HTTP/1.1 over TLS is not
+// taken for a gRPC server.
+func TestHTTP1Refused(t *testing.T) {
+	st, ct := serverTLS(t, "ca.test")
+	st.NextProtos = []string{"http/1.1"}
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("content-type", "application/grpc")
+		w.Header().Set("grpc-status", "0")
+	}), ErrorLog: log.New(io.Discard, "", 0)} // our client's refused handshake
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	c := dial(t, Config{Address: ln.Addr().String(), TLS: ct})
+	var resp capb.IstioCertificateResponse
+	if err := c.Invoke(t.Context(), capb.CreateCertificateMethod, nil, &capb.IstioCertificateRequest{}, &resp); err == nil {
+		t.Error("a call over HTTP/1.1 succeeded")
 	}
 }

@@ -54,6 +54,15 @@ func statusFrom(h http.Header) error {
 	return &Error{Code: Code(code), Message: msg}
 }
 
+// endStatus is the status a response ended with: from its trailers, or
+// from its headers when it was Trailers-Only.
+func endStatus(resp *http.Response) error {
+	if resp.Header.Get("grpc-status") != "" {
+		return statusFrom(resp.Header)
+	}
+	return statusFrom(resp.Trailer)
+}
+
 // httpCode maps an HTTP status that carries no gRPC status to a code, as
 // gRPC's HTTP-to-gRPC status mapping does.
 func httpCode(status int) Code {

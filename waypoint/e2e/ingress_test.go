@@ -226,20 +226,7 @@ func TestIngress(t *testing.T) {
 
 	// The route is in force once HTTPS reaches the shop: the gateway's
 	// configuration may follow the Deployment by a moment.
-	var first *echo.Response
-	err = c.WaitFor(ctx, "HTTPS through the ingress gateway to the shop", func(context.Context) (bool, error) {
-		code, r, err := get(client(shopHost), "https://"+shopHost+"/", shopHost)
-		if err != nil || code != http.StatusOK {
-			t.Logf("not yet: %d %v", code, err)
-			return false, nil
-		}
-		first = r
-		return true, nil
-	})
-	if err != nil {
-		c.Dump(t.Logf)
-		t.Fatal(err)
-	}
+	first := m.waitEcho(ctx, t, "HTTPS through the ingress gateway to the shop", client(shopHost), "https://"+shopHost+"/", shopHost)
 
 	t.Run("https reaches the meshed backend from the gateway", func(t *testing.T) {
 		if !strings.HasPrefix(first.Pod, "shop-") {
@@ -298,21 +285,7 @@ func TestIngress(t *testing.T) {
 			peer = cs.PeerCertificates
 			return nil
 		}
-		var code int
-		var r *echo.Response
-		err := c.WaitFor(ctx, "TLS passthrough to the vault", func(context.Context) (bool, error) {
-			var gerr error
-			code, r, gerr = get(cl, "https://"+vaultHost+"/secret", vaultHost)
-			if gerr != nil || code != http.StatusOK {
-				t.Logf("not yet: %d %v", code, gerr)
-				return false, nil
-			}
-			return true, nil
-		})
-		if err != nil {
-			c.Dump(t.Logf)
-			t.Fatal(err)
-		}
+		r := m.waitEcho(ctx, t, "TLS passthrough to the vault", cl, "https://"+vaultHost+"/secret", vaultHost)
 		if len(peer) == 0 || !peer[0].Equal(vaultLeaf.Cert) {
 			t.Errorf("the client verified %v, want the vault's own certificate", peer)
 		}
@@ -342,21 +315,7 @@ func TestIngress(t *testing.T) {
 			cs = s
 			return nil
 		}
-		var code int
-		var r *echo.Response
-		err := c.WaitFor(ctx, "TLS terminated for the term route", func(context.Context) (bool, error) {
-			var gerr error
-			code, r, gerr = get(cl, "https://"+termHost+"/relayed", termHost)
-			if gerr != nil || code != http.StatusOK {
-				t.Logf("not yet: %d %v", code, gerr)
-				return false, nil
-			}
-			return true, nil
-		})
-		if err != nil {
-			c.Dump(t.Logf)
-			t.Fatal(err)
-		}
+		r := m.waitEcho(ctx, t, "TLS terminated for the term route", cl, "https://"+termHost+"/relayed", termHost)
 		if len(cs.PeerCertificates) == 0 || !cs.PeerCertificates[0].Equal(termLeaf.Cert) || cs.NegotiatedProtocol != "" {
 			t.Errorf("the client verified %v with ALPN %q, want the term listener's certificate and no ALPN", cs.PeerCertificates, cs.NegotiatedProtocol)
 		}
@@ -564,6 +523,28 @@ data:
 	if err != nil {
 		t.Fatal(err)
 	}
+}
+
+// waitEcho waits until a GET of url with Host host through cl answers 200
+// and returns the echo app's answer; what it waits for is named what. The
+// test ends, with the cluster's state dumped, if it never does.
+func (m *mesh) waitEcho(ctx context.Context, t *testing.T, what string, cl *http.Client, url, host string) *echo.Response {
+	t.Helper()
+	var r *echo.Response
+	err := m.c.WaitFor(ctx, what, func(context.Context) (bool, error) {
+		code, got, err := echoGet(ctx, cl, url, host)
+		if err != nil || code != http.StatusOK {
+			t.Logf("not yet: %d %v", code, err)
+			return false, nil
+		}
+		r = got
+		return true, nil
+	})
+	if err != nil {
+		m.c.Dump(t.Logf)
+		t.Fatal(err)
+	}
+	return r
 }
 
 // echoGet sends a GET for url with Host host (header: name, value pairs)

@@ -109,20 +109,7 @@ func TestIngressUseWaypoint(t *testing.T) {
 	}
 
 	t.Run("without the label the gateway goes straight to the pods", func(t *testing.T) {
-		var r *echo.Response
-		err := c.WaitFor(ctx, "the gateway routing to the store", func(context.Context) (bool, error) {
-			code, got, err := get("/private")
-			if err != nil || code != http.StatusOK {
-				t.Logf("not yet: %d %v", code, err)
-				return false, nil
-			}
-			r = got
-			return true, nil
-		})
-		if err != nil {
-			c.Dump(t.Logf)
-			t.Fatal(err)
-		}
+		r := m.waitEcho(ctx, t, "the gateway routing to the store", client, "http://"+lb.String()+"/private", storeHost)
 		if peerOf(r) != edgeIP {
 			t.Errorf("the store saw peer %s, want the gateway's pod %s (no waypoint in the path)", r.Peer, edgeIP)
 		}

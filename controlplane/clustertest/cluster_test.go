@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -23,6 +22,7 @@ import (
 	"github.com/weftmesh/weft/controlplane/internal/xdstest"
 	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/caclient"
+	"github.com/weftmesh/weft/internal/grpcwire"
 	"github.com/weftmesh/weft/internal/netns"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
 	"github.com/weftmesh/weft/internal/spiffe"
@@ -282,8 +282,9 @@ func TestImpersonationMatrix(t *testing.T) {
 					wrong++
 					t.Fatalf("granted %s", tc.want)
 				}
-				var st interface{ GRPCStatus() *status.Status }
-				if !errors.As(err, &st) || st.GRPCStatus().Code() != tc.wantCode {
+				// caclient speaks gRPC with package grpcwire.
+				var st *grpcwire.Error
+				if !errors.As(err, &st) || codes.Code(st.Code) != tc.wantCode {
 					t.Errorf("refused with %v, want %s", err, tc.wantCode)
 				}
 				return

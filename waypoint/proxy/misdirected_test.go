@@ -249,18 +249,7 @@ func TestGatewayMisdirectedRequestLine(t *testing.T) {
 		{"GET / HTTP/1.1\r\nHost: second-example.org\r\nX-Forwarded-Host: example.org\r\n\r\n", 421},
 		{"GET / HTTP/1.1\r\nHost: example.org\r\nX-Forwarded-Host: second-example.org\r\n:authority: second-example.org\r\n\r\n", 400},
 	} {
-		c := f.conn(t, "example.org", "http/1.1")
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c, tc.head)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Errorf("%q: %v", tc.head, err)
-			continue
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.want {
-			t.Errorf("%q: %d, want %d", tc.head, resp.StatusCode, tc.want)
-		}
+		f.expectRaw(t, tc.head, tc.want)
 	}
 }
 
@@ -297,6 +286,24 @@ func TestGatewayMisdirectedFollowsConfiguration(t *testing.T) {
 	}
 }
 
+// expectRaw sends head as written on a new HTTP/1.1 connection whose SNI
+// is example.org and checks the answer's status.
+func (f *misdirectedFixture) expectRaw(t *testing.T, head string, want int) {
+	t.Helper()
+	c := f.conn(t, "example.org", "http/1.1")
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(c, head)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Errorf("%q: %v", head, err)
+		return
+	}
+	resp.Body.Close()
+	if resp.StatusCode != want {
+		t.Errorf("%q: %d, want %d", head, resp.StatusCode, want)
+	}
+}
+
 // The other forms a name takes in HTTP/1.1: in the request line (with
 // userinfo, another scheme, a port, in any case), in a CONNECT's target,
 // with whitespace around it; and the forms that are not a name at all
@@ -325,18 +332,7 @@ func TestGatewayMisdirectedForms(t *testing.T) {
 		{"GET / HTTP/1.1\r\nHost: [second-example.org]:443\r\n\r\n", 404},
 		{"GET / HTTP/1.0\r\n\r\n", 404},
 	} {
-		c := f.conn(t, "example.org", "http/1.1")
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		io.WriteString(c, tc.head)
-		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-		if err != nil {
-			t.Errorf("%q: %v", tc.head, err)
-			continue
-		}
-		resp.Body.Close()
-		if resp.StatusCode != tc.want {
-			t.Errorf("%q: %d, want %d", tc.head, resp.StatusCode, tc.want)
-		}
+		f.expectRaw(t, tc.head, tc.want)
 	}
 }
 

@@ -275,7 +275,8 @@ func (g *gateway) serveGatewayConn(name string, c net.Conn) {
 		return // removed while the connection was being accepted
 	}
 	s := &session{p: g.p, listener: name, scheme: "http", baggage: map[string]string{}, seen: snap,
-		remote: addrPort(c.RemoteAddr()), target: addrPort(c.LocalAddr())}
+		target: addrPort(c.LocalAddr())}
+	s.setRemote(addrPort(c.RemoteAddr()))
 	if l.TLSInspector {
 		s.serveTLS(l, c)
 		return

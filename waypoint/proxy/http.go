@@ -157,6 +157,12 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// AdoptHeader hands h to the server's writer when that can take it.
+func (w *countingWriter) AdoptHeader(h http.Header) bool {
+	a, ok := w.ResponseWriter.(headerAdopter)
+	return ok && a.AdoptHeader(h)
+}
+
 func (w *countingWriter) Flush() {
 	if f, ok := w.ResponseWriter.(http.Flusher); ok {
 		f.Flush()
@@ -278,7 +284,7 @@ func (s *session) admit(w http.ResponseWriter, r *http.Request, h2 bool, hc *con
 		}
 		return nil, false
 	}
-	forwarded(r, hc, s.remote.Addr(), s.scheme)
+	forwarded(r, hc, s.remoteIP, s.scheme)
 	rq := route.FromHTTP(r)
 	rr := &rbac.Request{HTTP: &rq, Principal: s.peer, RemoteIP: s.remote.Addr(), DstPort: uint32(s.target.Port())}
 	if s.remote.IsValid() {
@@ -348,20 +354,31 @@ func (s *session) upstreamH2(r *http.Request, h2 bool) bool {
 	return h2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
 }
 
+// headerAdopter is a ResponseWriter that can take the upstream's header as
+// its own (h1server's).
+type headerAdopter interface{ AdoptHeader(http.Header) bool }
+
 // respond relays resp, the upstream's answer to call, to the client: a
 // switch of protocols as a tunnel, anything else as a response. The
 // header changes go from the most specific to the least, as Envoy's:
 // the backend's, the route's, then CORS.
 func (s *session) respond(ctx context.Context, w http.ResponseWriter, resp *http.Response, call *router.Call, stream *wsStream, cors func(http.Header), info *reqInfo) {
-	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = vs
+	var h http.Header
+	// A switch of protocols reads resp's Upgrade later; anything else
+	// hands resp's header on when w can take it.
+	if a, ok := w.(headerAdopter); ok && stream == nil && resp.StatusCode != http.StatusSwitchingProtocols && a.AdoptHeader(resp.Header) {
+		h = resp.Header
+	} else {
+		h = w.Header()
+		for k, vs := range resp.Header {
+			h[k] = vs
+		}
 	}
 	router.StripHop(h)
 	call.Backend.Response.Apply(h)
 	call.Route.Response.Apply(h)
 	cors(h)
-	h.Del("Trailer")
+	delete(h, "Trailer")
 	for k := range resp.Trailer {
 		h.Add("Trailer", k)
 	}

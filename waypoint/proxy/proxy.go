@@ -164,6 +164,9 @@ type session struct {
 	target netip.AddrPort
 	peer   string // the client's SPIFFE ID; "" for a gateway's client
 	remote netip.AddrPort
+	// remoteIP is remote's address as X-Forwarded-For gives it, made once
+	// per connection (setRemote); "" when remote is unknown.
+	remoteIP string
 	// listener is a gateway connection's Listener; "" for HBONE.
 	listener string
 	// scheme is the connection's: "https" for a gateway's TLS, else
@@ -179,6 +182,14 @@ type session struct {
 	cache map[seriesKey]*series // guarded by mu: the metrics of this session's requests
 	seen  *config.Snapshot      // guarded by mu: the snapshot http comes from
 	http  *config.HTTP          // guarded by mu: the target's HTTP configuration in seen
+}
+
+// setRemote records the client's address.
+func (s *session) setRemote(ap netip.AddrPort) {
+	s.remote = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	if s.remote.IsValid() {
+		s.remoteIP = s.remote.Addr().String()
+	}
 }
 
 // httpConfig returns the HTTP configuration of the session's target in
@@ -242,7 +253,7 @@ func (p *Proxy) serveConnect(r *hbone.Request) {
 	// mesh certificate and decides nothing (ztunnel does not read it
 	// either).
 	if ta, ok := r.RemoteAddr.(*net.TCPAddr); ok {
-		s.remote = netip.AddrPortFrom(ta.AddrPort().Addr().Unmap(), ta.AddrPort().Port())
+		s.setRemote(ta.AddrPort())
 	}
 	if ms, err := hbone.ParseBaggage(r.Header.Get(hbone.HeaderBaggage)); err == nil {
 		for _, m := range ms {

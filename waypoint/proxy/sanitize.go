@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"strings"
 
@@ -135,23 +134,24 @@ func originForm(target string) string {
 //   - strip_any_host_port: the port leaves the Host (:authority), so that
 //     virtual hosts match the name alone and the upstream sees it too, as
 //     in Envoy (a CONNECT's authority keeps it).
-//   - use_remote_address: the TCP peer is appended to X-Forwarded-For
+//   - use_remote_address: the TCP peer (peer, its address; "" when
+//     unknown) is appended to X-Forwarded-For
 //     (after what the client sent, which is kept and decides nothing), and
 //     X-Forwarded-Proto is the connection's scheme, whatever the client
 //     said.
-func forwarded(r *http.Request, hc *config.HTTP, peer netip.Addr, scheme string) {
+func forwarded(r *http.Request, hc *config.HTTP, peer string, scheme string) {
 	if hc.StripAnyHostPort && r.Method != http.MethodConnect {
 		r.Host = route.StripPort(r.Host)
 	}
 	if !hc.UseRemoteAddress {
 		return
 	}
-	if peer.IsValid() {
-		xff := strings.Join(r.Header.Values("X-Forwarded-For"), ", ")
+	if peer != "" {
+		xff := strings.Join(r.Header["X-Forwarded-For"], ", ")
 		if xff != "" {
 			xff += ", "
 		}
-		r.Header.Set("X-Forwarded-For", xff+peer.Unmap().String())
+		r.Header["X-Forwarded-For"] = []string{xff + peer}
 	}
-	r.Header.Set("X-Forwarded-Proto", cmp.Or(scheme, "http"))
+	r.Header["X-Forwarded-Proto"] = []string{cmp.Or(scheme, "http")}
 }

@@ -31,7 +31,6 @@ package h1server
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -141,9 +140,9 @@ type h1Server struct {
 	out  []byte  // the current response's bytes not yet written
 	outp *[]byte // out's pooled buffer, when it has one
 
-	mu     sync.Mutex
-	cancel context.CancelFunc // guarded by mu: the running request's
-	left   bool               // guarded by mu: the client ended its side
+	mu   sync.Mutex
+	ctx  *requestContext // guarded by mu: the running request's
+	left bool            // guarded by mu: the client ended its side
 }
 
 // outBuffers holds response buffers between responses, so that an idle
@@ -229,8 +228,8 @@ func (c *h1Server) clientLeft() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.left = true
-	if c.cancel != nil {
-		c.cancel()
+	if c.ctx != nil {
+		c.ctx.cancel()
 	}
 }
 
@@ -315,21 +314,21 @@ func (c *h1Server) linger() {
 
 // serve runs one request; it reports whether the connection goes on.
 func (c *h1Server) serve(req *http.Request) bool {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx := newRequestContext()
 	c.mu.Lock()
 	if c.left {
-		cancel()
+		ctx.cancel()
 	}
-	c.cancel = cancel
+	c.ctx = ctx
 	c.mu.Unlock()
 	defer func() {
 		c.mu.Lock()
-		c.cancel = nil
+		c.ctx = nil
 		c.mu.Unlock()
-		cancel()
+		ctx.cancel()
 	}()
 	req = req.WithContext(ctx)
-	w := &Response{c: c, req: req, header: make(http.Header), length: -1}
+	w := &Response{c: c, req: req, length: -1}
 	var body *h1Body
 	if req.Body != http.NoBody {
 		body = &h1Body{rc: req.Body, w: w}
@@ -498,7 +497,30 @@ type Response struct {
 
 var _ http.Flusher = (*Response)(nil)
 
-func (w *Response) Header() http.Header { return w.header }
+// Header returns the response's header, made when first asked for.
+func (w *Response) Header() http.Header {
+	if w.header == nil {
+		w.header = make(http.Header)
+	}
+	return w.header
+}
+
+// AdoptHeader makes h the response's header in place of the one Header
+// returned, with that one's fields that h lacks added: a proxy hands the
+// upstream's header on rather than copying it field by field. Once the
+// status is set it does nothing and reports false.
+func (w *Response) AdoptHeader(h http.Header) bool {
+	if w.head || w.status != 0 {
+		return false
+	}
+	for k, vs := range w.header {
+		if _, ok := h[k]; !ok {
+			h[k] = vs
+		}
+	}
+	w.header = h
+	return true
+}
 
 func (w *Response) WriteHeader(code int) {
 	if w.status != 0 || w.head {
@@ -595,7 +617,7 @@ func (w *Response) appendBody(p []byte) {
 // gets its length.
 func (w *Response) writeHead(done bool) {
 	w.head = true
-	h := w.header
+	h := w.Header()
 	req := w.req
 	w.bodyless = bodyless(req.Method, w.status)
 	if cl := h.Get("Content-Length"); cl != "" {

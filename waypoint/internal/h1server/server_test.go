@@ -63,3 +63,31 @@ func isFraming(k string) bool {
 func validMethodForTest(m string) bool {
 	return m != "" && strings.IndexFunc(m, func(r rune) bool { return r < 'A' || r > 'Z' }) < 0
 }
+
+// TestAdoptHeader: an adopted header is the one written, with the fields
+// set before that it lacks; once the status is set nothing is adopted.
+func TestAdoptHeader(t *testing.T) {
+	req := &http.Request{Method: "GET", ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{}}
+	w := &Response{c: &h1Server{}, req: req, length: -1}
+	w.Header().Set("X-Own", "1")
+	w.Header().Set("X-Both", "mine")
+	if !w.AdoptHeader(http.Header{"X-Both": {"theirs"}, "X-Up": {"u"}}) {
+		t.Fatal("AdoptHeader before the status refused")
+	}
+	w.Header().Set("X-After", "a")
+	w.WriteHeader(http.StatusAccepted)
+	if w.AdoptHeader(http.Header{"X-Late": {"l"}}) {
+		t.Fatal("AdoptHeader after the status took the header")
+	}
+	w.finish(false)
+	resp, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(w.c.out)), req)
+	if err != nil {
+		t.Fatalf("%q: %v", w.c.out, err)
+	}
+	want := map[string]string{"X-Own": "1", "X-Both": "theirs", "X-Up": "u", "X-After": "a", "X-Late": ""}
+	for k, v := range want {
+		if got := resp.Header.Get(k); got != v {
+			t.Errorf("%s = %q, want %q (head %q)", k, got, v, w.c.out)
+		}
+	}
+}

@@ -159,21 +159,36 @@ func upstreamURL(in *url.URL, rt *route.Route) *url.URL {
 	return &u
 }
 
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade", "Proxy-Authenticate", "Proxy-Authorization"}
+// hopHeader reports whether the canonical field name k is one of the
+// standard hop-by-hop fields.
+func hopHeader(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Te", "Transfer-Encoding", "Upgrade", "Proxy-Authenticate", "Proxy-Authorization":
+		return true
+	}
+	return false
+}
 
 // StripHop removes h's hop-by-hop fields (RFC 9110 section 7.6.1): those
-// Connection names and the standard ones, keeping "Te: trailers".
+// Connection names and the standard ones, keeping "Te: trailers". It runs
+// twice per request, so it walks h once rather than deleting each
+// standard name (and canonicalizing it) in turn.
 func StripHop(h http.Header) {
-	te := strings.Contains(strings.ToLower(h.Get("Te")), "trailers")
-	for _, f := range h.Values("Connection") {
+	te := false
+	for _, v := range h["Te"] {
+		te = te || strings.Contains(strings.ToLower(v), "trailers")
+	}
+	for _, f := range h["Connection"] {
 		for v := range strings.SplitSeq(f, ",") {
 			h.Del(strings.TrimSpace(v))
 		}
 	}
-	for _, n := range hopHeaders {
-		h.Del(n)
+	for k := range h {
+		if hopHeader(k) {
+			delete(h, k)
+		}
 	}
 	if te {
-		h.Set("Te", "trailers")
+		h["Te"] = []string{"trailers"}
 	}
 }

@@ -37,10 +37,12 @@ type h1conn struct {
 	bw     *bufio.Writer
 	nread  int64 // bytes read from nc, to tell "nothing came back"
 	idleAt time.Time
+	abort  func() // closes nc: what a request's context ending does
 }
 
 func newH1Conn(nc net.Conn, h *host) *h1conn {
 	c := &h1conn{nc: nc, h: h}
+	c.abort = func() { c.nc.Close() }
 	c.br = bufio.NewReaderSize(c, 4096)
 	c.bw = bufio.NewWriterSize(nc, 4096)
 	return c
@@ -272,7 +274,7 @@ func (c *Client) RoundTrip(ctx context.Context, snap *config.Snapshot, cluster s
 // is discarded and again says whether the peer cannot have acted on req.
 // done runs once the response body is finished.
 func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) (*http.Response, bool, error) {
-	stop := context.AfterFunc(ctx, func() { c.nc.Close() })
+	stop := afterFunc(ctx, c.abort)
 	fail := func(err error, again bool) (*http.Response, bool, error) {
 		stop()
 		c.discard()
@@ -324,6 +326,16 @@ func (c *h1conn) roundTrip(ctx context.Context, req *http.Request, done func()) 
 	}
 	resp.Body = body
 	return resp, false, nil
+}
+
+// afterFunc is context.AfterFunc, with the context's own AfterFunc when it
+// has one (h1server's request contexts): every request watches its
+// context, and that way costs one allocation rather than several.
+func afterFunc(ctx context.Context, f func()) (stop func() bool) {
+	if a, ok := ctx.(interface{ AfterFunc(func()) func() bool }); ok {
+		return a.AfterFunc(f)
+	}
+	return context.AfterFunc(ctx, f)
 }
 
 // writeRequest writes req for an upstream as net/http's Request.Write

@@ -119,7 +119,14 @@ func TestWebhook(t *testing.T) {
 			}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			return err
 		}
-		wantDenied(t, usePod(ctx), labelsHook, `waypoint wh-gw/waypoint has no istio.io/waypoint-for (so "service") and takes no workload traffic`, apierrors.IsInvalid)
+		// The Gateway is moments old: until a webhook replica's cache has
+		// it, that replica admits the pod with a warning that the waypoint
+		// does not exist yet.
+		err := usePod(ctx)
+		for deadline := time.Now().Add(30 * time.Second); err == nil && time.Now().Before(deadline); err = usePod(ctx) {
+			time.Sleep(200 * time.Millisecond)
+		}
+		wantDenied(t, err, labelsHook, `waypoint wh-gw/waypoint has no istio.io/waypoint-for (so "service") and takes no workload traffic`, apierrors.IsInvalid)
 		if err := setClass(ctx, "workload"); err != nil {
 			t.Fatal(err)
 		}

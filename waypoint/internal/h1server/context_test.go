@@ -48,12 +48,14 @@ func TestRequestContext(t *testing.T) {
 		var stopped atomic.Bool
 		stop := c.AfterFunc(func() { close(ran) })
 		stop2 := c.AfterFunc(func() { stopped.Store(true) })
-		stop3 := context.AfterFunc(c, func() {}) // through the context package
+		ran3 := make(chan struct{})
+		stop3 := context.AfterFunc(c, func() { close(ran3) }) // through the context package
 		if !stop2() || stop2() {
 			t.Fatal("stop reports true once, then false")
 		}
 		c.cancel()
 		wait(t, ran, "the registered function")
+		wait(t, ran3, "the function registered through the context package")
 		if stop() || stop3() {
 			t.Fatal("stop after the function ran reports true")
 		}

@@ -84,7 +84,7 @@ func newGatewayFixture(t testing.TB) *gatewayFixture {
 	g.roots = x509.NewCertPool()
 	g.roots.AddCert(g.root.Cert)
 	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Envoy-Original-Path", "X-Envoy-Internal"} {
+		for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Envoy-Original-Path", "X-Envoy-Internal", "X-Request-Id", "Traceparent"} {
 			w.Header()["Seen-"+h] = r.Header.Values(h)
 		}
 		w.Header().Set("Seen-Host", r.Host)

@@ -187,6 +187,7 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes, msgs: info.reqMsgs}
 	}
+	unnominate(r.Header)
 	tp := traceparent(r.Header.Get("Traceparent"))
 	r.Header["Traceparent"] = []string{tp}
 	if r.Header.Get("X-Request-Id") == "" {

@@ -155,3 +155,51 @@ func forwarded(r *http.Request, hc *config.HTTP, peer string, scheme string) {
 	}
 	r.Header["X-Forwarded-Proto"] = []string{cmp.Or(scheme, "http")}
 }
+
+// ownFields are the request fields the proxy sets itself: the trace
+// context, the request id and the forwarding fields.
+var ownFields = [...]string{"Traceparent", "X-Request-Id", "X-Forwarded-For", "X-Forwarded-Proto"}
+
+// unnominate keeps the client's Connection from naming ownFields. A field
+// Connection names is the client's for its own hop (RFC 9110 section
+// 7.6.1): its value goes now, and so does its name, which would otherwise
+// have the hop-by-hop strip on the way upstream (router.StripHop) take the
+// value the proxy set in its place.
+func unnominate(h http.Header) {
+	conn := h["Connection"]
+	for i, f := range conn {
+		if !namesOwnField(f) {
+			continue
+		}
+		var kept []string
+		for v := range strings.SplitSeq(f, ",") {
+			if k := ownField(strings.TrimSpace(v)); k != "" {
+				delete(h, k)
+				continue
+			}
+			kept = append(kept, v)
+		}
+		conn[i] = strings.Join(kept, ",")
+	}
+}
+
+// namesOwnField reports whether the Connection value f names one of
+// ownFields.
+func namesOwnField(f string) bool {
+	for v := range strings.SplitSeq(f, ",") {
+		if ownField(strings.TrimSpace(v)) != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// ownField returns the one of ownFields that name is, in any case, or "".
+func ownField(name string) string {
+	for _, k := range ownFields {
+		if strings.EqualFold(name, k) {
+			return k
+		}
+	}
+	return ""
+}

@@ -382,7 +382,12 @@ func (m *mesh) sum(t *testing.T, name string) float64 { return m.sumWhere(t, nam
 // sumWhere adds up counter name over its series whose label has value
 // (every series when label is "").
 func (m *mesh) sumWhere(t *testing.T, name, label, value string) float64 {
-	mfs, err := m.reg.Gather()
+	return sumWhere(t, m.reg, name, label, value)
+}
+
+// sumWhere is mesh.sumWhere over reg.
+func sumWhere(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package h1server
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -116,4 +117,54 @@ func newCanceled() *requestContext {
 	c := newRequestContext()
 	c.cancel()
 	return c
+}
+
+// TestRequestContextRace races cancel against registrations and stops,
+// direct and through the context package's children: every function
+// either runs once or is stopped (its stop reporting true), never both,
+// never neither; a child created at any point ends with its parent.
+func TestRequestContextRace(t *testing.T) {
+	for range 200 {
+		c := newRequestContext()
+		const n = 8
+		var ran [n]atomic.Int32
+		var stopped [n]atomic.Bool
+		children := make(chan context.Context, n)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				stop := c.AfterFunc(func() { ran[i].Add(1) })
+				child, cancel := context.WithCancel(c)
+				defer cancel()
+				children <- child
+				if i%2 == 0 {
+					stopped[i].Store(stop())
+				}
+			}()
+		}
+		close(start)
+		c.cancel()
+		wg.Wait()
+		close(children)
+		for child := range children {
+			select {
+			case <-child.Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("a child did not end with its parent")
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for i := range n {
+			for !stopped[i].Load() && ran[i].Load() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if r := ran[i].Load(); stopped[i].Load() == (r == 1) || r > 1 {
+				t.Fatalf("function %d: stopped %v, ran %d times", i, stopped[i].Load(), r)
+			}
+		}
+	}
 }

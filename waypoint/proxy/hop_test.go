@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +15,8 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/weftmesh/weft/waypoint/config"
 )
 
 // A client's Connection header names fields hop-by-hop for its own hop
@@ -102,5 +105,148 @@ func TestGatewayClientLeavesMidBody(t *testing.T) {
 	waitFor(t, "every request recorded", func() bool { return sumWhere(t, g.reg, "istio_requests_total", "", "") == 2*rounds })
 	if dc := sumWhere(t, g.reg, "istio_requests_total", "response_flags", "DC"); dc != 2*rounds {
 		t.Errorf("%v of %d requests recorded as DC; UR %v", dc, 2*rounds, sumWhere(t, g.reg, "istio_requests_total", "response_flags", "UR"))
+	}
+}
+
+// The peer's address as X-Forwarded-For gives it, made once per
+// connection: an IPv4-mapped IPv6 peer is its IPv4 address, an IPv6 peer
+// has no brackets or port, and several X-Forwarded-For fields from the
+// client are joined before it.
+func TestForwardedPeer(t *testing.T) {
+	hc := &config.HTTP{UseRemoteAddress: true}
+	for _, c := range []struct {
+		peer string
+		xff  []string
+		want string
+	}{
+		{"[::ffff:10.1.2.3]:4567", nil, "10.1.2.3"},
+		{"[2001:db8::1]:4567", nil, "2001:db8::1"},
+		{"192.0.2.7:1", []string{"203.0.113.1", "203.0.113.2, 203.0.113.3"}, "203.0.113.1, 203.0.113.2, 203.0.113.3, 192.0.2.7"},
+		{"", []string{"203.0.113.1"}, "203.0.113.1"}, // no peer known: the client's, untouched
+	} {
+		var s session
+		if c.peer != "" {
+			s.setRemote(netip.MustParseAddrPort(c.peer))
+		}
+		r := &http.Request{Header: http.Header{}}
+		if c.xff != nil {
+			r.Header["X-Forwarded-For"] = c.xff
+		}
+		forwarded(r, hc, s.remoteIP, "https")
+		if got := strings.Join(r.Header["X-Forwarded-For"], "|"); got != c.want {
+			t.Errorf("peer %q, X-Forwarded-For %q: %q, want %q", c.peer, c.xff, got, c.want)
+		}
+		if got := r.Header.Get("X-Forwarded-Proto"); got != "https" {
+			t.Errorf("peer %q: X-Forwarded-Proto %q", c.peer, got)
+		}
+		if c.peer != "" && s.remote.Addr().Is4In6() {
+			t.Errorf("peer %q: remote %v kept its IPv4 mapping", c.peer, s.remote)
+		}
+	}
+}
+
+// The response takes the upstream's header as its own (h1server's
+// AdoptHeader): on a kept-alive connection, over HTTP/1.1 and h2c alike,
+// a second response carries none of the first's fields, the upstream's
+// hop-by-hop fields stay behind, and trailers, announced or not, arrive
+// as trailers.
+func TestGatewayResponseHeaderPerRequest(t *testing.T) {
+	g := newGatewayFixture(t)
+	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/first" {
+			w.Header().Set("X-First", "1")
+			w.Header().Set("Connection", "X-Hop")
+			w.Header().Set("X-Hop", "1")
+		}
+		w.Header().Set("Trailer", "X-Announced")
+		w.Header().Set("X-Path", r.URL.Path)
+		io.WriteString(w, "body ")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, r.URL.Path)
+		w.Header().Set("X-Announced", "a"+r.URL.Path)
+		w.Header().Set(http.TrailerPrefix+"X-Unannounced", "u"+r.URL.Path)
+	}), nil)
+	port := freePort(t)
+	g.apply([]*listenerv3.Listener{httpListener(t, port)}, map[string][]*routev3.VirtualHost{
+		"http." + strconv.Itoa(int(port)): {toBackend("*")},
+	})
+	for name, c := range map[string]*http.Client{"HTTP/1.1": plainClient(t), "h2c": h2cClient(t)} {
+		for _, path := range []string{"/first", "/second", "/first", "/second"} {
+			resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d%s", port, path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(b) != "body "+path || resp.Header.Get("X-Path") != path {
+				t.Fatalf("%s %s: %d %q %v", name, path, resp.StatusCode, b, resp.Header)
+			}
+			if got, want := resp.Header.Get("X-First"), map[bool]string{true: "1"}[path == "/first"]; got != want {
+				t.Errorf("%s %s: X-First %q, want %q", name, path, got, want)
+			}
+			if resp.Header.Get("X-Hop") != "" {
+				t.Errorf("%s %s: the upstream's hop-by-hop X-Hop came through", name, path)
+			}
+			if got := resp.Trailer.Get("X-Announced"); got != "a"+path {
+				t.Errorf("%s %s: trailer X-Announced %q; trailers %v", name, path, got, resp.Trailer)
+			}
+			if got := resp.Trailer.Get("X-Unannounced"); got != "u"+path {
+				t.Errorf("%s %s: trailer X-Unannounced %q; trailers %v", name, path, got, resp.Trailer)
+			}
+			if resp.Header.Get("X-Announced") != "" || resp.Header.Get("X-Unannounced") != "" {
+				t.Errorf("%s %s: a trailer in the header: %v", name, path, resp.Header)
+			}
+		}
+	}
+}
+
+// Bodyless answers (HEAD, 204, 304) keep the upstream's header, its
+// Content-Length included, and leave a kept-alive connection usable.
+func TestGatewayBodylessKeepAlive(t *testing.T) {
+	g := newGatewayFixture(t)
+	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Path", r.URL.Path)
+		switch r.URL.Path {
+		case "/204":
+			w.WriteHeader(204)
+		case "/304":
+			w.Header().Set("Etag", `"e"`)
+			w.WriteHeader(304)
+		default:
+			w.Header().Set("Content-Length", "10")
+			if r.Method != "HEAD" {
+				io.WriteString(w, "0123456789")
+			}
+		}
+	}), nil)
+	port := freePort(t)
+	g.apply([]*listenerv3.Listener{httpListener(t, port)}, map[string][]*routev3.VirtualHost{
+		"http." + strconv.Itoa(int(port)): {toBackend("*")},
+	})
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for _, q := range []struct{ method, path, body string }{
+		{"HEAD", "/h", ""}, {"GET", "/204", ""}, {"GET", "/304", ""}, {"GET", "/g", "0123456789"},
+	} {
+		fmt.Fprintf(c, "%s %s HTTP/1.1\r\nHost: x\r\n\r\n", q.method, q.path)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		resp, err := http.ReadResponse(br, &http.Request{Method: q.method})
+		if err != nil {
+			t.Fatalf("%s %s: %v", q.method, q.path, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || string(b) != q.body || resp.Header.Get("X-Path") != q.path {
+			t.Fatalf("%s %s: %d %q %v %v", q.method, q.path, resp.StatusCode, b, err, resp.Header)
+		}
+		if q.method == "HEAD" && resp.ContentLength != 10 {
+			t.Errorf("HEAD: Content-Length %d, want the upstream's 10", resp.ContentLength)
+		}
+		if q.path == "/304" && resp.Header.Get("Etag") != `"e"` {
+			t.Errorf("304: Etag %q", resp.Header.Get("Etag"))
+		}
 	}
 }

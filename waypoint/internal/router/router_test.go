@@ -133,3 +133,23 @@ func TestStripHop(t *testing.T) {
 		t.Errorf("after StripHop: %v, want %v", h, want)
 	}
 }
+
+// TestStripHopOddConnection: Connection's names in any case, with spaces
+// and empty items, across several fields; a Te that Connection names (as
+// RFC 9110 section 10.1.4 asks of its sender) keeps "trailers" from
+// whichever of several Te fields has it.
+func TestStripHopOddConnection(t *testing.T) {
+	h := http.Header{
+		"Connection": {" , x-PRIVATE ,,te", "", "X-Other  ,  keep-alive"},
+		"X-Private":  {"1"}, "X-Other": {"2"}, "Te": {"gzip", "deflate, Trailers"},
+		"Proxy-Connection": {"keep-alive"}, "X-Kept": {"1"},
+	}
+	StripHop(h)
+	if len(h) != 2 || h.Get("X-Kept") != "1" || len(h["Te"]) != 1 || h["Te"][0] != "trailers" {
+		t.Errorf("after StripHop: %v, want X-Kept and Te: trailers", h)
+	}
+	h = http.Header{"Connection": {"te"}, "Te": {"gzip"}}
+	if StripHop(h); len(h) != 0 {
+		t.Errorf("Te without trailers: %v, want nothing", h)
+	}
+}

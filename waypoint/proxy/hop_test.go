@@ -9,12 +9,14 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/weftmesh/weft/waypoint/config"
 )
@@ -248,5 +250,57 @@ func TestGatewayBodylessKeepAlive(t *testing.T) {
 		if q.path == "/304" && resp.Header.Get("Etag") != `"e"` {
 			t.Errorf("304: Etag %q", resp.Header.Get("Etag"))
 		}
+	}
+}
+
+// A client that leaves before the upstream answers is recorded as gone
+// (DC), not as an upstream timeout or failure, with or without a retry policy (whose loop must not retry for a client
+// that left) and a route timeout.
+func TestGatewayClientLeavesBeforeResponse(t *testing.T) {
+	g := newGatewayFixture(t)
+	var calls, active atomic.Int32
+	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		active.Add(1)
+		defer active.Add(-1)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(10 * time.Second):
+		}
+	}), nil)
+	port := freePort(t)
+	vh := func(name string, timeout time.Duration, retry *routev3.RetryPolicy) *routev3.VirtualHost {
+		return &routev3.VirtualHost{Name: name, Domains: []string{name}, Routes: []*routev3.Route{{Name: name,
+			Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_Route{Route: &routev3.RouteAction{ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: backendCluster},
+				Timeout: durationpb.New(timeout), RetryPolicy: retry}}}}}
+	}
+	retry := &routev3.RetryPolicy{RetryOn: "5xx,reset,connect-failure", NumRetries: wrapperspb.UInt32(3)}
+	g.apply([]*listenerv3.Listener{httpListener(t, port)}, map[string][]*routev3.VirtualHost{
+		"http." + strconv.Itoa(int(port)): {vh("none", 0, nil), vh("timeout", time.Minute, nil), vh("retry", time.Minute, retry), vh("retry-none", 0, retry)},
+	})
+	hosts := []string{"none", "timeout", "retry", "retry-none"}
+	for _, host := range hosts {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := calls.Load()
+		fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+		waitFor(t, "the request upstream", func() bool { return calls.Load() > before })
+		c.Close()
+	}
+	waitFor(t, "every request recorded", func() bool {
+		return sumWhere(t, g.reg, "istio_requests_total", "", "") == float64(len(hosts))
+	})
+	if dc := sumWhere(t, g.reg, "istio_requests_total", "response_flags", "DC"); dc != float64(len(hosts)) {
+		t.Errorf("%v of %d requests recorded as DC; UT %v, UF %v, URX %v", dc, len(hosts),
+			sumWhere(t, g.reg, "istio_requests_total", "response_flags", "UT"),
+			sumWhere(t, g.reg, "istio_requests_total", "response_flags", "UF"),
+			sumWhere(t, g.reg, "istio_requests_total", "response_flags", "URX"))
+	}
+	waitFor(t, "every upstream request canceled", func() bool { return active.Load() == 0 })
+	if n := calls.Load(); n != int32(len(hosts)) {
+		t.Errorf("%d upstream calls for %d requests: a retry for a client that left", n, len(hosts))
 	}
 }

@@ -112,7 +112,8 @@ type reqInfo struct {
 	reqBytes atomic.Int64
 	rspBytes int64
 	flags    flag
-	// aborted: the response broke off after its head was sent.
+	// aborted: the response broke off after its head was sent, or
+	// the client left before it.
 	aborted bool
 }
 
@@ -332,6 +333,15 @@ func (s *session) forward(w http.ResponseWriter, r *http.Request, snap *config.S
 	s.p.router.Mirror(call)
 	resp, done, err := s.p.router.Send(ctx, call, &info.picked)
 	if err != nil {
+		if r.Context().Err() != nil {
+			// The client left (while the handler runs, nothing else ends
+			// its context): the upstream's error is that, not a timeout
+			// or failure of the upstream's, and the response ends unsent
+			// (a half-closed client reads no made-up answer).
+			info.flags = flagDownstreamConnection
+			info.aborted = true
+			return
+		}
 		reply(w, info, upstreamFailure(err))
 		return
 	}

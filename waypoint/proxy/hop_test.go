@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -254,7 +255,8 @@ func TestGatewayBodylessKeepAlive(t *testing.T) {
 }
 
 // A client that leaves before the upstream answers is recorded as gone
-// (DC), not as an upstream timeout or failure, with or without a retry policy (whose loop must not retry for a client
+// (DC), not as an upstream timeout or failure, over HTTP/1.1 and HTTP/2,
+// with or without a retry policy (whose loop must not retry for a client
 // that left) and a route timeout.
 func TestGatewayClientLeavesBeforeResponse(t *testing.T) {
 	g := newGatewayFixture(t)
@@ -290,6 +292,23 @@ func TestGatewayClientLeavesBeforeResponse(t *testing.T) {
 		waitFor(t, "the request upstream", func() bool { return calls.Load() > before })
 		c.Close()
 	}
+	// An HTTP/2 client's stream reset is its leaving too.
+	hosts = append(hosts, "none")
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", fmt.Sprintf("http://127.0.0.1:%d/", port), nil)
+	req.Host = "none"
+	before := calls.Load()
+	h2done := make(chan struct{})
+	go func() {
+		defer close(h2done)
+		if resp, err := h2cClient(t).Do(req); err == nil {
+			resp.Body.Close()
+			t.Errorf("h2c: an answer for a canceled request: %d", resp.StatusCode)
+		}
+	}()
+	waitFor(t, "the h2c request upstream", func() bool { return calls.Load() > before })
+	cancel()
+	<-h2done
 	waitFor(t, "every request recorded", func() bool {
 		return sumWhere(t, g.reg, "istio_requests_total", "", "") == float64(len(hosts))
 	})
@@ -302,5 +321,27 @@ func TestGatewayClientLeavesBeforeResponse(t *testing.T) {
 	waitFor(t, "every upstream request canceled", func() bool { return active.Load() == 0 })
 	if n := calls.Load(); n != int32(len(hosts)) {
 		t.Errorf("%d upstream calls for %d requests: a retry for a client that left", n, len(hosts))
+	}
+}
+
+// A request without a body, over HTTP/2 (END_STREAM on its HEADERS) as
+// over HTTP/1.1, goes to an HTTP/1.1 upstream without one either: no
+// empty chunked body, which a backend reads as a body it must consume
+// before it can notice its client leave, and some refuse on a GET.
+func TestGatewayBodilessRequestUpstream(t *testing.T) {
+	g := newGatewayFixture(t)
+	g.backend = serveHTTP(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Seen-Te", strings.Join(r.TransferEncoding, ","))
+		w.Header().Set("Seen-Cl", strconv.FormatInt(r.ContentLength, 10))
+	}), nil)
+	port := freePort(t)
+	g.apply([]*listenerv3.Listener{httpListener(t, port)}, map[string][]*routev3.VirtualHost{
+		"http." + strconv.Itoa(int(port)): {toBackend("*")},
+	})
+	for name, c := range map[string]*http.Client{"HTTP/1.1": plainClient(t), "h2c": h2cClient(t)} {
+		resp := gwGet(t, c, "http", port, "x", nil)
+		if te, cl := resp.Header.Get("Seen-Te"), resp.Header.Get("Seen-Cl"); te != "" || cl != "0" {
+			t.Errorf("%s: GET upstream with Transfer-Encoding %q, Content-Length %s", name, te, cl)
+		}
 	}
 }

@@ -185,6 +185,12 @@ func (s *session) handle(w http.ResponseWriter, r *http.Request, h2 bool) (abort
 		info.reqMsgs, info.rspMsgs = new(grpcMessages), new(grpcMessages)
 		cw.msgs = info.rspMsgs
 	}
+	if r.ContentLength == 0 {
+		// A server's request of length 0 has no body (HTTP/2's
+		// END_STREAM on its HEADERS included): upstream it has none
+		// either, rather than an empty chunked one.
+		r.Body = http.NoBody
+	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = countingBody{ReadCloser: r.Body, n: &info.reqBytes, msgs: info.reqMsgs}
 	}

@@ -159,6 +159,20 @@ func upstreamURL(in *url.URL, rt *route.Route) *url.URL {
 	return &u
 }
 
+// asksTrailers reports whether the Te field value v lists the "trailers"
+// member (RFC 9110 section 10.1.4: a comma-separated list of codings, each
+// with optional parameters), in any case; "notrailers" or a parameter
+// named trailers does not count.
+func asksTrailers(v string) bool {
+	for m := range strings.SplitSeq(v, ",") {
+		name, _, _ := strings.Cut(m, ";")
+		if strings.EqualFold(strings.TrimSpace(name), "trailers") {
+			return true
+		}
+	}
+	return false
+}
+
 // hopHeader reports whether the canonical field name k is one of the
 // standard hop-by-hop fields.
 func hopHeader(k string) bool {
@@ -176,7 +190,7 @@ func hopHeader(k string) bool {
 func StripHop(h http.Header) {
 	te := false
 	for _, v := range h["Te"] {
-		te = te || strings.Contains(strings.ToLower(v), "trailers")
+		te = te || asksTrailers(v)
 	}
 	for _, f := range h["Connection"] {
 		for v := range strings.SplitSeq(f, ",") {

@@ -148,8 +148,16 @@ func TestStripHopOddConnection(t *testing.T) {
 	if len(h) != 2 || h.Get("X-Kept") != "1" || len(h["Te"]) != 1 || h["Te"][0] != "trailers" {
 		t.Errorf("after StripHop: %v, want X-Kept and Te: trailers", h)
 	}
-	h = http.Header{"Connection": {"te"}, "Te": {"gzip"}}
-	if StripHop(h); len(h) != 0 {
-		t.Errorf("Te without trailers: %v, want nothing", h)
+	for _, te := range []string{"gzip", "notrailers", "trailersx, gzip", "gzip;q=trailers", "deflate;trailers=1"} {
+		h = http.Header{"Connection": {"te"}, "Te": {te}}
+		if StripHop(h); len(h) != 0 {
+			t.Errorf("Te %q, which does not ask for trailers: %v, want nothing", te, h)
+		}
+	}
+	for _, te := range []string{"TRAILERS", " trailers ;q=0.5", "gzip,trailers"} {
+		h = http.Header{"Te": {te}}
+		if StripHop(h); len(h["Te"]) != 1 || h["Te"][0] != "trailers" {
+			t.Errorf("Te %q: %v, want Te: trailers", te, h)
+		}
 	}
 }

@@ -176,12 +176,7 @@ func (c *Client) check(resp *capb.IstioCertificateResponse, id spiffe.Identity) 
 	if len(chain) == 0 {
 		return nil, errors.New("the CA returned no certificate")
 	}
-	inter := x509.NewCertPool()
-	for _, cert := range chain[1:] {
-		inter.AddCert(cert)
-	}
-	if _, err := chain[0].Verify(x509.VerifyOptions{Roots: c.cfg.Roots, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+	if err := spiffe.VerifyPath(chain, x509.VerifyOptions{Roots: c.cfg.Roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return nil, fmt.Errorf("the certificate the CA returned does not verify to the mesh roots: %w", err)
 	}
 	if len(chain[0].URIs) != 1 || chain[0].URIs[0].String() != id.String() {

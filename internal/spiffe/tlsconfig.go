@@ -1,6 +1,7 @@
 package spiffe
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -178,17 +179,42 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, usage x509.Ext
 	if err := checkLeaf(leaf); err != nil {
 		return spiffeid.ID{}, fmt.Errorf("peer %s: %w", id, err)
 	}
-	inter := x509.NewCertPool()
-	for _, c := range certs[1:] {
-		inter.AddCert(c)
-	}
-	_, err = leaf.Verify(x509.VerifyOptions{
-		Roots:         roots,
-		Intermediates: inter,
-		KeyUsages:     []x509.ExtKeyUsage{usage},
-	})
-	if err != nil {
+	if err := VerifyPath(certs, x509.VerifyOptions{Roots: roots, KeyUsages: []x509.ExtKeyUsage{usage}}); err != nil {
 		return spiffeid.ID{}, fmt.Errorf("the certificate chain of %s does not verify to the mesh roots: %w", id, err)
 	}
 	return id, nil
+}
+
+// VerifyPath verifies certs[0] to opts.Roots through the certificates after
+// it, which are offered as intermediates (opts.Intermediates is replaced).
+//
+// A mesh peer sends its chain with the root last, as Istio's CA issues it.
+// Offered as an intermediate as well as held as a root, that root makes
+// x509 check the leaf's signature twice, once in each role: a second ECDSA
+// verification on every handshake and every certificate received. So the
+// first attempt leaves out self-issued certificates (issuer and subject
+// alike: roots) and only if it fails does a second offer all of them. A
+// larger pool only adds chains, so what verifies is exactly what verifies
+// with every certificate offered.
+func VerifyPath(certs []*x509.Certificate, opts x509.VerifyOptions) error {
+	if len(certs) == 0 {
+		return errors.New("no certificate to verify")
+	}
+	all, inter := x509.NewCertPool(), x509.NewCertPool()
+	selfIssued := false
+	for _, c := range certs[1:] {
+		all.AddCert(c)
+		if bytes.Equal(c.RawIssuer, c.RawSubject) {
+			selfIssued = true
+		} else {
+			inter.AddCert(c)
+		}
+	}
+	opts.Intermediates = inter
+	_, err := certs[0].Verify(opts)
+	if err != nil && selfIssued {
+		opts.Intermediates = all
+		_, err = certs[0].Verify(opts)
+	}
+	return err
 }

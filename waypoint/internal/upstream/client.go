@@ -133,6 +133,20 @@ func unprocessed(err error) bool {
 	return false
 }
 
+// bufferBody reads req's body, of the length it declares, into memory,
+// and makes req replayable from it.
+func bufferBody(req *http.Request) error {
+	body := req.Body
+	defer body.Close()
+	data := make([]byte, req.ContentLength)
+	if _, err := io.ReadFull(body, data); err != nil {
+		return fmt.Errorf("reading the request body (%d bytes declared): %w", req.ContentLength, err)
+	}
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(data)), nil }
+	req.Body, _ = req.GetBody()
+	return nil
+}
+
 // recordBody makes req replayable when its body turns out to be at most
 // limit bytes: the bytes read from it are kept, and GetBody serves them
 // once the body was read to its end.
@@ -220,9 +234,20 @@ func (c *Client) RoundTrip(ctx context.Context, snap *config.Snapshot, cluster s
 	w := want{h2: h2, retryable: idempotent(req) && replayable(req)}
 	if !replayable(req) {
 		// A request that may go once more (its pooled connection was closed
-		// before the upstream received any of it) needs its body again: keep
-		// what a small one sent.
-		recordBody(req, maxReplayBody)
+		// before the upstream received any of it, or an HTTP/2 upstream
+		// refused it unprocessed) needs its body again. One of a small
+		// declared length is read whole first: an HTTP/2 refusal can come
+		// before the transport read any of it, and the transport may still
+		// hold the body it was given. Any other keeps what it sent while
+		// it was sent.
+		if n := req.ContentLength; n > 0 && n <= maxReplayBody {
+			if err := bufferBody(req); err != nil {
+				b.requests.Add(-1)
+				return nil, err
+			}
+		} else {
+			recordBody(req, maxReplayBody)
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		l, err := c.checkout(ctx, pl, w)

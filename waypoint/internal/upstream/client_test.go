@@ -191,3 +191,29 @@ func TestClosedBeforeDelivery(t *testing.T) {
 		})
 	}
 }
+
+// TestBufferBody: a body of small declared length is read whole before the
+// first attempt, so that any attempt can send it again, however early the
+// last one failed; a body shorter than it declares is an error.
+func TestBufferBody(t *testing.T) {
+	req, _ := http.NewRequest("POST", "http://svc.ns/orders", io.NopCloser(strings.NewReader("one order")))
+	req.ContentLength = int64(len("one order"))
+	if err := bufferBody(req); err != nil {
+		t.Fatal(err)
+	}
+	for attempt := range 3 {
+		if attempt > 0 && !rewind(req) {
+			t.Fatalf("attempt %d: the body cannot be replayed", attempt)
+		}
+		if b, _ := io.ReadAll(req.Body); string(b) != "one order" {
+			t.Errorf("attempt %d sent %q", attempt, b)
+		}
+	}
+
+	short, _ := http.NewRequest("POST", "http://svc.ns/orders", io.NopCloser(strings.NewReader("half")))
+	short.ContentLength = 10
+	err := bufferBody(short)
+	if err == nil || !strings.Contains(err.Error(), "10 bytes declared") {
+		t.Errorf("a body shorter than declared: %v", err)
+	}
+}

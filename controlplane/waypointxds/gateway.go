@@ -489,8 +489,13 @@ func describeRef(ref gwv1.ParentReference) string {
 // listener: all of them under a listener without hostname, the listener's
 // when the route has none ("*" for any when neither has), else each route
 // hostname that equals the listener's or that its wildcard covers, and the
-// listener's hostname when a route wildcard covers it. Nil: none.
+// listener's hostname when a route wildcard covers it. Nil: none. A bare
+// "*" is no hostname (the API refuses it on both): it serves nothing rather
+// than every host.
 func intersectHostnames(listener string, route []gwv1.Hostname) []string {
+	if listener == "*" {
+		return nil
+	}
 	if len(route) == 0 {
 		if listener == "" {
 			return []string{"*"}
@@ -502,6 +507,8 @@ func intersectHostnames(listener string, route []gwv1.Hostname) []string {
 		h := strings.ToLower(string(rh))
 		var got string
 		switch {
+		case h == "*":
+			continue
 		case listener == "" || h == listener || wildcardCovers(listener, h):
 			got = h
 		case wildcardCovers(h, listener):

@@ -70,28 +70,26 @@ func (s Sockets) DialNetwork(ctx context.Context, network string, dst netip.Addr
 // IP_TRANSPARENT and bound to src's address (its port is left to the
 // kernel), so the app sees the original client's address: the pod's rules
 // mark the connection (0x539 → connmark 0x111) and route the app's replies
-// back to this socket. The thread stays in the pod's namespace only while
-// the socket is made and connected.
+// back to this socket. A thread is in the pod's namespace only while the
+// socket is made, not while it connects.
 func (s Sockets) Dial(ctx context.Context, dst, src netip.AddrPort) (net.Conn, error) {
-	d := net.Dialer{Control: control(false)}
+	ctl := control(false)
+	var local netip.Addr
 	if src.Addr().IsValid() {
-		a := src.Addr().Unmap()
-		if a.Is4() != dst.Addr().Unmap().Is4() {
-			return nil, fmt.Errorf("%w: %s and %s are of different families", proxy.ErrSourceNotBound, a, dst.Addr())
+		local = src.Addr().Unmap()
+		if local.Is4() != dst.Addr().Unmap().Is4() {
+			return nil, fmt.Errorf("%w: %s and %s are of different families", proxy.ErrSourceNotBound, local, dst.Addr())
 		}
-		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(a, 0))
-		d.Control = transparentControl(a.Is4())
+		ctl = transparentControl(local.Is4())
 	}
-	var c net.Conn
-	err := s.NS.Do(func() error {
-		var err error
-		c, err = d.DialContext(ctx, "tcp", dst.String())
-		return err
-	})
-	if err != nil && d.LocalAddr != nil && bindRefused(err) {
-		err = fmt.Errorf("%w: %w", proxy.ErrSourceNotBound, err)
+	c, err := s.NS.DialTCP(ctx, dst, local, ctl)
+	if err != nil {
+		if local.IsValid() && bindRefused(err) {
+			err = fmt.Errorf("%w: %w", proxy.ErrSourceNotBound, err)
+		}
+		return nil, err
 	}
-	return c, err
+	return c, nil
 }
 
 // bindRefused reports whether a dial failed making or binding its socket,

@@ -30,14 +30,16 @@
 // status otherwise) and hands each accepted tunnel to its caller as a
 // Stream, a net.Conn. Dialer opens tunnels over a pool keyed by source
 // identity, acceptable peer identities, next hop and source IP
-// (as ztunnel keys its pool). A Stream's ReadFrom and StartWriteTo are the
-// zero-copy paths package relay takes to relay a tunnel and a TCP
-// connection.
+// (as ztunnel keys its pool). A Stream's ReadFrom, StartReadFrom and
+// StartWriteTo are the zero-copy paths package relay takes to relay a
+// tunnel and a TCP connection; a handler that relays with them detaches
+// its stream (Request.Detach) and returns.
 //
 // Abuse is bounded: header blocks (64 KiB server, 16 KiB client, with
 // CONTINUATION floods cut off by the framer), concurrent handlers per
-// connection (a stream's slot is held until its handler returns, so a
-// rapid-reset flood cannot start unbounded work, and a peer that resets
-// streams before they are answered faster than they complete gets GOAWAY
-// ENHANCE_YOUR_CALM), the control-frame queue, and every frame but DATA.
+// connection (a stream's slot is held until its handler returns or is done
+// with the detached stream, so a rapid-reset flood cannot start unbounded
+// work, and a peer that resets streams before they are answered faster
+// than they complete gets GOAWAY ENHANCE_YOUR_CALM), the control-frame
+// queue, and every frame but DATA.
 package hbone

@@ -22,7 +22,8 @@ import (
 
 // Handler serves one CONNECT stream. It must answer with Accept or Reject;
 // a handler that returns without answering is taken to have failed (503).
-// The stream is closed when the handler returns.
+// The stream is closed when the handler returns, unless it called
+// Request.Detach.
 type Handler interface {
 	ServeHBONE(*Request)
 }
@@ -46,8 +47,31 @@ type Request struct {
 	// LocalAddr and RemoteAddr are those of the carrying TCP connection.
 	LocalAddr, RemoteAddr net.Addr
 
-	s *Stream
+	s        *Stream
+	srv      *Server
+	c        *conn
+	detached bool
 }
+
+// Detach lets the handler return while the stream goes on: the stream is
+// then ended, as when a handler returns, by calling the function Detach
+// returns (once). The server counts the stream as being served until then,
+// so Shutdown waits for it.
+func (r *Request) Detach() (done func()) {
+	r.detached = true
+	d := &detachedStream{srv: r.srv, c: r.c, st: r.s} // not r: its header is done with
+	return d.end
+}
+
+// detachedStream is what a detached stream's end needs.
+type detachedStream struct {
+	srv  *Server
+	c    *conn
+	st   *Stream
+	once sync.Once
+}
+
+func (d *detachedStream) end() { d.once.Do(func() { d.srv.handled(d.c, d.st) }) }
 
 // Context is done when the stream is reset, the connection ends or the
 // server stops.
@@ -357,15 +381,24 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 // relay the stream for its whole life, so this frame stays small: the
 // request is built in a function of its own.
 func (s *Server) serveStream(c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID) {
-	defer s.streamDone(c, st)
-	req := newRequest(c, st, f, peer)
+	req := newRequest(s, c, st, f, peer)
 	if req == nil {
+		s.streamDone(c, st)
 		return
 	}
 	s.cfg.Handler.ServeHBONE(req)
+	if !req.detached {
+		s.handled(c, st)
+	}
+}
+
+// handled ends st once its handler is done with it: a stream its handler
+// never answered is answered 503.
+func (s *Server) handled(c *conn, st *Stream) {
 	if !st.answered.Load() && !isClosed(st.dead) {
 		_ = st.respond(http.StatusServiceUnavailable, nil, true)
 	}
+	s.streamDone(c, st)
 }
 
 // streamDone closes st once its handler returned and frees its slot.
@@ -377,7 +410,7 @@ func (s *Server) streamDone(c *conn, st *Stream) {
 
 // newRequest returns st's request, or nil when it was refused (and
 // answered so).
-func newRequest(c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID) *Request {
+func newRequest(srv *Server, c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID) *Request {
 	req, status := parseRequest(f)
 	if status != 0 {
 		_ = st.respond(status, nil, true)
@@ -386,7 +419,7 @@ func newRequest(c *conn, st *Stream, f *http2.MetaHeadersFrame, peer spiffeid.ID
 	req.Peer = peer
 	req.LocalAddr = c.nc.LocalAddr()
 	req.RemoteAddr = c.nc.RemoteAddr()
-	req.s = st
+	req.s, req.srv, req.c = st, srv, c
 	return req
 }
 

@@ -108,7 +108,7 @@ func streamServer(t testing.TB, p *pki, id spiffe.Identity) (*testServer, <-chan
 
 // relayToAuthority is a node proxy's inbound as an HBONE handler: it
 // connects to the request's authority over TCP, accepts the stream and
-// relays the two; done, when not nil, gets what relay.Join returned.
+// relays the two; done, when not nil, gets what the relay reported.
 func relayToAuthority(done func(ab, ba int64, err error)) Handler {
 	return HandlerFunc(func(r *Request) {
 		up, err := net.Dial("tcp", r.Authority.String())
@@ -121,10 +121,14 @@ func relayToAuthority(done func(ab, ba int64, err error)) Handler {
 			up.Close()
 			return
 		}
-		ab, ba, err := relay.Join(up, st, 0)
-		if done != nil {
-			done(ab, ba, err)
-		}
+		// As ztunnel does: the handler returns and the relay goes on.
+		end := r.Detach()
+		relay.Start(up, st, 0, func(ab, ba int64, err error) {
+			if done != nil {
+				done(ab, ba, err)
+			}
+			end()
+		})
 	})
 }
 

@@ -95,7 +95,7 @@ func (s *Stream) drain(a *asyncWrite) {
 }
 
 // rawConn returns w's raw socket, or nil when w is not a socket.
-func rawConn(w io.Writer) syscall.RawConn {
+func rawConn(w any) syscall.RawConn {
 	if sc, ok := w.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
 			return rc

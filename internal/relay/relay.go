@@ -1,6 +1,7 @@
 // Package relay copies bytes both ways between two connections, the one
 // bidirectional relay of the mesh: ztunnel's plain and HBONE connections
-// and the waypoint's switched (WebSocket) sessions all go through Join.
+// (through Start) and the waypoint's switched (WebSocket) sessions (through
+// Join) all go through it.
 //
 // Each direction copies until its source ends (io.EOF) and then passes the
 // end on as a half-close (CloseWrite) of its destination, so a peer that
@@ -85,11 +86,52 @@ func Join(a, b End, idle time.Duration) (ab, ba int64, err error) {
 	return j.ab, j.ba, j.err
 }
 
+// Start is Join without the caller waiting: it returns at once and calls
+// done, on a goroutine of the relay's, with what Join would have returned,
+// once the relay is over and its ends are closed.
+//
+// When a is a TCP socket, b copies itself both ways (an HBONE stream's
+// StartWriteTo and StartReadFrom) and there is no idle timeout, an idle
+// relay holds one goroutine, and soon one that has done nothing but wait:
+// it keeps the smallest stack however much its tunnel carried before.
+// Otherwise Start runs Join on a goroutine of its own.
+func Start(a, b End, idle time.Duration, done func(ab, ba int64, err error)) {
+	sw, okW := b.(startWriterTo)
+	sr, okR := b.(startReaderFrom)
+	if !okW || !okR || idle > 0 || !isSocket(a) {
+		go func() { done(Join(a, b, idle)) }()
+		return
+	}
+	j := &join{a: a, b: b, finished: done}
+	j.pending.Store(2)
+	sw.StartWriteTo(a, func(n int64, err error) {
+		j.ba = n
+		j.ended(a, err)
+		j.finish()
+	})
+	sr.StartReadFrom(a, func(n int64, err error) {
+		j.ab = n
+		j.ended(b, err)
+		j.finish()
+	})
+}
+
 // startWriterTo is an End that copies itself to a writer without a
 // goroutine of the caller's, calling done when WriteTo would have returned.
 type startWriterTo interface {
 	StartWriteTo(w io.Writer, done func(n int64, err error))
 }
+
+// startReaderFrom is an End that copies a reader to itself without a
+// goroutine of the caller's, calling done when ReadFrom would have
+// returned. It may set the reader's read deadline itself, so an abort
+// stops it with StopReadFrom.
+type startReaderFrom interface {
+	StartReadFrom(r io.Reader, done func(n int64, err error))
+	readStopper
+}
+
+type readStopper interface{ StopReadFrom() }
 
 // join is the state the two directions of a relay share. Join's caller
 // waits in the relay for as long as the connection lasts, so what Join
@@ -103,6 +145,19 @@ type join struct {
 	aborted atomic.Bool
 	once    sync.Once
 	err     error // set once, by abort
+	// For Start: the directions still running, and what to call once
+	// neither is.
+	pending  atomic.Int32
+	finished func(ab, ba int64, err error)
+}
+
+// finish ends one of a started relay's directions; the last one closes the
+// ends and reports.
+func (j *join) finish() {
+	if j.pending.Add(-1) == 0 {
+		j.close()
+		j.finished(j.ab, j.ba, j.err)
+	}
 }
 
 // forward is the second direction's goroutine: b to a.
@@ -204,6 +259,9 @@ func (j *join) abort(err error) {
 				l.SetLinger(0)
 			}
 			e.SetReadDeadline(past)
+			if rs, ok := e.(readStopper); ok {
+				rs.StopReadFrom()
+			}
 			if w, ok := e.(writeDeadliner); ok {
 				w.SetWriteDeadline(past)
 			}

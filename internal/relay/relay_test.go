@@ -44,16 +44,14 @@ type result struct {
 	err    error
 }
 
-// relayed starts Join between two loopback TCP connections and returns
-// the client's and the server's ends and a wait for Join's result.
+// relayed starts a relay (Start, which runs Join for two sockets) between
+// two loopback TCP connections and returns the client's and the server's
+// ends and a wait for the relay's result.
 func relayed(t *testing.T, idle time.Duration) (client, server *net.TCPConn, wait func() result) {
 	client, down := tcpPair(t)
 	up, server := tcpPair(t)
 	ch := make(chan result, 1)
-	go func() {
-		ab, ba, err := Join(down, up, idle)
-		ch <- result{ab, ba, err}
-	}()
+	Start(down, up, idle, func(ab, ba int64, err error) { ch <- result{ab, ba, err} })
 	wait = sync.OnceValue(func() result { return <-ch })
 	t.Cleanup(func() { client.Close(); server.Close(); wait() })
 	return client, server, wait

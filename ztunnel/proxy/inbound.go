@@ -19,10 +19,15 @@ import (
 // must be this pod, policy must allow the peer, and the app must accept the
 // connection before the tunnel is answered 200.
 func (p *Pod) serveHBONE(r *hbone.Request) {
-	if c := onOwnStack(func() *relayed { return p.openInbound(r) }); c != nil {
-		defer p.in.release()
-		p.relay(c)
+	c := p.openInbound(r)
+	if c == nil {
+		return
 	}
+	done := r.Detach()
+	p.relay(c, func() {
+		p.in.release()
+		done()
+	})
 }
 
 // openInbound checks r and connects to the app; nil means r was refused
@@ -79,48 +84,48 @@ func (p *Pod) openInbound(r *hbone.Request) *relayed {
 	return p.opened(&relayed{a: up, b: st, reversed: true, lbl: lbl, start: start, dst: dst, route: state.Route{Kind: state.Tunnel, Workload: w}})
 }
 
-// servePlaintext handles a connection that reached the pod without HBONE
+// openPlaintext takes a connection that reached the pod without HBONE
 // (redirected to 15006): its original destination must be the pod, and
 // policy decides with no peer identity, so a policy requiring mTLS refuses
 // it.
-func (p *Pod) servePlaintext(c net.Conn) {
+func (p *Pod) openPlaintext(c net.Conn) *relayed {
 	start := time.Now()
 	lbl := &connLabels{reporter: "destination"}
 	w, err := p.workload()
 	if err != nil {
 		c.Close()
-		return
+		return nil
 	}
 	lbl.dst, lbl.dstPrincipal = w, w.Identity.String()
 	dst, err := p.cfg.OrigDst(c)
 	if err != nil {
 		p.fail(c, lbl, dst, start, rejection{err: fmt.Errorf("reading the original destination: %w", err)})
-		return
+		return nil
 	}
 	if err := p.checkTarget(dst, true); err != nil {
 		p.fail(c, lbl, dst, start, rejection{err: err})
-		return
+		return nil
 	}
 	if !slices.Contains(w.IPs, dst.Addr().Unmap()) {
 		// The redirect takes any TCP entering the pod, whatever its
 		// destination; relaying elsewhere would lend the pod's address.
 		p.fail(c, lbl, dst, start, rejection{err: fmt.Errorf("original destination %s is not this pod (%v)", dst, w.IPs)})
-		return
+		return nil
 	}
 	src := tcpAddrPort(c.RemoteAddr())
 	lbl.src = p.cfg.Store.WorkloadByIP(src.Addr())
 	if d := p.cfg.Store.Authorize(w, state.Conn{Src: src, Dst: dst}); !d.Allowed {
 		p.fail(c, lbl, dst, start, rejection{flag: flagDenied, err: errors.New(d.Reason)})
-		return
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.cfg.ConnectTimeout)
 	up, err := p.dialApp(ctx, dst, src)
 	cancel()
 	if err != nil {
 		p.fail(c, lbl, dst, start, rejection{flag: flagConnect, err: fmt.Errorf("connecting to the app at %s: %w", dst, err)})
-		return
+		return nil
 	}
-	p.relayPlain(lbl, c, up, start, dst, state.Route{Kind: state.Passthrough, Workload: w})
+	return p.opened(&relayed{a: c, b: up, lbl: lbl, start: start, dst: dst, route: state.Route{Kind: state.Passthrough, Workload: w}})
 }
 
 // dialApp connects to the app at dst, from the client's address src when

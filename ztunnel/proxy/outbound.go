@@ -15,26 +15,6 @@ import (
 	"github.com/weftmesh/weft/ztunnel/state"
 )
 
-// serveOutbound carries one connection the pod's app opened (redirected to
-// 15001) to where the control plane's view says it goes.
-func (p *Pod) serveOutbound(c net.Conn) {
-	if r := onOwnStack(func() *relayed { return p.openOutbound(c) }); r != nil {
-		p.relay(r)
-	}
-}
-
-// onOwnStack returns open's result, run on a goroutine of its own. Opening
-// a connection (dialing in the pod's namespace, the HBONE handshake and
-// CONNECT, policy, logging) grows a stack to several times what waiting in
-// the relay needs, and the collector gives a waiting goroutine's stack
-// back only half at a time; opened elsewhere, the relay's goroutine keeps
-// the small stack it started with.
-func onOwnStack(open func() *relayed) *relayed {
-	ch := make(chan *relayed, 1)
-	go func() { ch <- open() }()
-	return <-ch
-}
-
 // relayed is a connection ready to relay: its two ends and what its end
 // is reported with.
 type relayed struct {
@@ -50,15 +30,19 @@ type relayed struct {
 	route    state.Route
 }
 
-// relay relays r's ends until the connection ends and reports it. The
-// setup is done and its frames gone by then: the goroutine waits in the
-// relay with a stack shallow enough to be shrunk.
-func (p *Pod) relay(r *relayed) {
-	ab, ba, err := relay.Join(r.a, r.b, 0)
-	p.relayDone(r, ab, ba, err)
+// relay relays r's ends until the connection ends, then reports it and
+// calls finish. It returns at once: the goroutine that opened the
+// connection, its stack grown by the setup (dialing in the pod's namespace,
+// the HBONE handshake and CONNECT, policy, logging), ends, and an idle
+// connection waits in the relay's own goroutine, on the smallest stack.
+func (p *Pod) relay(r *relayed, finish func()) {
+	relay.Start(r.a, r.b, 0, func(ab, ba int64, err error) {
+		p.relayDone(r, ab, ba, err)
+		finish()
+	})
 }
 
-// relayDone reports r's end (on its own, to keep relay's frame small).
+// relayDone reports r's end.
 func (p *Pod) relayDone(r *relayed, ab, ba int64, err error) {
 	sent, recv := ab, ba
 	if r.reversed {
@@ -67,8 +51,9 @@ func (p *Pod) relayDone(r *relayed, ab, ba int64, err error) {
 	p.done(r.lbl, r.start, r.dst, r.route, sent, recv, err)
 }
 
-// openOutbound decides where c goes and connects there; nil means c was
-// refused (and reported).
+// openOutbound decides where a connection the pod's app opened (redirected
+// to 15001) goes, by the control plane's view, and connects there; nil
+// means c was refused (and reported).
 func (p *Pod) openOutbound(c net.Conn) *relayed {
 	start := time.Now()
 	src, err := p.workload()
@@ -143,11 +128,6 @@ func (p *Pod) opened(r *relayed) *relayed {
 	p.cfg.Metrics.opened.WithLabelValues(r.lbl.values()...).Inc()
 	p.cfg.Metrics.open.WithLabelValues(r.lbl.reporter).Inc()
 	return r
-}
-
-// relayPlain splices the app connection and a plain upstream.
-func (p *Pod) relayPlain(lbl *connLabels, a, b net.Conn, start time.Time, dst netip.AddrPort, route state.Route) {
-	p.relay(p.opened(&relayed{a: a, b: b, lbl: lbl, start: start, dst: dst, route: route}))
 }
 
 // connectHeaders are the CONNECT metadata ztunnel sends: forwarded with the

@@ -278,10 +278,10 @@ func (p *Pod) Run(ctx context.Context) error {
 	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	var loops sync.WaitGroup
 	loops.Add(3)
-	go func() { defer loops.Done(); p.acceptLoop(ctx, podnet.OutboundPort, lns[0], &p.out, p.serveOutbound) }()
+	go func() { defer loops.Done(); p.acceptLoop(ctx, podnet.OutboundPort, lns[0], &p.out, p.openOutbound) }()
 	go func() {
 		defer loops.Done()
-		p.acceptLoop(ctx, podnet.InboundPlaintextPort, lns[1], &p.in, p.servePlaintext)
+		p.acceptLoop(ctx, podnet.InboundPlaintextPort, lns[1], &p.in, p.openPlaintext)
 	}()
 	if dns != nil {
 		// Queries being answered finish (within the upstream timeout)
@@ -343,12 +343,12 @@ func (p *Pod) openDNS(ctx context.Context) (*dnsproxy.Server, error) {
 	return srv, nil
 }
 
-// acceptLoop serves ln until it is closed, each connection holding a slot
-// of s. Temporary errors (out of file descriptors, a connection aborted
+// acceptLoop serves ln until it is closed: each connection is opened by open
+// (nil: refused) and relayed, holding a slot of s until it ends. Temporary errors (out of file descriptors, a connection aborted
 // before it was accepted) pause it with a backoff; any other error closes
 // the listener, so that connections are refused rather than left queued,
 // and marks the pod unhealthy.
-func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *slots, serve func(net.Conn)) {
+func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *slots, open func(net.Conn) *relayed) {
 	var backoff accept.Backoff
 	for {
 		c, err := ln.Accept()
@@ -377,11 +377,17 @@ func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *s
 			return
 		}
 		go func() {
-			defer p.conns.Done()
-			defer s.release()
-			defer c.Close()
-			defer p.forget(c)
-			serve(c)
+			finish := func() {
+				p.forget(c)
+				c.Close()
+				s.release()
+				p.conns.Done()
+			}
+			if r := open(c); r != nil {
+				p.relay(r, finish)
+			} else {
+				finish()
+			}
 		}()
 	}
 }

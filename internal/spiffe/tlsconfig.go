@@ -200,10 +200,9 @@ func VerifyPath(certs []*x509.Certificate, opts x509.VerifyOptions) error {
 	if len(certs) == 0 {
 		return errors.New("no certificate to verify")
 	}
-	all, inter := x509.NewCertPool(), x509.NewCertPool()
+	inter := x509.NewCertPool()
 	selfIssued := false
 	for _, c := range certs[1:] {
-		all.AddCert(c)
 		if bytes.Equal(c.RawIssuer, c.RawSubject) {
 			selfIssued = true
 		} else {
@@ -213,6 +212,10 @@ func VerifyPath(certs []*x509.Certificate, opts x509.VerifyOptions) error {
 	opts.Intermediates = inter
 	_, err := certs[0].Verify(opts)
 	if err != nil && selfIssued {
+		all := x509.NewCertPool() // built only now: AddCert hashes each one
+		for _, c := range certs[1:] {
+			all.AddCert(c)
+		}
 		opts.Intermediates = all
 		_, err = certs[0].Verify(opts)
 	}

@@ -74,7 +74,7 @@ func ztunnelEnv(dir string) []string {
 		"XDS_ADDRESS=" + controlPlaneAddr, "XDS_SAN=" + controlPlaneName,
 		"TRUST_DOMAIN=cluster.local", "CLUSTER_DOMAIN=cluster.local", "CLUSTER_ID=Kubernetes",
 		"SECRET_TTL=24h", "CONNECTION_TERMINATION_DEADLINE=5s", "MAX_CONNECTIONS_PER_POD=16384",
-		"ENABLE_ORIG_SRC=true", "LOG_FORMAT=json", "LOG_LEVEL=info",
+		"ENABLE_ORIG_SRC=true", "ZTUNNEL_WORKER_THREADS=2", "LOG_FORMAT=json", "LOG_LEVEL=info",
 		"ROOT_CERT=" + filepath.Join(dir, "root-cert.pem"),
 		"TOKEN_FILE=" + filepath.Join(dir, "istio-token"),
 		"INPOD_UDS=" + filepath.Join(dir, "ztunnel.sock"),

@@ -40,6 +40,7 @@ func TestSchemaRejects(t *testing.T) {
 		{name: "CNI conf name with a path", set: []string{"cni.confFileName=/etc/cni/net.d/10-calico.conflist"}, want: "at '/cni/confFileName'"},
 		{name: "negative webhook replicas", set: []string{"webhook.replicas=-1"}, want: "at '/webhook/replicas': minimum: got -1, want 0"},
 		{name: "negative control plane replicas", set: []string{"controlplane.replicas=-2"}, want: "at '/controlplane/replicas': minimum: got -2, want 0"},
+		{name: "no ztunnel worker thread", set: []string{"ztunnel.workerThreads=0"}, want: "at '/ztunnel/workerThreads': minimum: got 0, want 1"},
 		{name: "empty image hub", set: []string{"global.hub="}, want: "at '/global/hub': minLength: got 0, want 1"},
 		{name: "image hub with a trailing slash", set: []string{"global.hub=registry.example/weft/"}, want: "at '/global/hub'"},
 		{name: "image hub removed", file: "global:\n  hub: null\n", want: "at '/global': missing property 'hub'"},

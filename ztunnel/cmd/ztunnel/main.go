@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"github.com/weftmesh/weft/internal/envflag"
@@ -25,9 +26,16 @@ func main() {
 	if err == nil {
 		err = cfg.Validate()
 	}
+	procs, perr := workerThreads(os.Getenv, runtime.GOMAXPROCS(0))
+	if err == nil {
+		err = perr
+	}
 	if err != nil {
 		log.Error("invalid configuration", "error", err.Error())
 		os.Exit(2)
+	}
+	if procs < runtime.GOMAXPROCS(0) {
+		runtime.GOMAXPROCS(procs)
 	}
 	z, err := ztunnel.New(cfg, log)
 	if err != nil {
@@ -36,12 +44,33 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	log.Info("ztunnel starting", "node", cfg.NodeName, "xds", cfg.XDSAddress)
+	log.Info("ztunnel starting", "node", cfg.NodeName, "xds", cfg.XDSAddress, "workerThreads", procs)
 	if err := z.Run(ctx); err != nil {
 		log.Error("ztunnel stopped", "error", err.Error())
 		os.Exit(1)
 	}
 	log.Info("ztunnel stopped")
+}
+
+// workerThreads returns how many threads may run ztunnel's Go code at once
+// (GOMAXPROCS): ZTUNNEL_WORKER_THREADS, Istio's ztunnel's variable, with its
+// default of 2, so that a node proxy takes no more of a large node than
+// Istio's does; never more than procs, the runtime's own choice (the
+// node's CPUs, or fewer under a container CPU limit), and procs when
+// GOMAXPROCS is set.
+func workerThreads(getenv func(string) string, procs int) (int, error) {
+	e := envflag.New(getenv)
+	n := e.Int("ZTUNNEL_WORKER_THREADS", 2)
+	if err := e.Err(); err != nil {
+		return 0, err
+	}
+	if n < 1 {
+		return 0, fmt.Errorf("ZTUNNEL_WORKER_THREADS=%d: at least one thread is needed", n)
+	}
+	if getenv("GOMAXPROCS") != "" {
+		return procs, nil
+	}
+	return min(n, procs), nil
 }
 
 // configFromEnv reads Istio's ztunnel variable names where they exist.

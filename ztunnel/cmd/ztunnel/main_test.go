@@ -30,3 +30,30 @@ func TestConfigFromEnv(t *testing.T) {
 		t.Errorf("bad values: %v, want both named", err)
 	}
 }
+
+func TestWorkerThreads(t *testing.T) {
+	for _, tc := range []struct {
+		env   map[string]string
+		procs int
+		want  int
+		err   string
+	}{
+		{env: nil, procs: 64, want: 2},
+		{env: nil, procs: 1, want: 1},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "4"}, procs: 64, want: 4},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "4"}, procs: 3, want: 3},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "4", "GOMAXPROCS": "8"}, procs: 8, want: 8},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "0"}, procs: 8, err: "ZTUNNEL_WORKER_THREADS=0"},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "-2"}, procs: 8, err: "ZTUNNEL_WORKER_THREADS=-2"},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "two"}, procs: 8, err: `ZTUNNEL_WORKER_THREADS="two"`},
+		{env: map[string]string{"ZTUNNEL_WORKER_THREADS": "two", "GOMAXPROCS": "8"}, procs: 8, err: `ZTUNNEL_WORKER_THREADS="two"`},
+	} {
+		got, err := workerThreads(func(k string) string { return tc.env[k] }, tc.procs)
+		switch {
+		case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
+			t.Errorf("%v with %d CPUs: %v, want an error naming %s", tc.env, tc.procs, err, tc.err)
+		case tc.err == "" && (err != nil || got != tc.want):
+			t.Errorf("%v with %d CPUs: %d (%v), want %d", tc.env, tc.procs, got, err, tc.want)
+		}
+	}
+}

@@ -17,35 +17,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// testNS creates a namespace for the test, removed at its end, and runs
-// setup inside it.
-func testNS(t *testing.T, setup func() error) *NS {
-	t.Helper()
-	rootOnly(t)
-	name := testName(t)
-	ns, err := Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close(); Delete(name) })
-	if err := ns.Do(setup); err != nil {
-		t.Fatal(err)
-	}
-	return ns
-}
-
 // TestDialTCP: the socket is the namespace's (it reaches a listener there),
 // control runs on it, it binds the local address asked for, and a refused
 // connection or a local address of the other family is an error that says
 // so.
 func TestDialTCP(t *testing.T) {
-	var ln net.Listener
-	ns := testNS(t, func() error {
-		var err error
-		ln, err = listenLoopback()
-		return err
-	})
-	defer ln.Close()
+	ns, ln := loopbackNS(t)
 	peers := make(chan net.Addr, 2)
 	go func() {
 		for {

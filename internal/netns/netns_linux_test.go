@@ -31,6 +31,25 @@ func testName(t *testing.T) string {
 	return fmt.Sprintf("weft-netns-test-%d-%s", os.Getpid(), strings.ToLower(t.Name()))
 }
 
+// testNS creates a namespace for the test, removed at its end, and runs
+// setup (when not nil) inside it.
+func testNS(t *testing.T, setup func() error) *NS {
+	t.Helper()
+	rootOnly(t)
+	name := testName(t)
+	ns, err := Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ns.Close(); Delete(name) })
+	if setup != nil {
+		if err := ns.Do(setup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ns
+}
+
 func threadNetnsID(t *testing.T) uint64 {
 	t.Helper()
 	var st unix.Stat_t
@@ -41,14 +60,8 @@ func threadNetnsID(t *testing.T) uint64 {
 }
 
 func TestCreateDoDelete(t *testing.T) {
-	rootOnly(t)
+	ns := testNS(t, nil)
 	name := testName(t)
-	ns, err := Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close(); Delete(name) })
-
 	if _, err := Create(name); err == nil {
 		t.Fatal("Create of an existing name succeeded")
 	}
@@ -140,13 +153,7 @@ func TestCreateDoDelete(t *testing.T) {
 }
 
 func TestDoReturnsFnError(t *testing.T) {
-	rootOnly(t)
-	name := testName(t)
-	ns, err := Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close(); Delete(name) })
+	ns := testNS(t, nil)
 	want := fmt.Errorf("boom")
 	if err := ns.Do(func() error { return want }); err != want {
 		t.Fatalf("Do = %v, want %v", err, want)
@@ -178,23 +185,7 @@ func TestInvalidNames(t *testing.T) {
 // TestDialContext: a connection DialContext opens is the namespace's: it
 // reaches a listener inside, which the caller's namespace cannot.
 func TestDialContext(t *testing.T) {
-	rootOnly(t)
-	name := testName(t)
-	ns, err := Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ns.Close(); Delete(name) })
-	var ln net.Listener
-	err = ns.Do(func() error {
-		var err error
-		ln, err = listenLoopback()
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
+	ns, ln := loopbackNS(t)
 	go func() {
 		if c, err := ln.Accept(); err == nil {
 			c.Write([]byte("inside"))
@@ -224,6 +215,20 @@ func TestDialContext(t *testing.T) {
 			t.Error("the caller's own namespace reached the listener inside")
 		}
 	}
+}
+
+// loopbackNS is testNS with its lo up and a listener on it, closed at the
+// test's end.
+func loopbackNS(t *testing.T) (*NS, net.Listener) {
+	t.Helper()
+	var ln net.Listener
+	ns := testNS(t, func() error {
+		var err error
+		ln, err = listenLoopback()
+		return err
+	})
+	t.Cleanup(func() { ln.Close() })
+	return ns, ln
 }
 
 // listenLoopback brings up the current namespace's lo and listens on it;

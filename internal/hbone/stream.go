@@ -776,6 +776,12 @@ type asyncRead struct {
 	// Used by the goroutine at work only.
 	last  time.Time // when it last sent
 	armed bool      // the socket's read deadline is set for a hand-off
+	// read's state.
+	readFn func(fd uintptr) bool // readOnce, bound once
+	size   int
+	buf    []byte
+	n      int
+	rerr   error
 	// Set by StopReadFrom.
 	stopped atomic.Bool
 }
@@ -806,7 +812,7 @@ func (s *Stream) pumpSocket(a *asyncRead) error {
 		if a.total >= 1<<20 {
 			size = largeBuf
 		}
-		buf, n, rerr := readSocket(a.rc, min(size, s.maxFrame()))
+		buf, n, rerr := a.read(min(size, s.maxFrame()))
 		if a.armed && errors.Is(rerr, os.ErrDeadlineExceeded) && !a.stopped.Load() {
 			putBuf(buf)
 			if err := a.idled(); err != nil {
@@ -904,21 +910,18 @@ func (s *Stream) sendRead(buf []byte, n int) error {
 	return nil
 }
 
-// readSocket reads up to size bytes from a socket into a pooled buffer
-// (after frameHeaderLen bytes of room for the header), taking the buffer only
-// when the socket is readable. It returns io.EOF at the end of the stream.
-func readSocket(rc syscall.RawConn, size int) (buf []byte, n int, err error) {
-	var rerr error
-	cerr := rc.Read(func(fd uintptr) bool {
-		buf = getBuf(frameHeaderLen + size)
-		n, rerr = unix.Read(int(fd), buf[frameHeaderLen:frameHeaderLen+size])
-		if rerr == unix.EAGAIN || rerr == unix.EINTR {
-			putBuf(buf)
-			buf = nil
-			return false // wait for readability without holding the buffer
-		}
-		return true
-	})
+// read reads up to size bytes from a's socket into a pooled buffer (after
+// frameHeaderLen bytes of room for the header), taking the buffer only when
+// the socket is readable. It returns io.EOF at the end of the stream. Its
+// state lives in a, so that a read allocates nothing.
+func (a *asyncRead) read(size int) (buf []byte, n int, err error) {
+	if a.readFn == nil {
+		a.readFn = a.readOnce
+	}
+	a.size = size
+	cerr := a.rc.Read(a.readFn)
+	buf, n, rerr := a.buf, a.n, a.rerr
+	a.buf, a.rerr = nil, nil
 	switch {
 	case cerr != nil:
 		err = cerr
@@ -934,6 +937,19 @@ func readSocket(rc syscall.RawConn, size int) (buf []byte, n int, err error) {
 		buf = getBuf(frameHeaderLen) // callers always return a buffer
 	}
 	return buf, n, err
+}
+
+// readOnce is read's attempt at the socket, as the runtime's poller calls
+// it: false to wait for readability (without holding a buffer).
+func (a *asyncRead) readOnce(fd uintptr) bool {
+	a.buf = getBuf(frameHeaderLen + a.size)
+	a.n, a.rerr = unix.Read(int(fd), a.buf[frameHeaderLen:frameHeaderLen+a.size])
+	if a.rerr == unix.EAGAIN || a.rerr == unix.EINTR {
+		putBuf(a.buf)
+		a.buf = nil
+		return false
+	}
+	return true
 }
 
 // sendFrom sends buf[9:9+n] as one or more DATA frames as credit allows. Each

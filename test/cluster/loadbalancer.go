@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
@@ -181,6 +182,35 @@ func (c *Cluster) DialOutside(ctx context.Context, network, addr string) (net.Co
 // opens (each request on a new connection, none kept idle).
 func (c *Cluster) OutsideHTTPClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: c.DialOutside, DisableKeepAlives: true}, Timeout: 30 * time.Second}
+}
+
+// DescribeOutsidePath says, for a test that failed to reach a load
+// balancer address from outside, which node the outside namespace's route
+// sends a connection to addr through (the equal-cost paths hash on the
+// addresses alone, so every attempt takes the same one) and whether that
+// node's kube-proxy reports itself healthy.
+func (c *Cluster) DescribeOutsidePath(ctx context.Context, addr netip.Addr) string {
+	h, err := c.topo.out.Netlink()
+	if err != nil {
+		return "the outside route: " + err.Error()
+	}
+	defer h.Close()
+	routes, err := h.RouteGetWithOptions(addr.AsSlice(), &netlink.RouteGetOptions{SrcAddr: outsideAddr.AsSlice()})
+	if err != nil || len(routes) == 0 {
+		return fmt.Sprintf("the outside route to %s: %v", addr, err)
+	}
+	gw, _ := netip.AddrFromSlice(routes[0].Gw)
+	for i, ns := range c.topo.nodes {
+		if nodeAddr(i+1) != gw.Unmap() {
+			continue
+		}
+		health := "healthy"
+		if ok, why := proxyHealthy(ctx, ns); !ok {
+			health = "not healthy: " + why
+		}
+		return fmt.Sprintf("the outside reaches %s through %s (%s); its kube-proxy is %s", addr, nodeName(i+1), gw, health)
+	}
+	return fmt.Sprintf("the outside reaches %s through %v, which is no node", addr, routes[0].Gw)
 }
 
 // WaitLoadBalancer waits until the Service has a load balancer address

@@ -80,7 +80,7 @@ func TestLoadBalancer(t *testing.T) {
 		}
 		return json.Unmarshal(body, &got) == nil, nil
 	}); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v; %s", err, c.DescribeOutsidePath(context.Background(), addr))
 	}
 	if got.Pod != pods[0].Name || got.Path != "/from-outside" || got.Port != 8080 {
 		t.Errorf("answer %+v: want pod %s, path /from-outside, port 8080", got, pods[0].Name)

@@ -62,7 +62,8 @@ const (
 // ztunnel samples its heap finely (GODEBUG=memprofilerate=4096), and its
 // heap profile, goroutines and metrics are saved under the 1000 req/s load
 // to <prefix>-load-heap.prof, <prefix>-load-goroutine.txt and
-// <prefix>-load-metrics.txt, with the 1000 idle connections open to
+// <prefix>-load-metrics.txt (and a CPU profile of 3 s of the load to
+// <prefix>-load-cpu.prof), with the 1000 idle connections open to
 // <prefix>-idle-*, and with 102 pods enrolled to <prefix>-pods-*.
 func BenchmarkZtunnel(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
@@ -390,6 +391,8 @@ func (p *podPair) latency(b *testing.B) {
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	fmt.Printf("bench: direct_p90_ms %.3f\n", ms(pct(direct, 0.90)))
 	fmt.Printf("bench: ztunnel_p90_ms %.3f\n", ms(pct(mesh, 0.90)))
+	fmt.Printf("bench: direct_p99_ms %.3f\n", ms(pct(direct, 0.99)))
+	fmt.Printf("bench: ztunnel_p99_ms %.3f\n", ms(pct(mesh, 0.99)))
 	fmt.Printf("bench: ztunnel_added_p90_ms %.3f\n", ms(pct(mesh, 0.90)-pct(direct, 0.90)))
 	fmt.Printf("bench: ztunnel_added_p99_ms %.3f\n", ms(pct(mesh, 0.99)-pct(direct, 0.99)))
 	fmt.Printf("bench: ztunnel_rss_mb %.1f\n", float64(rss)/(1<<20))
@@ -414,11 +417,15 @@ func (p *podPair) profile(b *testing.B, phase string, wait time.Duration) <-chan
 	go func() {
 		defer close(done)
 		time.Sleep(wait)
-		for file, url := range map[string]string{
+		files := map[string]string{
 			"heap.prof":     "http://" + ztAdmin + "/debug/pprof/heap",
 			"goroutine.txt": "http://" + ztAdmin + "/debug/pprof/goroutine?debug=1",
 			"metrics.txt":   "http://" + ztMetrics + "/metrics",
-		} {
+		}
+		if phase == "load" {
+			files["cpu.prof"] = "http://" + ztAdmin + "/debug/pprof/profile?seconds=3"
+		}
+		for file, url := range files {
 			data, err := p.zt.get(url)
 			if err == nil {
 				err = os.WriteFile(prefix+"-"+phase+"-"+file, data, 0o644)

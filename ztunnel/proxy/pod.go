@@ -344,10 +344,11 @@ func (p *Pod) openDNS(ctx context.Context) (*dnsproxy.Server, error) {
 }
 
 // acceptLoop serves ln until it is closed: each connection is opened by open
-// (nil: refused) and relayed, holding a slot of s until it ends. Temporary errors (out of file descriptors, a connection aborted
-// before it was accepted) pause it with a backoff; any other error closes
-// the listener, so that connections are refused rather than left queued,
-// and marks the pod unhealthy.
+// (nil: refused) and relayed, holding a slot of s until it ends. Temporary
+// errors (out of file descriptors, a connection aborted before it was
+// accepted) pause it with a backoff; any other error closes the listener,
+// so that connections are refused rather than left queued, and marks the
+// pod unhealthy.
 func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *slots, open func(net.Conn) *relayed) {
 	var backoff accept.Backoff
 	for {

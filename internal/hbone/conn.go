@@ -117,6 +117,7 @@ type ctrlFrame struct {
 // and Stream.wmu are, as they serialise one stream's readers and writers.
 type conn struct {
 	nc     net.Conn
+	batch  *batchConn // nc's socket, when it gathers records (set before start)
 	server bool
 	cfg    connConfig
 	fr     *http2.Framer
@@ -321,7 +322,7 @@ func (c *conn) drainLocked(first []byte, share int) error {
 	}
 	if first != nil {
 		c.wmu.Unlock()
-		_, err := c.nc.Write(first)
+		_, err := c.write(first)
 		c.wmu.Lock()
 		if err != nil && c.werr == nil {
 			c.werr = err
@@ -336,7 +337,7 @@ func (c *conn) drainLocked(first []byte, share int) error {
 		buf := c.out
 		c.out = nil
 		c.wmu.Unlock()
-		_, err := c.nc.Write(buf)
+		_, err := c.write(buf)
 		c.wmu.Lock()
 		c.written += uint64(len(buf))
 		if share > 0 {
@@ -359,6 +360,15 @@ func (c *conn) drainLocked(first []byte, share int) error {
 	}
 	c.wroom.Broadcast()
 	return c.werr
+}
+
+// write writes p to nc; more than a record's worth goes out in batches
+// (batchConn).
+func (c *conn) write(p []byte) (int, error) {
+	if c.batch == nil || len(p) <= maxRecordPlaintext {
+		return c.nc.Write(p)
+	}
+	return c.batch.writeBatched(c.nc, p)
 }
 
 // openStreams is how many streams are open on the connection.

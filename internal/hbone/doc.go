@@ -24,7 +24,9 @@
 //     and one writer at a time writes it, with what the others added
 //     meanwhile; a stream's DATA write yields once first when other streams
 //     are open, so that answers ready at about the same time share a TLS
-//     record and a write(2).
+//     record and a write(2). crypto/tls writes each record with a write(2)
+//     of its own; the socket under it gathers the records of one large
+//     write (up to two 64 KiB frames) into one.
 //
 // Server answers CONNECTs (400 for protocol violations, the handler's
 // status otherwise) and hands each accepted tunnel to its caller as a

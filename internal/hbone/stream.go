@@ -230,11 +230,12 @@ func (s *Stream) fill(r io.Reader, n int) (read, dropped int, err error) {
 // buffered while WriteTo waits on a socket: the payload goes straight to the
 // socket with a non-blocking write, saving the hand-off to WriteTo's
 // goroutine. What the socket does not take at once is buffered for WriteTo.
+// It takes up to largeBuf of the frame at a time, a write(2) each.
 func (s *Stream) fillDirect(r io.Reader, n int) (read, dropped int, err error) {
 	s.reading = true
 	sink := s.sink
 	s.mu.Unlock()
-	chunk := getBuf(min(n, recvChunk))
+	chunk := getBuf(min(n, largeBuf))
 	m, err := io.ReadFull(r, chunk[:min(n, len(chunk))])
 	written := tryWrite(sink, chunk[:m])
 	s.mu.Lock()

@@ -63,7 +63,8 @@ const (
 // heap profile, goroutines and metrics are saved under the 1000 req/s load
 // to <prefix>-load-heap.prof, <prefix>-load-goroutine.txt and
 // <prefix>-load-metrics.txt (and a CPU profile of 3 s of the load to
-// <prefix>-load-cpu.prof), with the 1000 idle connections open to
+// <prefix>-load-cpu.prof), in the first second of bulk transfer through
+// it to <prefix>-throughput-*, with the 1000 idle connections open to
 // <prefix>-idle-*, and with 102 pods enrolled to <prefix>-pods-*.
 func BenchmarkZtunnel(b *testing.B) {
 	if why := cluster.SkipReason(); why != "" {
@@ -286,11 +287,18 @@ func (p *podPair) bulk(b *testing.B, d time.Duration) float64 {
 
 func (p *podPair) throughput(b *testing.B) {
 	var direct, mesh []float64
-	for range 3 {
+	for round := range 3 {
 		p.setRedirect(b, false)
 		direct = append(direct, p.bulk(b, time.Second))
 		p.setRedirect(b, true)
+		var saved <-chan struct{}
+		if round == 0 {
+			saved = p.profile(b, "throughput", 0, time.Second)
+		}
 		mesh = append(mesh, p.bulk(b, 2*time.Second))
+		if saved != nil {
+			<-saved
+		}
 	}
 	d, m := median(direct), median(mesh)
 	fmt.Printf("bench: ztunnel_throughput_gbps %.2f\n", m*8/1e9)
@@ -373,7 +381,7 @@ func (p *podPair) latency(b *testing.B) {
 	p.setRedirect(b, false)
 	direct := p.openLoop(b, url, nil, rate, d, conns)
 	p.setRedirect(b, true)
-	saved := p.profile(b, "load", d/2)
+	saved := p.profile(b, "load", d/2, 3*time.Second)
 	pid := p.zt.pid()
 	opened := p.zt.sum(b, "istio_tcp_connections_opened_total")
 	cpu0 := procCPU(b, pid)
@@ -405,9 +413,10 @@ func (p *podPair) latency(b *testing.B) {
 }
 
 // profile saves ztunnel's heap profile, goroutines and metrics after
-// wait, when WEFT_BENCH_ZTUNNEL_PROFILE names a file prefix; the returned
-// channel is closed once they are saved (at once without the variable).
-func (p *podPair) profile(b *testing.B, phase string, wait time.Duration) <-chan struct{} {
+// wait, and a CPU profile of the cpu that follows (none for 0), when
+// WEFT_BENCH_ZTUNNEL_PROFILE names a file prefix; the returned channel is
+// closed once they are saved (at once without the variable).
+func (p *podPair) profile(b *testing.B, phase string, wait, cpu time.Duration) <-chan struct{} {
 	done := make(chan struct{})
 	prefix := os.Getenv("WEFT_BENCH_ZTUNNEL_PROFILE")
 	if prefix == "" {
@@ -422,8 +431,8 @@ func (p *podPair) profile(b *testing.B, phase string, wait time.Duration) <-chan
 			"goroutine.txt": "http://" + ztAdmin + "/debug/pprof/goroutine?debug=1",
 			"metrics.txt":   "http://" + ztMetrics + "/metrics",
 		}
-		if phase == "load" {
-			files["cpu.prof"] = "http://" + ztAdmin + "/debug/pprof/profile?seconds=3"
+		if cpu > 0 {
+			files["cpu.prof"] = fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", ztAdmin, int(cpu.Seconds()))
 		}
 		for file, url := range files {
 			data, err := p.zt.get(url)
@@ -462,7 +471,7 @@ func (p *podPair) idle(b *testing.B) {
 	}
 	time.Sleep(500 * time.Millisecond) // let every tunnel settle on both ends
 	after, rss1 := p.zt.memInUse(b), procRSS(b, pid)
-	<-p.profile(b, "idle", 0)
+	<-p.profile(b, "idle", 0, 0)
 	if got := p.zt.sum(b, "istio_tcp_connections_opened_total") - opened; got < 2*n {
 		b.Fatalf("ztunnel counted %v connections opened for %d at both ends", got, n)
 	}
@@ -539,7 +548,7 @@ func (p *podPair) manyPods(b *testing.B) {
 		b.Fatalf("ztunnel serves %d pods with %d certificates, want %d of each", pods, certs, manyPods+2)
 	}
 	rss1, mem1 := procRSS(b, pid), p.zt.memInUse(b)
-	<-p.profile(b, "pods", 0)
+	<-p.profile(b, "pods", 0, 0)
 	fmt.Printf("bench: ztunnel_enroll_%d_pods_s %.2f\n", manyPods, enrolled.Seconds())
 	fmt.Printf("bench: ztunnel_2pod_rss_mb %.1f\n", float64(rss0)/(1<<20))
 	fmt.Printf("bench: ztunnel_%dpod_rss_mb %.1f\n", manyPods+2, float64(rss1)/(1<<20))

@@ -628,12 +628,14 @@ func (c *conn) readFrames() error {
 		default: // unknown frame types are ignored (RFC 9113 §4.1)
 			_, err = io.CopyN(io.Discard, c.nc, int64(fh.Length))
 		}
-		var se http2.StreamError
-		if errors.As(err, &se) {
-			c.resetStream(se.StreamID, se.Code, fmt.Errorf("stream %d: %v", se.StreamID, se))
-			continue
-		}
 		if err != nil {
+			// Declared here: the pointer errors.As takes moves se to the
+			// heap, which is not to happen for every frame.
+			var se http2.StreamError
+			if errors.As(err, &se) {
+				c.resetStream(se.StreamID, se.Code, fmt.Errorf("stream %d: %v", se.StreamID, se))
+				continue
+			}
 			return err
 		}
 	}

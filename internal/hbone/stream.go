@@ -109,9 +109,12 @@ func (c *conn) newStreamLocked(id uint32) *Stream {
 // pool as soon as they are drained, so an idle stream holds no buffer.
 type recvBuf struct {
 	chunks [][]byte
-	r      int // read offset in chunks[0]
-	w      int // write offset in the last chunk
-	n      int // bytes buffered
+	// first holds chunks' one element while there is one, so that a stream
+	// whose frames are read one at a time allocates no slice for them.
+	first [1][]byte
+	r     int // read offset in chunks[0]
+	w     int // write offset in the last chunk
+	n     int // bytes buffered
 }
 
 // space returns where the next bytes go, adding a chunk when the tail is
@@ -120,6 +123,9 @@ type recvBuf struct {
 // take large chunks.
 func (b *recvBuf) space(want int) []byte {
 	if len(b.chunks) == 0 || b.w == len(b.chunks[len(b.chunks)-1]) {
+		if b.chunks == nil {
+			b.chunks = b.first[:0]
+		}
 		b.chunks = append(b.chunks, getBuf(min(want, recvChunk)))
 		b.w = 0
 	}
@@ -159,6 +165,7 @@ func (b *recvBuf) advance(n int, keepTail bool) {
 		b.r = 0
 		if last {
 			b.chunks = nil
+			b.first[0] = nil // in case chunks had outgrown it
 			b.w = 0
 		}
 	}

@@ -47,6 +47,11 @@ const (
 	// flush in progress writes before it hands the rest to writeLoop, so that
 	// a busy connection does not hold one stream's caller indefinitely.
 	maxFlushShare = 256 << 10
+	// busyGap is how recently a connection must have been written for a
+	// stream's write to yield first (drainLocked): answers come together
+	// only on a busy connection, and on an idle one the yield would only
+	// wake another thread to find nothing to do.
+	busyGap       = 100 * time.Microsecond
 	initialWindow = 65535
 	maxWindow     = 1<<31 - 1
 )
@@ -140,6 +145,7 @@ type conn struct {
 	handoff  bool          // guarded by wmu: the flusher left the rest to writeLoop
 	werr     error         // guarded by wmu: the first write error
 	queued   uint64        // guarded by wmu: bytes ever appended to out
+	lastOut  time.Time     // guarded by wmu: when the last flush ended
 	written  uint64        // guarded by wmu: bytes of out ever written
 	flushNow chan struct{} // capacity 1: writeLoop is to take over flushing
 	henc     *hpack.Encoder
@@ -296,17 +302,18 @@ func (c *conn) flushWaitLocked() error {
 
 // drainLocked is the flusher: it writes first, when not nil (a stream's
 // DATA frames, not copied to out; out is empty), then out until it is
-// empty. With first, when other streams are open, it yields once before
-// writing: the goroutines that are ready to write then append their frames
-// and share this write, which under load merges several answers into one
-// TLS record and one write(2); when nothing else is runnable the yield
-// costs a trip through the scheduler. Once it has written share bytes of
+// empty. With first, when other streams are open and the connection wrote
+// within busyGap, it yields once before writing: the goroutines that are
+// ready to write then append their frames and share this write, which
+// under load merges several answers into one TLS record and one write(2).
+// (A yield also wakes an idle thread to look for work, which at a light
+// load costs more than the write.) Once it has written share bytes of
 // out (no limit when negative) the flusher leaves the rest to writeLoop.
 // The caller holds wmu, and no flush is in progress unless this is
 // writeLoop taking over.
 func (c *conn) drainLocked(first []byte, share int) error {
 	c.flushing, c.handoff = true, false
-	if first != nil && c.openStreams() > 1 {
+	if first != nil && time.Since(c.lastOut) < busyGap && c.openStreams() > 1 {
 		c.wmu.Unlock()
 		runtime.Gosched()
 		c.wmu.Lock()
@@ -354,6 +361,7 @@ func (c *conn) drainLocked(first []byte, share int) error {
 		c.wroom.Broadcast()
 	}
 	c.flushing = false
+	c.lastOut = time.Now()
 	if cap(c.spare) > bufSlack+mediumBuf {
 		putBuf(c.spare) // do not pin a big buffer on an idle connection
 		c.spare = nil

@@ -23,8 +23,9 @@
 //   - Writes are coalesced: frames of all streams go to one pending buffer
 //     and one writer at a time writes it, with what the others added
 //     meanwhile; a stream's DATA write yields once first when other streams
-//     are open, so that answers ready at about the same time share a TLS
-//     record and a write(2). crypto/tls writes each record with a write(2)
+//     are open and the connection wrote within the last 100 µs, so that
+//     answers ready at about the same time share a TLS record and a
+//     write(2). crypto/tls writes each record with a write(2)
 //     of its own; the socket under it gathers the records of one large
 //     write (up to two 64 KiB frames) into one.
 //

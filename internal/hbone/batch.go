@@ -14,7 +14,7 @@ const (
 	batchSize  = batchChunk + 4<<10
 )
 
-var batchPool sync.Pool
+var batchPool = freeList[[batchSize]byte]{max: 4}
 
 // maxRecordPlaintext is the most plaintext one TLS record carries.
 const maxRecordPlaintext = 16 << 10
@@ -40,7 +40,7 @@ func (b *batchConn) Write(p []byte) (int, error) {
 		return b.Conn.Write(p)
 	}
 	if b.buf == nil {
-		b.buf = pooled[[batchSize]byte](&batchPool)[:0]
+		b.buf = batchPool.get()[:0]
 	}
 	if len(b.buf)+len(p) > cap(b.buf) {
 		if err := b.sendLocked(); err != nil {
@@ -82,7 +82,7 @@ func (b *batchConn) writeBatched(tc net.Conn, p []byte) (int, error) {
 			err = serr
 		}
 		if b.buf != nil {
-			batchPool.Put((*[batchSize]byte)(b.buf[:batchSize]))
+			batchPool.put((*[batchSize]byte)(b.buf[:batchSize]))
 			b.buf = nil
 		}
 		b.mu.Unlock()

@@ -15,9 +15,18 @@ const (
 	bufSlack = 8 * frameHeaderLen
 )
 
-// The pools hold pointers to arrays, which an interface holds without an
-// allocation (a *[]byte would need one per Put).
-var smallPool, mediumPool, chunkPool, largePool sync.Pool
+// The small classes, taken and returned for every frame, are sync.Pools,
+// which hold pointers to arrays (an interface holds one without an
+// allocation, where a *[]byte would need one per Put). The large classes
+// are bounded lists (freeList): a stream that buffered a whole window holds
+// megabytes of them, and a sync.Pool would keep all of that alive until two
+// collections have passed, which at a light load after a burst can take
+// minutes, the collector's goal raised by it all the while.
+var (
+	smallPool, mediumPool sync.Pool
+	chunkPool             = freeList[[recvChunk]byte]{max: 32}
+	largePool             = freeList[[largeSize]byte]{max: 16}
+)
 
 const (
 	smallSize  = bufSlack + smallBuf
@@ -33,9 +42,9 @@ func getBuf(n int) []byte {
 	case n <= mediumSize:
 		return pooled[[mediumSize]byte](&mediumPool)[:]
 	case n <= recvChunk:
-		return pooled[[recvChunk]byte](&chunkPool)[:]
+		return chunkPool.get()[:]
 	case n <= largeSize:
-		return pooled[[largeSize]byte](&largePool)[:]
+		return largePool.get()[:]
 	}
 	return make([]byte, n)
 }
@@ -58,8 +67,36 @@ func putBuf(b []byte) {
 	case mediumSize:
 		mediumPool.Put((*[mediumSize]byte)(b))
 	case recvChunk:
-		chunkPool.Put((*[recvChunk]byte)(b))
+		chunkPool.put((*[recvChunk]byte)(b))
 	case largeSize:
-		largePool.Put((*[largeSize]byte)(b))
+		largePool.put((*[largeSize]byte)(b))
+	}
+}
+
+// freeList keeps up to max arrays for reuse and leaves the rest to the
+// collector.
+type freeList[A any] struct {
+	mu   sync.Mutex
+	free []*A
+	max  int
+}
+
+func (l *freeList[A]) get() *A {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := len(l.free); n > 0 {
+		b := l.free[n-1]
+		l.free[n-1] = nil
+		l.free = l.free[:n-1]
+		return b
+	}
+	return new(A)
+}
+
+func (l *freeList[A]) put(b *A) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.free) < l.max {
+		l.free = append(l.free, b)
 	}
 }

@@ -2,6 +2,7 @@ package hbone
 
 import (
 	"bytes"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -122,7 +123,7 @@ type ctrlFrame struct {
 // and Stream.wmu are, as they serialise one stream's readers and writers.
 type conn struct {
 	nc     net.Conn
-	batch  *batchConn // nc's socket, when it gathers records (set before start)
+	batch  *batchConn // nc's socket, when it gathers records
 	server bool
 	cfg    connConfig
 	fr     *http2.Framer
@@ -210,6 +211,9 @@ func newConn(nc net.Conn, server bool, cfg connConfig) *conn {
 	c.fr.MaxHeaderListSize = cfg.maxHeaderList
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.henc = hpack.NewEncoder(&c.hbuf)
+	if tc, ok := nc.(*tls.Conn); ok {
+		c.batch, _ = tc.NetConn().(*batchConn)
+	}
 	return c
 }
 

@@ -404,8 +404,7 @@ func (d *Dialer) dialConn(ctx context.Context, t Target, p *pool) (*conn, error)
 	}
 	tcfg = tcfg.Clone()
 	tcfg.NextProtos = []string{"h2"}
-	bc := &batchConn{Conn: raw}
-	tc := tls.Client(bc, tcfg)
+	tc := tls.Client(&batchConn{Conn: raw}, tcfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: TLS handshake with %s: %w", t.Addr, err)
@@ -422,7 +421,6 @@ func (d *Dialer) dialConn(ctx context.Context, t Target, p *pool) (*conn, error)
 		keepAliveTimeout: d.cfg.KeepAliveTimeout,
 		log:              d.cfg.Logger,
 	})
-	c.batch = bc
 	c.onIdle = func(c *conn) { d.scheduleRelease(p, c) }
 	c.onClose = func(c *conn) { d.remove(p, c) }
 	if err := c.start(); err != nil {

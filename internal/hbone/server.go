@@ -314,8 +314,7 @@ func (s *Server) Shutdown(timeout time.Duration) {
 // ServeConn runs the TLS handshake on nc and serves it until it ends.
 func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	log := s.cfg.Logger
-	bc := &batchConn{Conn: nc}
-	tc := tls.Server(bc, s.tls)
+	tc := tls.Server(&batchConn{Conn: nc}, s.tls)
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(hctx)
 	cancel()
@@ -343,7 +342,6 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		keepAliveTimeout: s.cfg.KeepAliveTimeout,
 		log:              log,
 	})
-	c.batch = bc
 	c.onStream = func(st *Stream, f *http2.MetaHeadersFrame) {
 		s.handlers.Add(1)
 		go s.serveStream(c, st, f, peer)

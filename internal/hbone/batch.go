@@ -26,10 +26,19 @@ const maxRecordPlaintext = 16 << 10
 // network stack instead of four or more.
 type batchConn struct {
 	net.Conn
+	sock      *socketIO
 	mu        sync.Mutex
 	gathering bool   // guarded by mu: a batch is open
 	buf       []byte // guarded by mu: pooled while gathering
 }
+
+// newBatchConn returns the batching socket over c.
+func newBatchConn(c net.Conn) *batchConn {
+	return &batchConn{Conn: c, sock: newSocketIO(c)}
+}
+
+// Read reads from the socket (socketIO).
+func (b *batchConn) Read(p []byte) (int, error) { return b.sock.read(p) }
 
 // Write writes p, or gathers it while a batch is open. A record that does
 // not fit what the buffer has left first sends what it holds.
@@ -37,7 +46,7 @@ func (b *batchConn) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.gathering {
-		return b.Conn.Write(p)
+		return b.sock.write(p)
 	}
 	if b.buf == nil {
 		b.buf = batchPool.get()[:0]
@@ -47,7 +56,7 @@ func (b *batchConn) Write(p []byte) (int, error) {
 			return 0, err
 		}
 		if len(p) > cap(b.buf) {
-			return b.Conn.Write(p)
+			return b.sock.write(p)
 		}
 	}
 	b.buf = append(b.buf, p...)
@@ -59,7 +68,7 @@ func (b *batchConn) sendLocked() error {
 	if len(b.buf) == 0 {
 		return nil
 	}
-	_, err := b.Conn.Write(b.buf)
+	_, err := b.sock.write(b.buf)
 	b.buf = b.buf[:0]
 	return err
 }

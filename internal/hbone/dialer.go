@@ -404,7 +404,7 @@ func (d *Dialer) dialConn(ctx context.Context, t Target, p *pool) (*conn, error)
 	}
 	tcfg = tcfg.Clone()
 	tcfg.NextProtos = []string{"h2"}
-	tc := tls.Client(&batchConn{Conn: raw}, tcfg)
+	tc := tls.Client(newBatchConn(raw), tcfg)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		raw.Close()
 		return nil, fmt.Errorf("hbone: TLS handshake with %s: %w", t.Addr, err)

@@ -314,7 +314,7 @@ func (s *Server) Shutdown(timeout time.Duration) {
 // ServeConn runs the TLS handshake on nc and serves it until it ends.
 func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	log := s.cfg.Logger
-	tc := tls.Server(&batchConn{Conn: nc}, s.tls)
+	tc := tls.Server(newBatchConn(nc), s.tls)
 	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(hctx)
 	cancel()

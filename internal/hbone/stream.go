@@ -274,7 +274,7 @@ func tryWrite(rc syscall.RawConn, p []byte) int {
 	n := 0
 	_ = rc.Write(func(fd uintptr) bool {
 		for n < len(p) {
-			m, err := unix.Write(int(fd), p[n:])
+			m, err := rawWrite(int(fd), p[n:])
 			if m > 0 {
 				n += m
 			}
@@ -951,7 +951,7 @@ func (a *asyncRead) read(size int) (buf []byte, n int, err error) {
 // it: false to wait for readability (without holding a buffer).
 func (a *asyncRead) readOnce(fd uintptr) bool {
 	a.buf = getBuf(frameHeaderLen + a.size)
-	a.n, a.rerr = unix.Read(int(fd), a.buf[frameHeaderLen:frameHeaderLen+a.size])
+	a.n, a.rerr = rawRead(int(fd), a.buf[frameHeaderLen:frameHeaderLen+a.size])
 	if a.rerr == unix.EAGAIN || a.rerr == unix.EINTR {
 		putBuf(a.buf)
 		a.buf = nil

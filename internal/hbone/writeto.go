@@ -2,7 +2,6 @@ package hbone
 
 import (
 	"io"
-	"syscall"
 )
 
 // asyncWrite is the state of a StartWriteTo: a WriteTo that holds no
@@ -92,14 +91,4 @@ func (s *Stream) drain(a *asyncWrite) {
 			return
 		}
 	}
-}
-
-// rawConn returns w's raw socket, or nil when w is not a socket.
-func rawConn(w any) syscall.RawConn {
-	if sc, ok := w.(syscall.Conn); ok {
-		if rc, err := sc.SyscallConn(); err == nil {
-			return rc
-		}
-	}
-	return nil
 }

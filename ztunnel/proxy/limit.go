@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"errors"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -65,6 +67,16 @@ type slotConn struct {
 	net.Conn
 	s    *slots
 	once sync.Once
+}
+
+// SyscallConn is the socket's, so that the HBONE engine reads and writes
+// it directly.
+func (c *slotConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 func (c *slotConn) Close() error {

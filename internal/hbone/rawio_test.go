@@ -1,0 +1,117 @@
+package hbone
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestSocketIOLikeNet: a socketIO over a TCP socket reads and writes as the
+// net package's own conn does: all of a write larger than the socket's
+// buffers (it waits for room), EOF at the peer's close, the deadline's
+// timeout error, and a reset as a *net.OpError around the system call's
+// error.
+func TestSocketIOLikeNet(t *testing.T) {
+	a, b := socketPair(t)
+	s := newSocketIO(a)
+	if s.rc == nil {
+		t.Fatal("a TCP socket got no raw socket")
+	}
+	// Larger than loopback's buffers, so the write waits on the poller.
+	msg := make([]byte, 16<<20)
+	for i := range msg {
+		msg[i] = byte(i * 13)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		buf := make([]byte, len(msg))
+		_, err := io.ReadFull(b, buf)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- buf
+	}()
+	if n, err := s.write(msg); n != len(msg) || err != nil {
+		t.Fatalf("write = %d, %v; want %d, nil", n, err, len(msg))
+	}
+	if !bytes.Equal(<-got, msg) {
+		t.Fatal("the bytes arrived changed")
+	}
+
+	if _, err := b.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if n, err := s.read(buf); err != nil || string(buf[:n]) != "hello" {
+		t.Fatalf("read = %q, %v", buf[:n], err)
+	}
+
+	a.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	_, err := s.read(buf)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read past the deadline = %v; want a net.Error timeout", err)
+	}
+	a.SetReadDeadline(time.Time{})
+
+	b.CloseWrite()
+	if n, err := s.read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("read after the peer's FIN = %d, %v; want 0, EOF", n, err)
+	}
+
+	b.SetLinger(0)
+	b.Close() // RST
+	time.Sleep(20 * time.Millisecond)
+	var werr error
+	for range 10 { // the first write may land before the reset is seen
+		if _, werr = s.write([]byte("x")); werr != nil {
+			break
+		}
+	}
+	var oe *net.OpError
+	var se *os.SyscallError
+	if !errors.As(werr, &oe) || oe.Op != "write" || !errors.As(werr, &se) || !errors.Is(werr, unix.ECONNRESET) && !errors.Is(werr, unix.EPIPE) {
+		t.Fatalf("write to a reset socket = %#v; want a *net.OpError around ECONNRESET or EPIPE", werr)
+	}
+
+	a.Close()
+	if _, err := s.read(buf); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read of a closed conn = %v; want net.ErrClosed", err)
+	}
+}
+
+// TestRawConnOnlyNonBlocking: a descriptor in blocking mode is never read
+// with raw system calls (one would hold its thread's processor while it
+// blocks); a conn without a socket has none.
+func TestRawConnOnlyNonBlocking(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocking := os.NewFile(uintptr(fds[0]), "blocking")
+	defer blocking.Close()
+	defer unix.Close(fds[1])
+	if _, ok := any(blocking).(syscall.Conn); !ok {
+		t.Fatal("*os.File is not a syscall.Conn")
+	}
+	if rawConn(blocking) != nil {
+		t.Error("rawConn took a blocking descriptor")
+	}
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	if rawConn(p1) != nil || newSocketIO(p1).rc != nil {
+		t.Error("rawConn of a net.Pipe")
+	}
+	a, _ := socketPair(t)
+	if rawConn(a) == nil {
+		t.Error("rawConn of a TCP socket is nil")
+	}
+}

@@ -18,12 +18,9 @@ package plugin
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"strings"
 	"time"
 
@@ -186,38 +183,3 @@ func (p *Plugin) Del(args *skel.CmdArgs) error { return nil }
 
 // Check does nothing, as in Istio.
 func (p *Plugin) Check(args *skel.CmdArgs) error { return nil }
-
-// socketNotifier POSTs the event over the agent's unix socket.
-type socketNotifier struct{}
-
-// Notify sends ev and returns the agent's error text for a non-200 answer.
-func (socketNotifier) Notify(ctx context.Context, socket string, ev *event.Add) error {
-	body, err := ev.Marshal()
-	if err != nil {
-		return err
-	}
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", socket)
-	}}
-	defer tr.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://unix"+event.Path, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) {
-			return fmt.Errorf("the node agent at %s is unreachable (%w); is weft-cni-agent running on this node?", socket, err)
-		}
-		return fmt.Errorf("sending the event to the node agent at %s: %w", socket, err)
-	}
-	defer resp.Body.Close()
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("the node agent refused the pod (%s): %s", resp.Status, strings.TrimSpace(string(msg)))
-	}
-	return nil
-}

@@ -43,23 +43,15 @@ func rawConn(w any) syscall.RawConn {
 }
 
 // rawRead is read(2) on the non-blocking socket fd.
-func rawRead(fd int, p []byte) (int, error) {
-	for {
-		n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
-}
+func rawRead(fd int, p []byte) (int, error) { return rawRW(unix.SYS_READ, fd, p) }
 
 // rawWrite is write(2) on the non-blocking socket fd.
-func rawWrite(fd int, p []byte) (int, error) {
+func rawWrite(fd int, p []byte) (int, error) { return rawRW(unix.SYS_WRITE, fd, p) }
+
+// rawRW makes the read or write system call trap on fd with p.
+func rawRW(trap uintptr, fd int, p []byte) (int, error) {
 	for {
-		n, _, e := unix.RawSyscall(unix.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		n, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 		switch e {
 		case 0:
 			return int(n), nil

@@ -5,7 +5,6 @@ import (
 	"net"
 	"os"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -47,20 +46,6 @@ func rawRead(fd int, p []byte) (int, error) { return rawRW(unix.SYS_READ, fd, p)
 
 // rawWrite is write(2) on the non-blocking socket fd.
 func rawWrite(fd int, p []byte) (int, error) { return rawRW(unix.SYS_WRITE, fd, p) }
-
-// rawRW makes the read or write system call trap on fd with p.
-func rawRW(trap uintptr, fd int, p []byte) (int, error) {
-	for {
-		n, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
-		switch e {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, e
-	}
-}
 
 // socketIO is a net.Conn's Read and Write over its socket with raw system
 // calls, honouring the connection's deadlines and wrapping errors as the

@@ -127,8 +127,7 @@ func parseAnswer(raw []byte) (answer, error) {
 	if length >= 0 {
 		if length > len(a.body) {
 			if len(raw) >= maxAnswer {
-				a.body = a.body[:len(a.body):len(a.body)] // the rest was not read
-				return a, nil
+				return a, nil // the rest was not read
 			}
 			return answer{}, fmt.Errorf("its body ended after %d of its %d bytes", len(a.body), length)
 		}

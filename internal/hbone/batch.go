@@ -26,7 +26,7 @@ const maxRecordPlaintext = 16 << 10
 // network stack instead of four or more.
 type batchConn struct {
 	net.Conn
-	sock      *socketIO
+	sock      socketIO
 	mu        sync.Mutex
 	gathering bool   // guarded by mu: a batch is open
 	buf       []byte // guarded by mu: pooled while gathering
@@ -34,7 +34,9 @@ type batchConn struct {
 
 // newBatchConn returns the batching socket over c.
 func newBatchConn(c net.Conn) *batchConn {
-	return &batchConn{Conn: c, sock: newSocketIO(c)}
+	b := &batchConn{Conn: c}
+	b.sock.init(c)
+	return b
 }
 
 // Read reads from the socket (socketIO).

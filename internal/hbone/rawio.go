@@ -31,6 +31,10 @@ func rawConn(w any) syscall.RawConn {
 	if err != nil {
 		return nil
 	}
+	switch w.(type) {
+	case *net.TCPConn, *net.UnixConn:
+		return rc // the net package makes its sockets non-blocking
+	}
 	nonblocking := false
 	if err := rc.Control(func(fd uintptr) {
 		fl, err := unix.FcntlInt(fd, unix.F_GETFL, 0)
@@ -66,9 +70,15 @@ type socketIO struct {
 }
 
 func newSocketIO(c net.Conn) *socketIO {
-	s := &socketIO{c: c, rc: rawConn(c)}
-	s.readFn, s.writeFn = s.readOnce, s.writeOnce
+	s := &socketIO{}
+	s.init(c)
 	return s
+}
+
+// init sets s up for c, in place (a batchConn holds its socketIO).
+func (s *socketIO) init(c net.Conn) {
+	s.c, s.rc = c, rawConn(c)
+	s.readFn, s.writeFn = s.readOnce, s.writeOnce
 }
 
 // read is net.Conn.Read.

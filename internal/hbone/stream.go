@@ -952,7 +952,7 @@ func (a *asyncRead) read(size int) (buf []byte, n int, err error) {
 func (a *asyncRead) readOnce(fd uintptr) bool {
 	a.buf = getBuf(frameHeaderLen + a.size)
 	a.n, a.rerr = rawRead(int(fd), a.buf[frameHeaderLen:frameHeaderLen+a.size])
-	if a.rerr == unix.EAGAIN || a.rerr == unix.EINTR {
+	if a.rerr == unix.EAGAIN {
 		putBuf(a.buf)
 		a.buf = nil
 		return false

@@ -196,6 +196,17 @@ func describePods(pods []corev1.Pod) string {
 			if w := cs.State.Waiting; w != nil {
 				s += fmt.Sprintf(" %s:%s %s", cs.Name, w.Reason, w.Message)
 			}
+			if cs.RestartCount > 0 {
+				s += fmt.Sprintf(" %s:restarts=%d", cs.Name, cs.RestartCount)
+				if l := cs.LastTerminationState.Terminated; l != nil {
+					s += fmt.Sprintf(" last %s exit %d at %s", l.Reason, l.ExitCode, l.FinishedAt.UTC().Format(time.RFC3339))
+				}
+			}
+		}
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status != corev1.ConditionTrue && !cond.LastTransitionTime.IsZero() {
+				s += fmt.Sprintf(" not ready since %s", cond.LastTransitionTime.UTC().Format(time.RFC3339))
+			}
 		}
 		parts = append(parts, s+")")
 	}

@@ -109,15 +109,26 @@ func install(t *testing.T, c *cluster.Cluster) (*mesh, error) {
 	}
 	m := &mesh{c: c, gw: gw, client: clients[0], target: fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)}
 	// The route is in force once a canary request reaches v2: that answer
-	// can only come from the waypoint.
-	err = c.WaitFor(ctx, "the waypoint routing x-canary to v2", func(ctx context.Context) (bool, error) {
-		rs, _ := c.Request(ctx, appNS, m.client.Name, m.target, 1, "x-canary: yes")
-		return len(rs) == 1 && rs[0].Response != nil && strings.HasPrefix(rs[0].Response.Pod, "echo-v2-"), nil
-	})
-	if err != nil {
-		return nil, err
+	// can only come from the waypoint. The tests also need v1 behind the
+	// waypoint (a Ready pod reaches the waypoint's endpoints a moment
+	// later), which /retry, routed to v1 alone, shows.
+	for _, w := range []struct{ what, path, header, pod string }{
+		{"x-canary to v2", "", "x-canary: yes", "echo-v2-"},
+		{"/retry to v1", "retry/ready", "", "echo-v1-"},
+	} {
+		err = c.WaitFor(ctx, "the waypoint routing "+w.what, func(ctx context.Context) (bool, error) {
+			var headers []string
+			if w.header != "" {
+				headers = append(headers, w.header)
+			}
+			rs, _ := c.Request(ctx, appNS, m.client.Name, m.target+w.path, 1, headers...)
+			return len(rs) == 1 && rs[0].Response != nil && strings.HasPrefix(rs[0].Response.Pod, w.pod), nil
+		})
+		if err != nil {
+			return nil, err
+		}
 	}
-	t.Logf("the waypoint routes: Gateway %s/waypoint Programmed, x-canary reaches v2", appNS)
+	t.Logf("the waypoint routes: Gateway %s/waypoint Programmed, x-canary reaches v2, /retry v1", appNS)
 	return m, nil
 }
 

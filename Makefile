@@ -39,8 +39,8 @@ images: ## Write OCI image archives of every component, the echo app and pause i
 .PHONY: test
 test: deps tools lint ## Run every test (root-only netns and cluster tests included) and a short fuzz of every parser.
 	$(GO) test -race -count=1 -timeout 30m ./...
-	# The HBONE engine's raw socket I/O is built only without the race detector.
-	$(GO) test -count=1 -timeout 10m ./internal/hbone/
+	# Raw socket I/O (internal/sockio) is built only without the race detector.
+	$(GO) test -count=1 -timeout 10m ./internal/hbone/ ./internal/sockio/
 	@FUZZTIME=$(FUZZTIME) GO=$(GO) scripts/fuzz.sh
 
 .PHONY: conformance

@@ -3,6 +3,8 @@ package hbone
 import (
 	"net"
 	"sync"
+
+	"github.com/weftmesh/weft/internal/sockio"
 )
 
 // batchChunk is the most plaintext written to TLS in one batch, two of the
@@ -26,7 +28,7 @@ const maxRecordPlaintext = 16 << 10
 // network stack instead of four or more.
 type batchConn struct {
 	net.Conn
-	sock      socketIO
+	sock      sockio.IO
 	mu        sync.Mutex
 	gathering bool   // guarded by mu: a batch is open
 	buf       []byte // guarded by mu: pooled while gathering
@@ -35,12 +37,12 @@ type batchConn struct {
 // newBatchConn returns the batching socket over c.
 func newBatchConn(c net.Conn) *batchConn {
 	b := &batchConn{Conn: c}
-	b.sock.init(c)
+	b.sock.Init(c)
 	return b
 }
 
-// Read reads from the socket (socketIO).
-func (b *batchConn) Read(p []byte) (int, error) { return b.sock.read(p) }
+// Read reads from the socket (sockio.IO).
+func (b *batchConn) Read(p []byte) (int, error) { return b.sock.Read(p) }
 
 // Write writes p, or gathers it while a batch is open. A record that does
 // not fit what the buffer has left first sends what it holds.
@@ -48,7 +50,7 @@ func (b *batchConn) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.gathering {
-		return b.sock.write(p)
+		return b.sock.Write(p)
 	}
 	if b.buf == nil {
 		b.buf = batchPool.get()[:0]
@@ -58,7 +60,7 @@ func (b *batchConn) Write(p []byte) (int, error) {
 			return 0, err
 		}
 		if len(p) > cap(b.buf) {
-			return b.sock.write(p)
+			return b.sock.Write(p)
 		}
 	}
 	b.buf = append(b.buf, p...)
@@ -70,7 +72,7 @@ func (b *batchConn) sendLocked() error {
 	if len(b.buf) == 0 {
 		return nil
 	}
-	_, err := b.sock.write(b.buf)
+	_, err := b.sock.Write(b.buf)
 	b.buf = b.buf[:0]
 	return err
 }

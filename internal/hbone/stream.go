@@ -14,6 +14,8 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/sys/unix"
+
+	"github.com/weftmesh/weft/internal/sockio"
 )
 
 // Stream is one HBONE tunnel: an HTTP/2 CONNECT stream used as a net.Conn.
@@ -274,7 +276,7 @@ func tryWrite(rc syscall.RawConn, p []byte) int {
 	n := 0
 	_ = rc.Write(func(fd uintptr) bool {
 		for n < len(p) {
-			m, err := rawWrite(int(fd), p[n:])
+			m, err := sockio.Write(int(fd), p[n:])
 			if m > 0 {
 				n += m
 			}
@@ -489,7 +491,7 @@ func (s *Stream) Read(p []byte) (int, error) {
 func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()
-	if rc := rawConn(w); rc != nil {
+	if rc := sockio.RawConn(w); rc != nil {
 		s.mu.Lock()
 		s.sink = rc
 		s.mu.Unlock()
@@ -712,7 +714,7 @@ func (s *Stream) Write(p []byte) (int, error) {
 func (s *Stream) ReadFrom(r io.Reader) (int64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if rc := rawConn(r); rc != nil {
+	if rc := sockio.RawConn(r); rc != nil {
 		a := &asyncRead{rc: rc}
 		err := s.pumpSocket(a)
 		return a.total, err
@@ -742,7 +744,7 @@ var idleHandOff = 200 * time.Millisecond // a variable for tests
 // the socket to notice; StopReadFrom, not a read deadline, ends it. For
 // any other reader a goroutine runs ReadFrom.
 func (s *Stream) StartReadFrom(r io.Reader, done func(n int64, err error)) {
-	rc := rawConn(r)
+	rc := sockio.RawConn(r)
 	if rc == nil {
 		go func() { done(s.ReadFrom(r)) }()
 		return
@@ -951,7 +953,7 @@ func (a *asyncRead) read(size int) (buf []byte, n int, err error) {
 // it: false to wait for readability (without holding a buffer).
 func (a *asyncRead) readOnce(fd uintptr) bool {
 	a.buf = getBuf(frameHeaderLen + a.size)
-	a.n, a.rerr = rawRead(int(fd), a.buf[frameHeaderLen:frameHeaderLen+a.size])
+	a.n, a.rerr = sockio.Read(int(fd), a.buf[frameHeaderLen:frameHeaderLen+a.size])
 	if a.rerr == unix.EAGAIN {
 		putBuf(a.buf)
 		a.buf = nil

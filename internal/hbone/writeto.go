@@ -2,6 +2,8 @@ package hbone
 
 import (
 	"io"
+
+	"github.com/weftmesh/weft/internal/sockio"
 )
 
 // asyncWrite is the state of a StartWriteTo: a WriteTo that holds no
@@ -28,7 +30,7 @@ type asyncWrite struct {
 // stream thus has one goroutine, not two. For any other writer a goroutine
 // runs WriteTo.
 func (s *Stream) StartWriteTo(w io.Writer, done func(n int64, err error)) {
-	rc := rawConn(w)
+	rc := sockio.RawConn(w)
 	if rc == nil {
 		go func() { done(s.WriteTo(w)) }()
 		return

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/sockio"
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
@@ -32,7 +33,8 @@ import (
 // using it, or the host's idle list.
 type h1conn struct {
 	nc     net.Conn
-	h      *host // nil: not pooled, closed after its request
+	sock   sockio.IO // nc's Read and Write: raw system calls on a socket
+	h      *host     // nil: not pooled, closed after its request
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	nread  int64 // bytes read from nc, to tell "nothing came back"
@@ -43,14 +45,15 @@ type h1conn struct {
 func newH1Conn(nc net.Conn, h *host) *h1conn {
 	c := &h1conn{nc: nc, h: h}
 	c.abort = func() { c.nc.Close() }
+	c.sock.Init(nc)
 	c.br = bufio.NewReaderSize(c, 4096)
-	c.bw = bufio.NewWriterSize(nc, 4096)
+	c.bw = bufio.NewWriterSize(&c.sock, 4096)
 	return c
 }
 
 // Read feeds br, counting.
 func (c *h1conn) Read(p []byte) (int, error) {
-	n, err := c.nc.Read(p)
+	n, err := c.sock.Read(p)
 	c.nread += int64(n)
 	return n, err
 }
@@ -451,7 +454,7 @@ func writeRequest(bw *bufio.Writer, req *http.Request) (err error) {
 	case chunked:
 		return writeChunked(bw, body, req.Trailer)
 	}
-	n, err := io.Copy(bw, io.LimitReader(body, length))
+	n, err := sendBody(bw, nil, io.LimitReader(body, length))
 	if err == nil && n < length {
 		err = io.ErrUnexpectedEOF
 	}
@@ -489,7 +492,7 @@ func writeField(bw *bufio.Writer, k, v string) {
 // trailer (whose values are set once body is read to its end).
 func writeChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) error {
 	cw := httputil.NewChunkedWriter(bw)
-	if _, err := io.Copy(cw, body); err != nil {
+	if _, err := sendBody(bw, cw, body); err != nil {
 		return fmt.Errorf("sending the request body: %w", err)
 	}
 	if err := cw.Close(); err != nil {
@@ -502,6 +505,55 @@ func writeChunked(bw *bufio.Writer, body io.Reader, trailer http.Header) error {
 	}
 	_, err := bw.WriteString("\r\n")
 	return err
+}
+
+// sendBody sends a request body to bw as it comes, through w (the chunked
+// framing) or, when w is nil, as it is: what one Read returns goes to the
+// upstream before the next Read, so a body that trickles in (a stream, an
+// upload its client paces) is never held in the buffer. The head is still
+// in bw, so a small body leaves with it in one write.
+func sendBody(bw *bufio.Writer, w io.Writer, body io.Reader) (int64, error) {
+	var n int64
+	var chunk []byte // w's input: w writes its framing into bw
+	for {
+		var p []byte
+		if w == nil {
+			if bw.Available() == 0 {
+				if err := bw.Flush(); err != nil {
+					return n, err
+				}
+			}
+			p = bw.AvailableBuffer() // read straight into bw's free space
+			p = p[:cap(p)]
+		} else {
+			if chunk == nil {
+				chunk = make([]byte, 16<<10)
+			}
+			p = chunk
+		}
+		m, rerr := body.Read(p)
+		if m > 0 {
+			var err error
+			if w == nil {
+				_, err = bw.Write(p[:m])
+			} else {
+				_, err = w.Write(p[:m])
+			}
+			if err == nil {
+				err = bw.Flush()
+			}
+			if err != nil {
+				return n, err
+			}
+			n += int64(m)
+		}
+		switch {
+		case rerr == io.EOF:
+			return n, nil
+		case rerr != nil:
+			return n, rerr
+		}
+	}
 }
 
 // h1body is an HTTP/1.1 response body; reading it to the end returns the

@@ -1,6 +1,6 @@
 //go:build !race
 
-package hbone
+package sockio
 
 import (
 	"unsafe"
@@ -8,8 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rawRW makes the read or write system call trap on fd with p.
-func rawRW(trap uintptr, fd int, p []byte) (int, error) {
+// rw makes the read or write system call trap on fd with p.
+func rw(trap uintptr, fd int, p []byte) (int, error) {
 	for {
 		n, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 		switch e {

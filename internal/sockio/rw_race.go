@@ -1,6 +1,6 @@
 //go:build race
 
-package hbone
+package sockio
 
 import (
 	"syscall"
@@ -8,12 +8,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// rawRW is, under the race detector, the syscall package's read or write:
+// rw is, under the race detector, the syscall package's read or write:
 // those tell the detector that what one goroutine writes to a socket
 // happens before what another reads from it (the net package's calls
 // do), which a raw system call does not, so a program synchronised by
 // its sockets alone would be reported racy.
-func rawRW(trap uintptr, fd int, p []byte) (int, error) {
+func rw(trap uintptr, fd int, p []byte) (int, error) {
 	for {
 		var n int
 		var err error

@@ -1,4 +1,18 @@
-package hbone
+// Package sockio reads and writes non-blocking sockets with raw system
+// calls, waiting for them on the runtime's poller as the net package does.
+// A read(2) or write(2) on a non-blocking socket returns at once, so the
+// scheduler need not know of it; told of every call, as syscall.Syscall
+// does, the runtime also wakes its monitor thread (sysmon) from its deep
+// sleep whenever the process had gone idle, as it does between the
+// requests of a light load, and the monitor then naps 20 µs at a time
+// until it sees the process idle again: a futex wake-up and a few context
+// switches per request, a fifth of a node proxy's CPU at 1000 requests a
+// second.
+//
+// The HBONE engine uses it for the tunnel's socket (under TLS) and the
+// application's a stream pumps; the waypoint for its plain upstream
+// connections.
+package sockio
 
 import (
 	"io"
@@ -9,20 +23,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The engine reads and writes its sockets (the tunnel's, under TLS, and the
-// application's a stream pumps) with raw system calls, waiting for them on
-// the runtime's poller as the net package does. A read(2) or write(2) on a
-// non-blocking socket returns at once, so the scheduler need not know of
-// it; told of every call, as syscall.Syscall does, the runtime also wakes
-// its monitor thread (sysmon) from its deep sleep whenever the process had
-// gone idle, as it does between the requests of a light load, and the
-// monitor then naps 20 µs at a time until it sees the process idle again:
-// a futex wake-up and a few context switches per request, a fifth of a
-// node proxy's CPU at 1000 requests a second.
-
-// rawConn returns w's socket, or nil when w is not a non-blocking socket
+// RawConn returns w's socket, or nil when w is not a non-blocking socket
 // (a pipe in a test, a file descriptor someone made blocking).
-func rawConn(w any) syscall.RawConn {
+func RawConn(w any) syscall.RawConn {
 	sc, ok := w.(syscall.Conn)
 	if !ok {
 		return nil
@@ -45,17 +48,18 @@ func rawConn(w any) syscall.RawConn {
 	return rc
 }
 
-// rawRead is read(2) on the non-blocking socket fd.
-func rawRead(fd int, p []byte) (int, error) { return rawRW(unix.SYS_READ, fd, p) }
+// Read is read(2) on the non-blocking socket fd.
+func Read(fd int, p []byte) (int, error) { return rw(unix.SYS_READ, fd, p) }
 
-// rawWrite is write(2) on the non-blocking socket fd.
-func rawWrite(fd int, p []byte) (int, error) { return rawRW(unix.SYS_WRITE, fd, p) }
+// Write is write(2) on the non-blocking socket fd.
+func Write(fd int, p []byte) (int, error) { return rw(unix.SYS_WRITE, fd, p) }
 
-// socketIO is a net.Conn's Read and Write over its socket with raw system
+// IO is a net.Conn's Read and Write over its socket with raw system
 // calls, honouring the connection's deadlines and wrapping errors as the
-// net package does. One goroutine reads and one writes at a time
-// (crypto/tls holds its input and output locks around them).
-type socketIO struct {
+// net package does; a conn that is not a non-blocking socket keeps its
+// own. One goroutine reads and one writes at a time. The zero IO is not
+// usable: make one with NewIO or Init.
+type IO struct {
 	c  net.Conn
 	rc syscall.RawConn // nil: c's own Read and Write
 
@@ -69,20 +73,21 @@ type socketIO struct {
 	writeFn func(uintptr) bool
 }
 
-func newSocketIO(c net.Conn) *socketIO {
-	s := &socketIO{}
-	s.init(c)
+// NewIO returns an IO for c.
+func NewIO(c net.Conn) *IO {
+	s := &IO{}
+	s.Init(c)
 	return s
 }
 
-// init sets s up for c, in place (a batchConn holds its socketIO).
-func (s *socketIO) init(c net.Conn) {
-	s.c, s.rc = c, rawConn(c)
+// Init sets s up for c, in place (for an IO held by value).
+func (s *IO) Init(c net.Conn) {
+	s.c, s.rc = c, RawConn(c)
 	s.readFn, s.writeFn = s.readOnce, s.writeOnce
 }
 
-// read is net.Conn.Read.
-func (s *socketIO) read(p []byte) (int, error) {
+// Read is net.Conn.Read.
+func (s *IO) Read(p []byte) (int, error) {
 	if s.rc == nil {
 		return s.c.Read(p)
 	}
@@ -104,13 +109,13 @@ func (s *socketIO) read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (s *socketIO) readOnce(fd uintptr) bool {
-	s.rn, s.rerr = rawRead(int(fd), s.rp)
+func (s *IO) readOnce(fd uintptr) bool {
+	s.rn, s.rerr = Read(int(fd), s.rp)
 	return s.rerr != unix.EAGAIN
 }
 
-// write is net.Conn.Write: all of p, or an error.
-func (s *socketIO) write(p []byte) (int, error) {
+// Write is net.Conn.Write: all of p, or an error.
+func (s *IO) Write(p []byte) (int, error) {
 	if s.rc == nil {
 		return s.c.Write(p)
 	}
@@ -127,9 +132,9 @@ func (s *socketIO) write(p []byte) (int, error) {
 	return n, nil
 }
 
-func (s *socketIO) writeOnce(fd uintptr) bool {
+func (s *IO) writeOnce(fd uintptr) bool {
 	for s.wn < len(s.wp) {
-		n, err := rawWrite(int(fd), s.wp[s.wn:])
+		n, err := Write(int(fd), s.wp[s.wn:])
 		s.wn += n
 		switch {
 		case err == unix.EAGAIN:
@@ -146,7 +151,7 @@ func (s *socketIO) writeOnce(fd uintptr) bool {
 }
 
 // opError wraps err as the net package wraps its connections' errors.
-func (s *socketIO) opError(op string, err error) error {
+func (s *IO) opError(op string, err error) error {
 	la := s.c.LocalAddr()
 	return &net.OpError{Op: op, Net: la.Network(), Source: la, Addr: s.c.RemoteAddr(), Err: err}
 }

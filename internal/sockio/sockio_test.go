@@ -1,4 +1,4 @@
-package hbone
+package sockio
 
 import (
 	"bytes"
@@ -13,14 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestSocketIOLikeNet: a socketIO over a TCP socket reads and writes as the
+// TestSocketIOLikeNet: a IO over a TCP socket reads and writes as the
 // net package's own conn does: all of a write larger than the socket's
 // buffers (it waits for room), EOF at the peer's close, the deadline's
 // timeout error, and a reset as a *net.OpError around the system call's
 // error.
-func TestSocketIOLikeNet(t *testing.T) {
+func TestIOLikeNet(t *testing.T) {
 	a, b := socketPair(t)
-	s := newSocketIO(a)
+	s := NewIO(a)
 	if s.rc == nil {
 		t.Fatal("a TCP socket got no raw socket")
 	}
@@ -38,7 +38,7 @@ func TestSocketIOLikeNet(t *testing.T) {
 		}
 		got <- buf
 	}()
-	if n, err := s.write(msg); n != len(msg) || err != nil {
+	if n, err := s.Write(msg); n != len(msg) || err != nil {
 		t.Fatalf("write = %d, %v; want %d, nil", n, err, len(msg))
 	}
 	if !bytes.Equal(<-got, msg) {
@@ -49,12 +49,12 @@ func TestSocketIOLikeNet(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := make([]byte, 64)
-	if n, err := s.read(buf); err != nil || string(buf[:n]) != "hello" {
+	if n, err := s.Read(buf); err != nil || string(buf[:n]) != "hello" {
 		t.Fatalf("read = %q, %v", buf[:n], err)
 	}
 
 	a.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
-	_, err := s.read(buf)
+	_, err := s.Read(buf)
 	var ne net.Error
 	if !errors.As(err, &ne) || !ne.Timeout() || !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read past the deadline = %v; want a net.Error timeout", err)
@@ -62,7 +62,7 @@ func TestSocketIOLikeNet(t *testing.T) {
 	a.SetReadDeadline(time.Time{})
 
 	b.CloseWrite()
-	if n, err := s.read(buf); n != 0 || err != io.EOF {
+	if n, err := s.Read(buf); n != 0 || err != io.EOF {
 		t.Fatalf("read after the peer's FIN = %d, %v; want 0, EOF", n, err)
 	}
 
@@ -71,7 +71,7 @@ func TestSocketIOLikeNet(t *testing.T) {
 	time.Sleep(20 * time.Millisecond)
 	var werr error
 	for range 10 { // the first write may land before the reset is seen
-		if _, werr = s.write([]byte("x")); werr != nil {
+		if _, werr = s.Write([]byte("x")); werr != nil {
 			break
 		}
 	}
@@ -82,7 +82,7 @@ func TestSocketIOLikeNet(t *testing.T) {
 	}
 
 	a.Close()
-	if _, err := s.read(buf); !errors.Is(err, net.ErrClosed) {
+	if _, err := s.Read(buf); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("read of a closed conn = %v; want net.ErrClosed", err)
 	}
 }
@@ -101,17 +101,39 @@ func TestRawConnOnlyNonBlocking(t *testing.T) {
 	if _, ok := any(blocking).(syscall.Conn); !ok {
 		t.Fatal("*os.File is not a syscall.Conn")
 	}
-	if rawConn(blocking) != nil {
-		t.Error("rawConn took a blocking descriptor")
+	if RawConn(blocking) != nil {
+		t.Error("RawConn took a blocking descriptor")
 	}
 	p1, p2 := net.Pipe()
 	defer p1.Close()
 	defer p2.Close()
-	if rawConn(p1) != nil || newSocketIO(p1).rc != nil {
-		t.Error("rawConn of a net.Pipe")
+	if RawConn(p1) != nil || NewIO(p1).rc != nil {
+		t.Error("RawConn of a net.Pipe")
 	}
 	a, _ := socketPair(t)
-	if rawConn(a) == nil {
-		t.Error("rawConn of a TCP socket is nil")
+	if RawConn(a) == nil {
+		t.Error("RawConn of a TCP socket is nil")
 	}
+}
+
+// socketPair returns the two ends of a loopback TCP connection.
+func socketPair(t *testing.T) (a, b *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); accepted <- c }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-accepted
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
 }

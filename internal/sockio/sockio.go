@@ -15,6 +15,7 @@
 package sockio
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -154,4 +155,38 @@ func (s *IO) writeOnce(fd uintptr) bool {
 func (s *IO) opError(op string, err error) error {
 	la := s.c.LocalAddr()
 	return &net.OpError{Op: op, Net: la.Network(), Source: la, Addr: s.c.RemoteAddr(), Err: err}
+}
+
+// Conn is a net.Conn whose Read and Write are an IO's, for a connection
+// handed to code that reads and writes it itself (net/http's HTTP/2
+// transport). Its socket stays reachable (SyscallConn), as does a TCP
+// connection's CloseWrite.
+type Conn struct {
+	net.Conn
+	io IO
+}
+
+// NewConn returns c with Read and Write as raw system calls, or c itself
+// when it is not a non-blocking socket.
+func NewConn(c net.Conn) net.Conn {
+	if RawConn(c) == nil {
+		return c
+	}
+	w := &Conn{Conn: c}
+	w.io.Init(c)
+	return w
+}
+
+func (c *Conn) Read(p []byte) (int, error)  { return c.io.Read(p) }
+func (c *Conn) Write(p []byte) (int, error) { return c.io.Write(p) }
+
+// SyscallConn is the socket's.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.Conn.(syscall.Conn).SyscallConn() }
+
+// CloseWrite shuts the socket's sending side, when it has one.
+func (c *Conn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }

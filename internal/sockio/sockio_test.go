@@ -137,3 +137,40 @@ func socketPair(t *testing.T) (a, b *net.TCPConn) {
 	t.Cleanup(func() { c.Close(); s.Close() })
 	return c.(*net.TCPConn), s.(*net.TCPConn)
 }
+
+// TestConn: a Conn over a TCP socket reads, writes and half-closes as the
+// socket does, and keeps the socket reachable; anything else is returned
+// as it is.
+func TestConn(t *testing.T) {
+	a, b := socketPair(t)
+	c := NewConn(a)
+	if _, ok := c.(*Conn); !ok {
+		t.Fatalf("NewConn of a TCP socket = %T; want *Conn", c)
+	}
+	if _, err := c.Write([]byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(b, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("the peer read %q, %v", buf, err)
+	}
+	b.Write([]byte("pong"))
+	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "pong" {
+		t.Fatalf("read %q, %v", buf, err)
+	}
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := b.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("the peer's read after CloseWrite = %d, %v; want 0, EOF", n, err)
+	}
+	if RawConn(c) == nil {
+		t.Error("a Conn hides its socket")
+	}
+	p1, p2 := net.Pipe()
+	defer p1.Close()
+	defer p2.Close()
+	if NewConn(p1) != p1 {
+		t.Error("NewConn wrapped a net.Pipe")
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/sockio"
 	"github.com/weftmesh/weft/waypoint/config"
 )
 
@@ -453,8 +454,9 @@ func newH2Transport() *http.Transport {
 // newH2ClientConn starts an HTTP/2 client connection on nc, which is
 // closed when that fails.
 func (c *Client) newH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
-	// The address is not dialled: the transport's dial returns nc.
-	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, nc), "http", "upstream:80")
+	// The address is not dialled: the transport's dial returns nc, a
+	// plain socket's reads and writes made raw system calls.
+	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, sockio.NewConn(nc)), "http", "upstream:80")
 	if err != nil {
 		nc.Close()
 		return nil, err

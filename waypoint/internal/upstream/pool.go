@@ -455,8 +455,9 @@ func newH2Transport() *http.Transport {
 // closed when that fails.
 func (c *Client) newH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
 	// The address is not dialled: the transport's dial returns nc, a
-	// plain socket's reads and writes made raw system calls.
-	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, sockio.NewConn(nc)), "http", "upstream:80")
+	// plain socket's reads and writes made raw system calls, that sends a
+	// request's headers with its body (gatherConn).
+	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, newGatherConn(sockio.NewConn(nc))), "http", "upstream:80")
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/weftmesh/weft/internal/nettest"
 	"github.com/weftmesh/weft/internal/relay"
 )
 
@@ -105,7 +106,7 @@ func TestJoinEndToEnd(t *testing.T) {
 // the peer's read ends.
 func TestJoinIdleOneGoroutine(t *testing.T) {
 	cs, ss := streamPair(t)
-	sock, app := socketPair(t)
+	sock, app := nettest.TCPPair(t)
 	type result struct {
 		ab, ba int64
 		err    error

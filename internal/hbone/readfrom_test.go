@@ -11,6 +11,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/weftmesh/weft/internal/nettest"
 )
 
 func startReadFrom(st *Stream, r io.Reader) <-chan writeToResult {
@@ -70,7 +72,7 @@ func TestStartReadFromHandsOff(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			withIdleHandOff(t, tc.idle)
 			cs, ss := streamPair(t)
-			sock, app := socketPair(t)
+			sock, app := nettest.TCPPair(t)
 			done := startReadFrom(cs, sock)
 			waitFor(t, 5*time.Second, func() bool { return len(readers()) == 1 })
 			waiting := readers()[0]
@@ -127,7 +129,7 @@ func TestStopReadFrom(t *testing.T) {
 			withIdleHandOff(t, idle)
 			for i := range 10 {
 				cs, ss := streamPair(t)
-				sock, app := socketPair(t)
+				sock, app := nettest.TCPPair(t)
 				done := startReadFrom(cs, sock)
 				sendThrough(t, app, ss, []byte("armed"))
 				time.Sleep(time.Duration(i) * time.Millisecond)
@@ -144,7 +146,7 @@ func TestStopReadFrom(t *testing.T) {
 // with an error.
 func TestStartReadFromReset(t *testing.T) {
 	cs, _ := streamPair(t)
-	sock, app := socketPair(t)
+	sock, app := nettest.TCPPair(t)
 	done := startReadFrom(cs, sock)
 	app.SetLinger(0)
 	app.Close()

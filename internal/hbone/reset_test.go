@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/net/http2"
 
+	"github.com/weftmesh/weft/internal/nettest"
 	"github.com/weftmesh/weft/internal/relay"
 )
 
@@ -177,7 +178,7 @@ func TestJoinResetTwoHops(t *testing.T) {
 // a reset: the stream's peer reads END_STREAM and the socket's a FIN.
 func TestJoinIdleEndsStreamCleanly(t *testing.T) {
 	cs, ss := streamPair(t)
-	sock, app := socketPair(t)
+	sock, app := nettest.TCPPair(t)
 	joined := make(chan error, 1)
 	go func() { _, _, err := relay.Join(sock, ss, 100*time.Millisecond); joined <- err }()
 	cs.Write([]byte("ping"))

@@ -13,29 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// socketPair returns the two ends of a loopback TCP connection.
-func socketPair(t *testing.T) (a, b *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() { c, _ := ln.Accept(); accepted <- c }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-accepted
-	if s == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c.(*net.TCPConn), s.(*net.TCPConn)
-}
+	"github.com/weftmesh/weft/internal/nettest"
+)
 
 // writeToResult is what StartWriteTo reported.
 type writeToResult struct {
@@ -86,7 +66,7 @@ func streamPair(t *testing.T) (client, server *Stream) {
 // byte count and no error.
 func TestStartWriteToIdle(t *testing.T) {
 	cs, ss := streamPair(t)
-	sock, app := socketPair(t)
+	sock, app := nettest.TCPPair(t)
 	done := startWriteTo(ss, sock)
 	var want bytes.Buffer
 	for i := range 20 {
@@ -113,7 +93,7 @@ func TestStartWriteToIdle(t *testing.T) {
 // reordering any once it reads again.
 func TestStartWriteToBackpressure(t *testing.T) {
 	cs, ss := streamPair(t)
-	sock, app := socketPair(t)
+	sock, app := nettest.TCPPair(t)
 	done := startWriteTo(ss, sock)
 	const size = 24 << 20 // well past the stream window and the socket buffers
 	data := make([]byte, size)
@@ -170,7 +150,7 @@ func TestStartWriteToEnds(t *testing.T) {
 				t.Fatal(err)
 			}
 			waitFor(t, 5*time.Second, func() bool { ss.mu.Lock(); defer ss.mu.Unlock(); return ss.buf.n == 5 })
-			sock, app := socketPair(t)
+			sock, app := nettest.TCPPair(t)
 			done := startWriteTo(ss, sock)
 			got := make([]byte, 5)
 			if _, err := io.ReadFull(app, got); err != nil || string(got) != "early" {

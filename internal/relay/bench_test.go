@@ -5,6 +5,8 @@ import (
 	"net"
 	"sync"
 	"testing"
+
+	"github.com/weftmesh/weft/internal/nettest"
 )
 
 // BenchmarkTCP measures one direction of TCP -> relay -> TCP on loopback,
@@ -19,8 +21,8 @@ func BenchmarkTCP(b *testing.B) {
 		{"io.Copy", copyPair},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			client, down := tcpPair(b)
-			up, server := tcpPair(b)
+			client, down := nettest.TCPPair(b)
+			up, server := nettest.TCPPair(b)
 			go bc.relay(down, up)
 			go io.Copy(io.Discard, client)
 			drained := make(chan struct{})

@@ -13,30 +13,12 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/weftmesh/weft/internal/nettest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// tcpPair is both ends of a loopback TCP connection.
-func tcpPair(t testing.TB) (*net.TCPConn, *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	a, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); b.Close() })
-	return a.(*net.TCPConn), b.(*net.TCPConn)
 }
 
 type result struct {
@@ -48,8 +30,8 @@ type result struct {
 // two loopback TCP connections and returns the client's and the server's
 // ends and a wait for the relay's result.
 func relayed(t *testing.T, idle time.Duration) (client, server *net.TCPConn, wait func() result) {
-	client, down := tcpPair(t)
-	up, server := tcpPair(t)
+	client, down := nettest.TCPPair(t)
+	up, server := nettest.TCPPair(t)
 	ch := make(chan result, 1)
 	Start(down, up, idle, func(ab, ba int64, err error) { ch <- result{ab, ba, err} })
 	wait = sync.OnceValue(func() result { return <-ch })

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/weftmesh/weft/internal/nettest"
 )
 
 // TestSocketIOLikeNet: a IO over a TCP socket reads and writes as the
@@ -19,7 +21,7 @@ import (
 // timeout error, and a reset as a *net.OpError around the system call's
 // error.
 func TestIOLikeNet(t *testing.T) {
-	a, b := socketPair(t)
+	a, b := nettest.TCPPair(t)
 	s := NewIO(a)
 	if s.rc == nil {
 		t.Fatal("a TCP socket got no raw socket")
@@ -110,39 +112,17 @@ func TestRawConnOnlyNonBlocking(t *testing.T) {
 	if RawConn(p1) != nil || NewIO(p1).rc != nil {
 		t.Error("RawConn of a net.Pipe")
 	}
-	a, _ := socketPair(t)
+	a, _ := nettest.TCPPair(t)
 	if RawConn(a) == nil {
 		t.Error("RawConn of a TCP socket is nil")
 	}
-}
-
-// socketPair returns the two ends of a loopback TCP connection.
-func socketPair(t *testing.T) (a, b *net.TCPConn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() { c, _ := ln.Accept(); accepted <- c }()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-accepted
-	if s == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	return c.(*net.TCPConn), s.(*net.TCPConn)
 }
 
 // TestConn: a Conn over a TCP socket reads, writes and half-closes as the
 // socket does, and keeps the socket reachable; anything else is returned
 // as it is.
 func TestConn(t *testing.T) {
-	a, b := socketPair(t)
+	a, b := nettest.TCPPair(t)
 	c := NewConn(a)
 	if _, ok := c.(*Conn); !ok {
 		t.Fatalf("NewConn of a TCP socket = %T; want *Conn", c)

@@ -290,13 +290,11 @@ func TestWorkloadDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	patch(t, c, "namespaces", "", app, `{"metadata":{"labels":{"istio.io/use-waypoint":"waypoint"}}}`)
-	g, err := gw.GatewayV1().Gateways(app).Get(ctx, "waypoint", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	host := gwv1.HostnameAddressType
-	g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "waypoint." + app + ".svc.cluster.local"}}
-	if _, err := gw.GatewayV1().Gateways(app).UpdateStatus(ctx, g, metav1.UpdateOptions{}); err != nil {
+	gws := gw.GatewayV1().Gateways(app)
+	if _, err := apitest.Modify(ctx, "waypoint", gws.Get, gws.UpdateStatus, metav1.UpdateOptions{}, func(g *gwv1.Gateway) {
+		g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "waypoint." + app + ".svc.cluster.local"}}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	wait("service and pod use the waypoint", workloadpb.AddressTypeURL, func(m map[string]*anypb.Any) bool {
@@ -710,23 +708,18 @@ func TestCrossNamespaceWaypointConsent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err := gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	host := gwv1.HostnameAddressType
-	g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "wp." + infra + ".svc.cluster.local"}}
-	if _, err := gw.GatewayV1().Gateways(infra).UpdateStatus(ctx, g, metav1.UpdateOptions{}); err != nil {
+	gws := gw.GatewayV1().Gateways(infra)
+	if _, err := apitest.Modify(ctx, "wp", gws.Get, gws.UpdateStatus, metav1.UpdateOptions{}, func(g *gwv1.Gateway) {
+		g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "wp." + infra + ".svc.cluster.local"}}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	setAllowed := func(ar *gwv1.AllowedRoutes) {
 		t.Helper()
-		g, err := gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		g.Spec.Listeners[0].AllowedRoutes = ar
-		if _, err := gw.GatewayV1().Gateways(infra).Update(ctx, g, metav1.UpdateOptions{}); err != nil {
+		if _, err := apitest.Modify(ctx, "wp", gws.Get, gws.Update, metav1.UpdateOptions{}, func(g *gwv1.Gateway) {
+			g.Spec.Listeners[0].AllowedRoutes = ar
+		}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -894,26 +887,21 @@ func TestWaypointStatus(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	g, err := gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	host := gwv1.HostnameAddressType
-	g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "wp." + infra + ".svc.cluster.local"}}
-	if _, err := gw.GatewayV1().Gateways(infra).UpdateStatus(ctx, g, metav1.UpdateOptions{}); err != nil {
+	gws := gw.GatewayV1().Gateways(infra)
+	if _, err := apitest.Modify(ctx, "wp", gws.Get, gws.UpdateStatus, metav1.UpdateOptions{}, func(g *gwv1.Gateway) {
+		g.Status.Addresses = []gwv1.GatewayStatusAddress{{Type: &host, Value: "wp." + infra + ".svc.cluster.local"}}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitService(t, ctx, c, shop, "web", &metav1.Condition{Status: metav1.ConditionFalse, Reason: "AttachmentDenied",
 		Message: `we are not permitted to attach to waypoint "` + infra + `/wp" (missing allowedRoutes?)`}, other)
 
 	// The owner admits every namespace.
-	g, err = gw.GatewayV1().Gateways(infra).Get(ctx, "wp", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	all := gwv1.NamespacesFromAll
-	g.Spec.Listeners[0].AllowedRoutes = &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}}
-	if _, err := gw.GatewayV1().Gateways(infra).Update(ctx, g, metav1.UpdateOptions{}); err != nil {
+	if _, err := apitest.Modify(ctx, "wp", gws.Get, gws.Update, metav1.UpdateOptions{}, func(g *gwv1.Gateway) {
+		g.Spec.Listeners[0].AllowedRoutes = &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	bound := &metav1.Condition{Status: metav1.ConditionTrue, Reason: "WaypointAccepted", Message: "Successfully attached to waypoint " + infra + "/wp"}
@@ -933,24 +921,20 @@ func TestWaypointStatus(t *testing.T) {
 	}
 
 	// Conditions someone else overwrites are put back.
-	pol, err := istio.SecurityV1().AuthorizationPolicies(shop).Get(ctx, "to-web", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cond := range pol.Status.Conditions {
-		cond.Status, cond.Reason, cond.Message = "False", "TargetNotFound", "overwritten"
-	}
-	if _, err := istio.SecurityV1().AuthorizationPolicies(shop).UpdateStatus(ctx, pol, metav1.UpdateOptions{}); err != nil {
+	pols := istio.SecurityV1().AuthorizationPolicies(shop)
+	if _, err := apitest.Modify(ctx, "to-web", pols.Get, pols.UpdateStatus, metav1.UpdateOptions{}, func(pol *securityv1.AuthorizationPolicy) {
+		for _, cond := range pol.Status.Conditions {
+			cond.Status, cond.Reason, cond.Message = "False", "TargetNotFound", "overwritten"
+		}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitPolicy(t, ctx, istio, shop, "to-web", "WaypointAccepted", "True", "Accepted", "bound to "+infra+"/wp")
-	svc, err = c.Kube.CoreV1().Services(shop).Get(ctx, "web", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	meta.SetStatusCondition(&svc.Status.Conditions, metav1.Condition{Type: "istio.io/WaypointBound", Status: metav1.ConditionFalse,
-		Reason: "AttachmentDenied", Message: "overwritten"})
-	if _, err := c.Kube.CoreV1().Services(shop).UpdateStatus(ctx, svc, metav1.UpdateOptions{FieldManager: "someone"}); err != nil {
+	svcs := c.Kube.CoreV1().Services(shop)
+	if _, err := apitest.Modify(ctx, "web", svcs.Get, svcs.UpdateStatus, metav1.UpdateOptions{FieldManager: "someone"}, func(svc *corev1.Service) {
+		meta.SetStatusCondition(&svc.Status.Conditions, metav1.Condition{Type: "istio.io/WaypointBound", Status: metav1.ConditionFalse,
+			Reason: "AttachmentDenied", Message: "overwritten"})
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitService(t, ctx, c, shop, "web", bound, other)

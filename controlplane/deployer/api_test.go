@@ -22,7 +22,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -171,16 +170,9 @@ func (a *apiCheck) waitDeployment(ns, name, what string, ok func(*appsv1.Deploym
 func (a *apiCheck) tamperImage(t *testing.T, ns, name, image string) {
 	t.Helper()
 	deps := a.c.Kube.AppsV1().Deployments(ns)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		dep, err := deps.Get(a.ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
+	if _, err := apitest.Modify(a.ctx, name, deps.Get, deps.Update, metav1.UpdateOptions{FieldManager: "kubectl-edit"}, func(dep *appsv1.Deployment) {
 		dep.Spec.Template.Spec.Containers[0].Image = image
-		_, err = deps.Update(a.ctx, dep, metav1.UpdateOptions{FieldManager: "kubectl-edit"})
-		return err
-	})
-	if err != nil {
+	}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -345,9 +337,10 @@ func TestAPIServer(t *testing.T) {
 	t.Run("AttachedRoutes", func(t *testing.T) {
 		// No route attaches to a waypoint's listener (istiod reports 0
 		// too): a count written by someone else is put back to 0.
-		gw := a.gateway(ns, "waypoint")
-		gw.Status.Listeners[0].AttachedRoutes = 3
-		if _, err := a.gw.GatewayV1().Gateways(ns).UpdateStatus(a.ctx, gw, metav1.UpdateOptions{}); err != nil {
+		gws := a.gw.GatewayV1().Gateways(ns)
+		if _, err := apitest.Modify(a.ctx, "waypoint", gws.Get, gws.UpdateStatus, metav1.UpdateOptions{}, func(gw *gwv1.Gateway) {
+			gw.Status.Listeners[0].AttachedRoutes = 3
+		}); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, a.ctx, "attachedRoutes back to 0", func(ctx context.Context) (bool, string) {
@@ -371,12 +364,10 @@ func TestAPIServer(t *testing.T) {
 		// A Service the Gateway controls is the deployer's even without
 		// the managed label (as an earlier deployer made them): the label
 		// comes back.
-		svc, err := c.Kube.CoreV1().Services(ns).Get(a.ctx, "waypoint", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		delete(svc.Labels, "gateway.istio.io/managed")
-		if _, err := c.Kube.CoreV1().Services(ns).Update(a.ctx, svc, metav1.UpdateOptions{FieldManager: "kubectl-edit"}); err != nil {
+		svcs := c.Kube.CoreV1().Services(ns)
+		if _, err := apitest.Modify(a.ctx, "waypoint", svcs.Get, svcs.Update, metav1.UpdateOptions{FieldManager: "kubectl-edit"}, func(svc *corev1.Service) {
+			delete(svc.Labels, "gateway.istio.io/managed")
+		}); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, a.ctx, "the managed label back on Service waypoint", func(ctx context.Context) (bool, string) {

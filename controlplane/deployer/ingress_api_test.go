@@ -13,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/weftmesh/weft/internal/apitest"
 )
 
 // createIngress creates an ingress Gateway (class istio) with an HTTP
@@ -72,9 +74,10 @@ func (a *apiCheck) service(ns, name string) *corev1.Service {
 // balancer controller does.
 func (a *apiCheck) setLoadBalancer(ns, name string, ingress ...corev1.LoadBalancerIngress) {
 	a.t.Helper()
-	svc := a.service(ns, name)
-	svc.Status.LoadBalancer.Ingress = ingress
-	if _, err := a.c.Kube.CoreV1().Services(ns).UpdateStatus(a.ctx, svc, metav1.UpdateOptions{}); err != nil {
+	svcs := a.c.Kube.CoreV1().Services(ns)
+	if _, err := apitest.Modify(a.ctx, name, svcs.Get, svcs.UpdateStatus, metav1.UpdateOptions{}, func(svc *corev1.Service) {
+		svc.Status.LoadBalancer.Ingress = ingress
+	}); err != nil {
 		a.t.Fatalf("writing the load balancer status of Service %s/%s: %v", ns, name, err)
 	}
 }
@@ -286,9 +289,10 @@ func TestAPIServerIngress(t *testing.T) {
 		// The parameters' patch makes it a NodePort Service, then a
 		// LoadBalancer again (the API server drops the node ports).
 		a.applyConfigMap(ns, "inside-params", map[string]string{KeyService: "spec: {type: NodePort}"})
-		gw = a.gateway(ns, "inside")
-		gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Kind: "ConfigMap", Name: "inside-params"}}
-		if _, err := a.gw.GatewayV1().Gateways(ns).Update(a.ctx, gw, metav1.UpdateOptions{}); err != nil {
+		gws := a.gw.GatewayV1().Gateways(ns)
+		if _, err := apitest.Modify(a.ctx, "inside", gws.Get, gws.Update, metav1.UpdateOptions{}, func(gw *gwv1.Gateway) {
+			gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{ParametersRef: &gwv1.LocalParametersReference{Kind: "ConfigMap", Name: "inside-params"}}
+		}); err != nil {
 			t.Fatal(err)
 		}
 		eventually(t, a.ctx, "Service inside-istio a NodePort", func(ctx context.Context) (bool, string) {
@@ -309,9 +313,9 @@ func TestAPIServerIngress(t *testing.T) {
 		})
 
 		// A bad value in the annotation: refused, naming it.
-		gw = a.gateway(ns, "inside")
-		gw.Annotations["networking.istio.io/service-type"] = "ExternalName"
-		if _, err := a.gw.GatewayV1().Gateways(ns).Update(a.ctx, gw, metav1.UpdateOptions{}); err != nil {
+		if _, err := apitest.Modify(a.ctx, "inside", gws.Get, gws.Update, metav1.UpdateOptions{}, func(gw *gwv1.Gateway) {
+			gw.Annotations["networking.istio.io/service-type"] = "ExternalName"
+		}); err != nil {
 			t.Fatal(err)
 		}
 		a.waitRefused(ns, "inside", "InvalidParameters", "annotation networking.istio.io/service-type", `"ExternalName"`)

@@ -150,10 +150,13 @@ func TestStatusWriterAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Another controller answers for the Gateway parent.
-	route.Status.Parents = []gwv1.RouteParentStatus{{ParentRef: route.Spec.ParentRefs[1], ControllerName: "example.com/ingress",
-		Conditions: []metav1.Condition{{Type: "Accepted", Status: "True", Reason: "Accepted", Message: "theirs", LastTransitionTime: metav1.Now(), ObservedGeneration: 1}}}}
-	if route, err = gw.GatewayV1().HTTPRoutes(ns).UpdateStatus(ctx, route, metav1.UpdateOptions{}); err != nil {
+	// Another controller answers for the Gateway parent (the one under
+	// test may be writing the route's status meanwhile).
+	routes := gw.GatewayV1().HTTPRoutes(ns)
+	if route, err = apitest.Modify(ctx, "api", routes.Get, routes.UpdateStatus, metav1.UpdateOptions{}, func(r *gwv1.HTTPRoute) {
+		r.Status.Parents = []gwv1.RouteParentStatus{{ParentRef: r.Spec.ParentRefs[1], ControllerName: "example.com/ingress",
+			Conditions: []metav1.Condition{{Type: "Accepted", Status: "True", Reason: "Accepted", Message: "theirs", LastTransitionTime: metav1.Now(), ObservedGeneration: 1}}}}
+	}); err != nil {
 		t.Fatal(err)
 	}
 	grpc, err := gw.GatewayV1().GRPCRoutes(ns).Create(ctx, &gwv1.GRPCRoute{

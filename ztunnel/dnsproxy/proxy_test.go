@@ -116,8 +116,8 @@ type upstream struct {
 	addr    netip.AddrPort
 	servers []*dns.Server
 	mu      sync.Mutex
-	got     []*dns.Msg // guarded by mu
-	delay   time.Duration
+	got     []*dns.Msg    // guarded by mu
+	delay   time.Duration // guarded by mu: how long each answer waits
 }
 
 func startUpstream(t testing.TB) *upstream {
@@ -161,8 +161,9 @@ func startUpstream(t testing.TB) *upstream {
 func (u *upstream) serve(w dns.ResponseWriter, req *dns.Msg) {
 	u.mu.Lock()
 	u.got = append(u.got, req.Copy())
+	delay := u.delay
 	u.mu.Unlock()
-	time.Sleep(u.delay)
+	time.Sleep(delay)
 	m := new(dns.Msg)
 	m.SetReply(req)
 	name := strings.ToLower(req.Question[0].Name)

@@ -116,8 +116,15 @@ func (s *Server) Close() {
 
 // Serve answers queries until ctx ends (or Close), then waits for those
 // being answered. It returns an error when a socket failed otherwise.
+//
+// When ctx ends, as when a new ztunnel has taken the pod over and listens
+// beside this one (SO_REUSEPORT), no query already sent to this server is
+// lost: each UDP socket first leaves the group's share of new datagrams
+// (leaveGroup), then reads what its queue holds, answers everything read
+// (within the upstream timeout), and only then closes. Closing at once
+// dropped the datagrams queued and the answers on their way back.
 func (s *Server) Serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, s.Close)
+	stop := context.AfterFunc(ctx, s.stop)
 	defer stop()
 	var loops []func() error
 	for _, pc := range s.pcs {
@@ -147,11 +154,31 @@ func (s *Server) Serve(ctx context.Context) error {
 	return errors.Join(all...)
 }
 
+// stop ends Serve: TCP listeners close (a connection queued in one is
+// reset, its client retries), UDP sockets leave their group and drain.
+func (s *Server) stop() {
+	for _, pc := range s.pcs {
+		if err := leaveGroup(pc); err != nil {
+			s.cfg.Logger.Warn("DNS proxy: a UDP socket could not leave its group; queries queued in it are dropped", "pod", s.pod(), "error", err.Error())
+			pc.Close()
+			continue
+		}
+		pc.SetReadDeadline(time.Now()) // what is queued is still read first
+	}
+	for _, ln := range s.lns {
+		ln.Close()
+	}
+}
+
 // serveUDP reads queries and answers each on its own goroutine, at most
-// maxInFlight at once.
+// maxInFlight at once. Once ctx has ended it reads what is queued, waits
+// for the answers and closes the socket.
 func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 	var wg sync.WaitGroup
+	defer pc.Close()
 	defer wg.Wait()
+	// Answers outlive ctx: a query read is answered (forward bounds it).
+	actx := context.WithoutCancel(ctx)
 	sem := make(chan struct{}, maxInFlight)
 	var backoff accept.Backoff
 	r, err := newUDPReader(pc)
@@ -159,8 +186,44 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 		s.Close()
 		return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
 	}
+	answer := func(raw []byte, from netip.AddrPort, truncated bool) {
+		to := net.UDPAddrFromAddrPort(from)
+		if truncated {
+			// Larger than any query: answered at once, never forwarded.
+			if out := s.cfg.Resolver.formErr(Query{Client: s.cfg.Client, Network: "udp", Raw: raw}); out != nil {
+				pc.WriteTo(out, to)
+			}
+			return
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			return // over the limit: dropped, the client retries
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out := s.cfg.Resolver.Handle(actx, Query{Client: s.cfg.Client, Network: "udp", Raw: raw, Exchange: s.exchange})
+			if out != nil {
+				pc.WriteTo(out, to)
+			}
+		}()
+	}
 	for {
 		raw, from, truncated, err := r.read()
+		if err != nil && ctx.Err() != nil && !accept.Closed(err) {
+			// Stopped (stop's deadline): the socket has left its group,
+			// so what it holds now is all it gets; a datagram that came
+			// as the deadline woke the read is still queued.
+			for {
+				raw, from, truncated, ok, err := r.readQueued()
+				if !ok || err != nil {
+					return nil
+				}
+				answer(raw, from, truncated)
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil || accept.Closed(err) {
 				return nil
@@ -175,28 +238,7 @@ func (s *Server) serveUDP(ctx context.Context, pc net.PacketConn) error {
 			return fmt.Errorf("dns proxy: reading udp %s: %w", pc.LocalAddr(), err)
 		}
 		backoff.Reset()
-		to := net.UDPAddrFromAddrPort(from)
-		if truncated {
-			// Larger than any query: answered at once, never forwarded.
-			if out := s.cfg.Resolver.formErr(Query{Client: s.cfg.Client, Network: "udp", Raw: raw}); out != nil {
-				pc.WriteTo(out, to)
-			}
-			continue
-		}
-		select {
-		case sem <- struct{}{}:
-		default:
-			continue // over the limit: dropped, the client retries
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "udp", Raw: raw, Exchange: s.exchange})
-			if out != nil {
-				pc.WriteTo(out, to)
-			}
-		}()
+		answer(raw, from, truncated)
 	}
 }
 

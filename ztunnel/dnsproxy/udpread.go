@@ -47,8 +47,18 @@ func newUDPReader(pc net.PacketConn) (udpReader, error) {
 // maxUDPQuery bytes). Its errors are the socket's (net.ErrClosed once
 // closed).
 func (r udpReader) read() (raw []byte, from netip.AddrPort, truncated bool, err error) {
+	raw, from, truncated, _, err = r.recv(true)
+	return raw, from, truncated, err
+}
+
+// readQueued is read without waiting: ok is false when nothing is queued.
+func (r udpReader) readQueued() (raw []byte, from netip.AddrPort, truncated, ok bool, err error) {
+	return r.recv(false)
+}
+
+func (r udpReader) recv(wait bool) (raw []byte, from netip.AddrPort, truncated, ok bool, err error) {
 	var rerr error
-	err = r.rc.Read(func(fd uintptr) bool {
+	read := func(fd uintptr) bool {
 		bp := queryBufs.Get().(*[]byte)
 		defer queryBufs.Put(bp)
 		for {
@@ -57,7 +67,8 @@ func (r udpReader) read() (raw []byte, from netip.AddrPort, truncated bool, err 
 			case errors.Is(err, syscall.EINTR):
 				continue
 			case errors.Is(err, syscall.EAGAIN):
-				return false // nothing yet: wait in the poller, holding no buffer
+				// Nothing yet: wait in the poller, holding no buffer.
+				return !wait
 			case err != nil:
 				rerr = os.NewSyscallError("recvmsg", err)
 				return true
@@ -65,13 +76,21 @@ func (r udpReader) read() (raw []byte, from netip.AddrPort, truncated bool, err 
 			raw = append([]byte(nil), (*bp)[:n]...)
 			from = sockaddrPort(sa)
 			truncated = flags&syscall.MSG_TRUNC != 0
+			ok = true
 			return true
 		}
-	})
+	}
+	if wait {
+		err = r.rc.Read(read)
+	} else {
+		// Control, not Read: a read deadline that has passed (how the
+		// server stops reading) would refuse even to look.
+		err = r.rc.Control(func(fd uintptr) { read(fd) })
+	}
 	if err == nil {
 		err = rerr
 	}
-	return raw, from, truncated, err
+	return raw, from, truncated, ok, err
 }
 
 func sockaddrPort(sa syscall.Sockaddr) netip.AddrPort {
@@ -82,4 +101,39 @@ func sockaddrPort(sa syscall.Sockaddr) netip.AddrPort {
 		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
 	}
 	return netip.AddrPort{}
+}
+
+// leaveGroup takes a UDP socket bound with SO_REUSEPORT out of its
+// group's share of new datagrams: connected to its own address, it matches
+// only datagrams from that address, which nothing sends, so the kernel
+// gives every new query to the group's other sockets; what the socket has
+// queued stays to be read, and it can still answer anyone.
+func leaveGroup(pc net.PacketConn) error {
+	sc, ok := pc.(syscall.Conn)
+	if !ok {
+		return fmt.Errorf("udp socket %T has no file descriptor", pc)
+	}
+	la, ok := pc.LocalAddr().(*net.UDPAddr)
+	if !ok {
+		return fmt.Errorf("udp socket with local address %v", pc.LocalAddr())
+	}
+	ap := la.AddrPort()
+	var sa syscall.Sockaddr
+	if ap.Addr().Unmap().Is4() {
+		sa = &syscall.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().Unmap().As4()}
+	} else {
+		sa = &syscall.SockaddrInet6{Port: int(ap.Port()), Addr: ap.Addr().As16()}
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cerr = syscall.Connect(int(fd), sa) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return os.NewSyscallError("connect", cerr)
+	}
+	return nil
 }

@@ -1,0 +1,130 @@
+package dnsproxy
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+)
+
+// reuseSockets are hostSockets bound with SO_REUSEPORT, as a pod's are, so
+// that two servers, an old ztunnel's and its successor's, share a port.
+type reuseSockets struct{ hostSockets }
+
+func reuseControl(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEPORT, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
+}
+
+func (reuseSockets) Listen(ctx context.Context, addr netip.AddrPort) (net.Listener, error) {
+	lc := net.ListenConfig{Control: reuseControl}
+	return lc.Listen(ctx, "tcp", addr.String())
+}
+
+func (reuseSockets) ListenPacket(ctx context.Context, addr netip.AddrPort) (net.PacketConn, error) {
+	lc := net.ListenConfig{Control: reuseControl}
+	return lc.ListenPacket(ctx, "udp", addr.String())
+}
+
+// TestHandoffLosesNoQuery: while clients query without pause, an old
+// server stops with a successor already listening on its port: every
+// query is answered, those the old one had read or queued included, and
+// those forwarded upstream when it stopped too.
+func TestHandoffLosesNoQuery(t *testing.T) {
+	up := startUpstream(t)
+	up.mu.Lock()
+	up.delay = 20 * time.Millisecond // answers in flight when the old one stops
+	up.mu.Unlock()
+	r, err := NewResolver(Config{Store: testStore(t), Node: "node1", Upstreams: []netip.AddrPort{up.addr}, Timeout: 2 * time.Second,
+		Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(addr netip.AddrPort) (*Server, context.CancelFunc, chan error) {
+		srv, err := NewServer(ServerConfig{Resolver: r, Sockets: reuseSockets{}, Client: Client{Namespace: "demo", Name: "client"},
+			Addrs: []netip.AddrPort{addr}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := srv.Listen(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(ctx) }()
+		return srv, cancel, done
+	}
+	old, stopOld, oldDone := serve(netip.MustParseAddrPort("127.0.0.1:0"))
+	port := old.UDPAddr().(*net.UDPAddr).AddrPort()
+	_, stopNew, newDone := serve(port)
+	defer func() {
+		stopNew()
+		if err := <-newDone; err != nil {
+			t.Error(err)
+		}
+	}()
+
+	const clients, each = 8, 60
+	start := time.Now()
+	var stoppedAt time.Duration
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var lost []string
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range each {
+				// A new socket each time: a new source port, so the
+				// kernel spreads the queries over both servers.
+				c := &dns.Client{Net: "udp", Timeout: 3 * time.Second}
+				m := new(dns.Msg)
+				name := "known.example."
+				if j%2 == 0 {
+					name = "echo.demo.svc.cluster.local." // answered from the store
+				}
+				m.SetQuestion(name, dns.TypeA)
+				sent := time.Since(start)
+				resp, _, err := c.Exchange(m, port.String())
+				if err != nil || resp.Rcode != dns.RcodeSuccess {
+					mu.Lock()
+					lost = append(lost, fmt.Sprintf("%s sent at +%v: %s", name, sent.Round(time.Microsecond), errString(err)))
+					mu.Unlock()
+				}
+				if i == 0 && j == each/3 {
+					mu.Lock()
+					stoppedAt = time.Since(start)
+					mu.Unlock()
+					stopOld()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err := <-oldDone; err != nil {
+		t.Errorf("the old server's Serve: %v", err)
+	}
+	if len(lost) > 0 {
+		t.Errorf("%d of %d queries not answered across the handoff (the old server stopped at +%v): %v", len(lost), clients*each, stoppedAt.Round(time.Microsecond), lost)
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "not NOERROR"
+	}
+	return err.Error()
+}

@@ -53,29 +53,15 @@ func TestHandoffLosesNoQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve := func(addr netip.AddrPort) (*Server, context.CancelFunc, chan error) {
-		srv, err := NewServer(ServerConfig{Resolver: r, Sockets: reuseSockets{}, Client: Client{Namespace: "demo", Name: "client"},
-			Addrs: []netip.AddrPort{addr}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := srv.Listen(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(ctx) }()
-		return srv, cancel, done
-	}
-	old, stopOld, oldDone := serve(netip.MustParseAddrPort("127.0.0.1:0"))
+	old, stopOld := serveProxy(t, r, reuseSockets{}, netip.MustParseAddrPort("127.0.0.1:0"))
 	port := old.UDPAddr().(*net.UDPAddr).AddrPort()
-	_, stopNew, newDone := serve(port)
+	_, stopNew := serveProxy(t, r, reuseSockets{}, port)
 	defer func() {
-		stopNew()
-		if err := <-newDone; err != nil {
+		if err := stopNew(); err != nil {
 			t.Error(err)
 		}
 	}()
+	oldDone := make(chan error, 1)
 
 	const clients, each = 8, 60
 	start := time.Now()
@@ -108,7 +94,7 @@ func TestHandoffLosesNoQuery(t *testing.T) {
 					mu.Lock()
 					stoppedAt = time.Since(start)
 					mu.Unlock()
-					stopOld()
+					go func() { oldDone <- stopOld() }()
 				}
 			}
 		}()

@@ -214,10 +214,23 @@ func startProxy(t testing.TB, store *state.Store, upstreams []netip.AddrPort, ti
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv, stop := serveProxy(t, r, hostSockets{}, netip.MustParseAddrPort("127.0.0.1:0"))
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return &testProxy{srv: srv, metrics: reg, r: r}
+}
+
+// serveProxy runs a DNS proxy of pod demo/client with r on addr until
+// stop, which returns what Serve did.
+func serveProxy(t testing.TB, r *Resolver, sockets Sockets, addr netip.AddrPort) (srv *Server, stop func() error) {
+	t.Helper()
 	srv, err := NewServer(ServerConfig{
-		Resolver: r, Sockets: hostSockets{},
+		Resolver: r, Sockets: sockets,
 		Client: Client{Namespace: "demo", Name: "client", ServiceAccount: "default"},
-		Addrs:  []netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:0")},
+		Addrs:  []netip.AddrPort{addr},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -228,13 +241,7 @@ func startProxy(t testing.TB, store *state.Store, upstreams []netip.AddrPort, ti
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return &testProxy{srv: srv, metrics: reg, r: r}
+	return srv, func() error { cancel(); return <-done }
 }
 
 func (p *testProxy) query(t testing.TB, network string, m *dns.Msg) *dns.Msg {

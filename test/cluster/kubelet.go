@@ -117,8 +117,11 @@ func (c *Cluster) startRuntime(ctx context.Context, n Node, ns *netns.NS) (*real
 // chart's CNI agent and ztunnel). A pod's hostPath there thus means the
 // same on a node here as on a real one, and as with the stand-in, it is
 // under the node's root (Root/var/run links to Root/run); two nodes never
-// share them.
-var nodePaths = []string{"/opt", "/etc/cni/net.d", "/var/lib/cni", "/run"}
+// share them. The kubelet's device plugin socket is also one: the kubelet
+// puts it in /var/lib/kubelet/device-plugins whatever its --root-dir, so
+// kubelets starting at once (two nodes, two clusters) removed each
+// other's socket and one failed to bind its own.
+var nodePaths = []string{"/opt", "/etc/cni/net.d", "/var/lib/cni", "/run", "/var/lib/kubelet/device-plugins"}
 
 // nodeMountScript is the shell script (and its arguments) that, run by
 // `unshare --mount --propagation slave` (mounts of the machine still show

@@ -59,7 +59,7 @@ func Write(fd int, p []byte) (int, error) { return rw(unix.SYS_WRITE, fd, p) }
 // calls, honouring the connection's deadlines and wrapping errors as the
 // net package does; a conn that is not a non-blocking socket keeps its
 // own. One goroutine reads and one writes at a time. The zero IO is not
-// usable: make one with NewIO or Init.
+// usable: set it up with Init.
 type IO struct {
 	c  net.Conn
 	rc syscall.RawConn // nil: c's own Read and Write
@@ -72,13 +72,6 @@ type IO struct {
 	wn      int
 	werr    error
 	writeFn func(uintptr) bool
-}
-
-// NewIO returns an IO for c.
-func NewIO(c net.Conn) *IO {
-	s := &IO{}
-	s.Init(c)
-	return s
 }
 
 // Init sets s up for c, in place (for an IO held by value).

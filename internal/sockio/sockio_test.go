@@ -22,7 +22,8 @@ import (
 // error.
 func TestIOLikeNet(t *testing.T) {
 	a, b := nettest.TCPPair(t)
-	s := NewIO(a)
+	var s IO
+	s.Init(a)
 	if s.rc == nil {
 		t.Fatal("a TCP socket got no raw socket")
 	}
@@ -109,7 +110,9 @@ func TestRawConnOnlyNonBlocking(t *testing.T) {
 	p1, p2 := net.Pipe()
 	defer p1.Close()
 	defer p2.Close()
-	if RawConn(p1) != nil || NewIO(p1).rc != nil {
+	var pipeIO IO
+	pipeIO.Init(p1)
+	if RawConn(p1) != nil || pipeIO.rc != nil {
 		t.Error("RawConn of a net.Pipe")
 	}
 	a, _ := nettest.TCPPair(t)

@@ -4,7 +4,9 @@
 //
 // # Ports
 //
-//	15012  gRPC over TLS: IstioCertificateService (the CA) and delta ADS.
+//	15012  gRPC over TLS: IstioCertificateService (the CA), delta ADS and
+//	       grpc.health.v1.Health (unauthenticated; SERVING until the
+//	       server drains; at most 16 Watch streams at once).
 //	       The serving certificate names <service>.<namespace>.svc and
 //	       istiod.<namespace>.svc (and their .svc.<cluster domain> forms) and
 //	       is signed by the mesh root, which clients read from ConfigMap
@@ -14,9 +16,10 @@
 //	       accounts (ztunnel) only, waypoint configuration to each waypoint
 //	       only; anyone else's stream ends with PermissionDenied.
 //	15010  plaintext delta ADS, unauthenticated (workload discovery to
-//	       anyone who reaches it, no waypoint configuration); off unless
-//	       configured.
-//	15014  HTTP: /ready, /metrics, and /debug/xds (loopback callers only).
+//	       anyone who reaches it, no waypoint configuration) and Health;
+//	       off unless configured.
+//	15014  HTTP: /ready, /metrics, and /debug/xds and /debug/pprof/
+//	       (these two to loopback callers only).
 //
 // # Start-up
 //
@@ -33,6 +36,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"strings"
 	"sync/atomic"
@@ -44,8 +48,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 	istionetworkingv1 "istio.io/client-go/pkg/apis/networking/v1"
 	istioclient "istio.io/client-go/pkg/clientset/versioned"
 	istioinformers "istio.io/client-go/pkg/informers/externalversions"
@@ -676,6 +684,10 @@ func (cp *ControlPlane) listen(ctx context.Context) (*listeners, error) {
 type servers struct {
 	secure, plain *grpc.Server // plain nil unless configured
 	mon           *http.Server
+	// health is the standard gRPC health service on both gRPC servers:
+	// SERVING from when they serve (the control plane is ready) until
+	// they drain.
+	health *boundedHealth
 }
 
 func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
@@ -684,13 +696,16 @@ func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
 	s := &servers{
 		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.KeepaliveEnforcementPolicy(kp)),
 		mon:    &http.Server{Handler: cp.monitorMux(p.xds), ReadHeaderTimeout: 5 * time.Second},
+		health: &boundedHealth{Server: health.NewServer(), watches: make(chan struct{}, maxHealthWatches)},
 	}
 	p.xds.Register(s.secure)
 	p.caServer.Register(s.secure)
+	healthpb.RegisterHealthServer(s.secure, s.health)
 	if cp.cfg.PlaintextAddr != "" {
 		// The same resources, never authenticated (as istiod's 15010).
 		s.plain = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(kp))
 		p.xds.RegisterPlaintext(s.plain)
+		healthpb.RegisterHealthServer(s.plain, s.health)
 	}
 	return s
 }
@@ -713,6 +728,7 @@ func (s *servers) serveGRPC(g *errgroup.Group, l *listeners) {
 
 // stop stops accepting and drains, each server within grace.
 func (s *servers) stop(l *listeners, grace time.Duration) {
+	s.health.Shutdown()
 	stopGRPC(s.secure, grace)
 	if s.plain != nil {
 		stopGRPC(s.plain, grace)
@@ -724,6 +740,29 @@ func (s *servers) stop(l *listeners, grace time.Duration) {
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
 	_ = s.mon.Shutdown(sctx)
+}
+
+// maxHealthWatches bounds the health Watch streams held open at once,
+// across both ports: the health service answers without a token, and each
+// stream holds a goroutine for as long as its caller likes.
+const maxHealthWatches = 16
+
+// boundedHealth is the gRPC health service with at most maxHealthWatches
+// Watch streams at once; beyond that Watch is refused at once
+// (ResourceExhausted) and Check still answers.
+type boundedHealth struct {
+	*health.Server
+	watches chan struct{}
+}
+
+func (h *boundedHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	select {
+	case h.watches <- struct{}{}:
+	default:
+		return status.Errorf(codes.ResourceExhausted, "%d health watches are open, the most this server holds; poll Check instead", maxHealthWatches)
+	}
+	defer func() { <-h.watches }()
+	return h.Server.Watch(req, stream)
 }
 
 // stopGRPC drains s, then stops it at the deadline (xDS streams never end
@@ -812,6 +851,10 @@ func (cp *ControlPlane) monitorMux(xds *xdsserver.Server) http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(cp.reg, promhttp.HandlerOpts{}))
 	mux.Handle("GET /debug/xds", loopbackOnly(xds.DebugHandler()))
+	// Profiles, as istiod serves them on its debug port.
+	mux.Handle("GET /debug/pprof/", loopbackOnly(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/profile", loopbackOnly(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("GET /debug/pprof/trace", loopbackOnly(http.HandlerFunc(pprof.Trace)))
 	return mux
 }
 

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,6 +49,9 @@ type running struct {
 	cp    *controlplane.ControlPlane
 	cfg   controlplane.Config
 	roots []byte
+	// stop ends the control plane and waits for it; the test's cleanup
+	// does too, if the test has not.
+	stop func()
 }
 
 func testLogger(tb testing.TB) *slog.Logger {
@@ -93,15 +97,16 @@ func startControlPlaneWith(tb testing.TB, c *apitest.Cluster, rc *rest.Config, k
 	if err != nil {
 		tb.Fatal(err)
 	}
-	runCtx, stop := context.WithCancel(context.Background())
+	runCtx, cancelRun := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- cp.Run(runCtx) }()
-	tb.Cleanup(func() {
-		stop()
+	stop := sync.OnceFunc(func() {
+		cancelRun()
 		if err := <-done; err != nil {
 			tb.Errorf("control plane: %v", err)
 		}
 	})
+	tb.Cleanup(stop)
 	select {
 	case <-cp.Ready():
 	case err := <-done:
@@ -110,7 +115,7 @@ func startControlPlaneWith(tb testing.TB, c *apitest.Cluster, rc *rest.Config, k
 	case <-ctx.Done():
 		tb.Fatal("control plane not ready")
 	}
-	return &running{cp: cp, cfg: cfg, roots: cp.RootsPEM()}
+	return &running{cp: cp, cfg: cfg, roots: cp.RootsPEM(), stop: stop}
 }
 
 func (r *running) secureAddr() string { return r.cp.Addr("secure").String() }

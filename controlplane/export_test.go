@@ -1,0 +1,4 @@
+package controlplane
+
+// MaxHealthWatches is maxHealthWatches, for the external tests.
+const MaxHealthWatches = maxHealthWatches

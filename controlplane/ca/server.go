@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -76,6 +77,9 @@ type Server struct {
 	log    *slog.Logger
 	m      caMetrics
 	admit  *admission
+	// chainPEM holds the PEM of the CA's own certificates, the same in
+	// every response.
+	chainPEM pemCache
 }
 
 var _ caservicepb.IstioCertificateServiceServer = (*Server)(nil)
@@ -258,8 +262,9 @@ func (s *Server) CreateCertificate(ctx context.Context, req *capb.IstioCertifica
 		return nil, s.refused(log, refuse(codes.InvalidArgument, "sign_failed", "the CA cannot sign this CSR: "+err.Error(), ""), caller, r.impersonated)
 	}
 	resp := &capb.IstioCertificateResponse{CertChain: make([]string, len(chain))}
-	for i, c := range chain {
-		resp.CertChain[i] = string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
+	resp.CertChain[0] = pemCert(chain[0])
+	for i, c := range chain[1:] {
+		resp.CertChain[i+1] = s.chainPEM.get(c)
 	}
 	leaf := chain[0]
 	s.m.issued.Inc()
@@ -269,6 +274,35 @@ func (s *Server) CreateCertificate(ctx context.Context, req *capb.IstioCertifica
 		"node", caller.Pod.Spec.NodeName, "identity", id.String(), "impersonated", id.Namespace != caller.Namespace || id.ServiceAccount != caller.ServiceAccount,
 		"serial", leaf.SerialNumber.Text(16), "not_after", leaf.NotAfter.UTC())
 	return resp, nil
+}
+
+func pemCert(c *x509.Certificate) string {
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
+}
+
+// pemCache remembers the PEM of a few certificates, by identity: the CA's
+// chain, which changes only when the CA rotates.
+type pemCache struct {
+	mu sync.Mutex
+	m  map[*x509.Certificate]string
+}
+
+// pemCacheMax bounds a pemCache: a chain's few certificates, and a
+// rotation's old and new ones.
+const pemCacheMax = 16
+
+func (p *pemCache) get(c *x509.Certificate) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s, ok := p.m[c]; ok {
+		return s
+	}
+	if p.m == nil || len(p.m) >= pemCacheMax {
+		p.m = make(map[*x509.Certificate]string)
+	}
+	s := pemCert(c)
+	p.m[c] = s
+	return s
 }
 
 // checkCluster refuses a request for another cluster (clusterid metadata).

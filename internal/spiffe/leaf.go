@@ -8,13 +8,14 @@ import (
 	"crypto/sha256"
 	"crypto/sha512"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/asn1"
 	"errors"
 	"fmt"
 	"hash"
-	"math/big"
 	"time"
+
+	"golang.org/x/crypto/cryptobyte"
+	cbasn1 "golang.org/x/crypto/cryptobyte/asn1"
 )
 
 // createLeaf signs the workload certificate described by tmpl (as sign
@@ -48,11 +49,13 @@ func (ca *CA) createLeaf(tmpl *x509.Certificate, pub crypto.PublicKey) ([]byte, 
 	if err != nil {
 		return nil, fmt.Errorf("signing: %w", err)
 	}
-	return asn1.Marshal(certificateASN1{
-		TBS:                asn1.RawValue{FullBytes: tbs},
-		SignatureAlgorithm: alg,
-		Signature:          asn1.BitString{Bytes: sig, BitLength: 8 * len(sig)},
+	var b cryptobyte.Builder
+	b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+		b.AddBytes(tbs)
+		addAlgorithm(b, alg)
+		b.AddASN1BitString(sig)
 	})
+	return b.Bytes()
 }
 
 // Object identifiers of RFC 5280 and RFC 5758 §3.2.
@@ -70,48 +73,22 @@ var (
 
 // ecdsaSignatureAlgorithm is the algorithm x509 picks for a key on curve:
 // the hash that matches the curve's size.
-func ecdsaSignatureAlgorithm(curve elliptic.Curve) (pkix.AlgorithmIdentifier, func() hash.Hash, error) {
+func ecdsaSignatureAlgorithm(curve elliptic.Curve) (asn1.ObjectIdentifier, func() hash.Hash, error) {
 	switch curve {
 	case elliptic.P256():
-		return pkix.AlgorithmIdentifier{Algorithm: oidECDSAWithSHA256}, sha256.New, nil
+		return oidECDSAWithSHA256, sha256.New, nil
 	case elliptic.P384():
-		return pkix.AlgorithmIdentifier{Algorithm: oidECDSAWithSHA384}, sha512.New384, nil
+		return oidECDSAWithSHA384, sha512.New384, nil
 	case elliptic.P521():
-		return pkix.AlgorithmIdentifier{Algorithm: oidECDSAWithSHA512}, sha512.New, nil
+		return oidECDSAWithSHA512, sha512.New, nil
 	}
-	return pkix.AlgorithmIdentifier{}, nil, fmt.Errorf("the CA key's curve %s is not supported", curve.Params().Name)
+	return nil, nil, fmt.Errorf("the CA key's curve %s is not supported", curve.Params().Name)
 }
 
-// certificateASN1 and tbsCertificateASN1 are RFC 5280 §4.1's Certificate
-// and TBSCertificate, as much of them as a workload certificate uses.
-type certificateASN1 struct {
-	TBS                asn1.RawValue
-	SignatureAlgorithm pkix.AlgorithmIdentifier
-	Signature          asn1.BitString
-}
-
-type tbsCertificateASN1 struct {
-	Version            int `asn1:"optional,explicit,default:0,tag:0"`
-	SerialNumber       *big.Int
-	SignatureAlgorithm pkix.AlgorithmIdentifier
-	Issuer             asn1.RawValue
-	Validity           validityASN1
-	Subject            asn1.RawValue
-	PublicKey          asn1.RawValue
-	Extensions         []pkix.Extension `asn1:"omitempty,optional,explicit,tag:3"`
-}
-
-type validityASN1 struct {
-	NotBefore, NotAfter time.Time
-}
-
-type basicConstraintsASN1 struct {
-	IsCA       bool `asn1:"optional"`
-	MaxPathLen int  `asn1:"optional,default:-1"`
-}
-
-type authorityKeyIDASN1 struct {
-	ID []byte `asn1:"optional,tag:0"`
+// addAlgorithm adds an AlgorithmIdentifier without parameters, as ECDSA's
+// are (RFC 5758 §3.2).
+func addAlgorithm(b *cryptobyte.Builder, alg asn1.ObjectIdentifier) {
+	b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) { b.AddASN1ObjectIdentifier(alg) })
 }
 
 // emptyName is the DER of an empty Name: the leaf's subject.
@@ -123,7 +100,7 @@ var emptyName = []byte{0x30, 0}
 // extensions come in x509.CreateCertificate's order: key usage, extended
 // key usage, basic constraints, authority key identifier (the issuer's
 // subject key identifier, when it has one), then the extra ones.
-func (ca *CA) leafTBS(tmpl *x509.Certificate, pub crypto.PublicKey, alg pkix.AlgorithmIdentifier) ([]byte, error) {
+func (ca *CA) leafTBS(tmpl *x509.Certificate, pub crypto.PublicKey, alg asn1.ObjectIdentifier) ([]byte, error) {
 	if len(tmpl.ExtKeyUsage) != 2 || tmpl.ExtKeyUsage[0] != x509.ExtKeyUsageServerAuth || tmpl.ExtKeyUsage[1] != x509.ExtKeyUsageClientAuth ||
 		tmpl.IsCA || !tmpl.BasicConstraintsValid || tmpl.KeyUsage == 0 || tmpl.KeyUsage>>8 != 0 {
 		return nil, errors.New("internal error: not a workload certificate template")
@@ -132,48 +109,86 @@ func (ca *CA) leafTBS(tmpl *x509.Certificate, pub crypto.PublicKey, alg pkix.Alg
 	if err != nil {
 		return nil, fmt.Errorf("encoding the public key: %w", err)
 	}
-	var exts []pkix.Extension
-	add := func(id asn1.ObjectIdentifier, critical bool, v any) error {
-		der, err := asn1.Marshal(v)
-		if err == nil {
-			exts = append(exts, pkix.Extension{Id: id, Critical: critical, Value: der})
+	issuer := ca.chain[0]
+	var b cryptobyte.Builder
+	b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+		b.AddASN1(cbasn1.Tag(0).Constructed().ContextSpecific(), func(b *cryptobyte.Builder) { b.AddASN1Int64(2) }) // v3
+		b.AddASN1BigInt(tmpl.SerialNumber)
+		addAlgorithm(b, alg)
+		b.AddBytes(issuer.RawSubject)
+		b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+			addTime(b, tmpl.NotBefore)
+			addTime(b, tmpl.NotAfter)
+		})
+		b.AddBytes(emptyName)
+		b.AddBytes(spki)
+		b.AddASN1(cbasn1.Tag(3).Constructed().ContextSpecific(), func(b *cryptobyte.Builder) {
+			b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+				addExtension(b, oidKeyUsage, true, func(b *cryptobyte.Builder) {
+					bits, n := keyUsageBits(tmpl.KeyUsage)
+					b.AddASN1(cbasn1.BIT_STRING, func(b *cryptobyte.Builder) {
+						b.AddUint8(uint8(8 - n)) // unused bits of the one byte
+						b.AddUint8(bits)
+					})
+				})
+				addExtension(b, oidExtKeyUsage, false, func(b *cryptobyte.Builder) {
+					b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+						b.AddASN1ObjectIdentifier(oidServerAuth)
+						b.AddASN1ObjectIdentifier(oidClientAuth)
+					})
+				})
+				// cA FALSE and no pathLenConstraint: both defaults, left out.
+				addExtension(b, oidBasicConstraints, true, func(b *cryptobyte.Builder) {
+					b.AddASN1(cbasn1.SEQUENCE, func(*cryptobyte.Builder) {})
+				})
+				if len(issuer.SubjectKeyId) > 0 {
+					addExtension(b, oidAuthorityKeyID, false, func(b *cryptobyte.Builder) {
+						b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+							b.AddASN1(cbasn1.Tag(0).ContextSpecific(), func(b *cryptobyte.Builder) { b.AddBytes(issuer.SubjectKeyId) }) // keyIdentifier
+						})
+					})
+				}
+				for _, e := range tmpl.ExtraExtensions {
+					addExtension(b, e.Id, e.Critical, func(b *cryptobyte.Builder) { b.AddBytes(e.Value) })
+				}
+			})
+		})
+	})
+	return b.Bytes()
+}
+
+// addExtension adds an Extension (RFC 5280 §4.1): critical only when true
+// (FALSE is the default), value the DER value adds.
+func addExtension(b *cryptobyte.Builder, id asn1.ObjectIdentifier, critical bool, value cryptobyte.BuilderContinuation) {
+	b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+		b.AddASN1ObjectIdentifier(id)
+		if critical {
+			b.AddASN1Boolean(true)
 		}
-		return err
-	}
-	ku := keyUsageBits(tmpl.KeyUsage)
-	err = errors.Join(
-		add(oidKeyUsage, true, ku),
-		add(oidExtKeyUsage, false, []asn1.ObjectIdentifier{oidServerAuth, oidClientAuth}),
-		add(oidBasicConstraints, true, basicConstraintsASN1{MaxPathLen: -1}))
-	if issuer := ca.chain[0]; err == nil && len(issuer.SubjectKeyId) > 0 {
-		err = add(oidAuthorityKeyID, false, authorityKeyIDASN1{ID: issuer.SubjectKeyId})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("encoding extensions: %w", err)
-	}
-	exts = append(exts, tmpl.ExtraExtensions...)
-	return asn1.Marshal(tbsCertificateASN1{
-		Version:            2, // v3
-		SerialNumber:       tmpl.SerialNumber,
-		SignatureAlgorithm: alg,
-		Issuer:             asn1.RawValue{FullBytes: ca.chain[0].RawSubject},
-		Validity:           validityASN1{tmpl.NotBefore.UTC(), tmpl.NotAfter.UTC()},
-		Subject:            asn1.RawValue{FullBytes: emptyName},
-		PublicKey:          asn1.RawValue{FullBytes: spki},
-		Extensions:         exts,
+		b.AddASN1(cbasn1.OCTET_STRING, value)
 	})
 }
 
+// addTime adds t as RFC 5280 §4.1.2.5 has it: UTCTime through 2049,
+// GeneralizedTime from 2050.
+func addTime(b *cryptobyte.Builder, t time.Time) {
+	t = t.UTC()
+	if t.Year() >= 1950 && t.Year() < 2050 {
+		b.AddASN1UTCTime(t)
+	} else {
+		b.AddASN1GeneralizedTime(t)
+	}
+}
+
 // keyUsageBits is the KeyUsage BIT STRING (RFC 5280 §4.2.1.3) of the low
-// byte of ku: bit 0 (digitalSignature) first, trailing zero bits dropped.
-func keyUsageBits(ku x509.KeyUsage) asn1.BitString {
-	var b byte
-	n := 0
+// byte of ku, which is not zero: bit 0 (digitalSignature) first, and its
+// length in bits, trailing zero bits dropped (DER).
+func keyUsageBits(ku x509.KeyUsage) (bits byte, n int) {
 	for i := range 8 {
 		if ku&(1<<i) != 0 {
-			b |= 0x80 >> i
+			bits |= 0x80 >> i
 			n = i + 1
 		}
 	}
-	return asn1.BitString{Bytes: []byte{b}, BitLength: n}
+	return bits, n
 }

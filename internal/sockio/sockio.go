@@ -152,8 +152,8 @@ func (s *IO) opError(op string, err error) error {
 
 // Conn is a net.Conn whose Read and Write are an IO's, for a connection
 // handed to code that reads and writes it itself (net/http's HTTP/2
-// transport). Its socket stays reachable (SyscallConn), as does a TCP
-// connection's CloseWrite.
+// transport, a TLS server). Its socket stays reachable (SyscallConn), as
+// do a TCP connection's CloseWrite and SetLinger.
 type Conn struct {
 	net.Conn
 	io IO
@@ -175,6 +175,14 @@ func (c *Conn) Write(p []byte) (int, error) { return c.io.Write(p) }
 
 // SyscallConn is the socket's.
 func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.Conn.(syscall.Conn).SyscallConn() }
+
+// SetLinger sets the socket's SO_LINGER, when it has one.
+func (c *Conn) SetLinger(sec int) error {
+	if l, ok := c.Conn.(interface{ SetLinger(int) error }); ok {
+		return l.SetLinger(sec)
+	}
+	return errors.ErrUnsupported
+}
 
 // CloseWrite shuts the socket's sending side, when it has one.
 func (c *Conn) CloseWrite() error {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/weftmesh/weft/internal/accept"
+	"github.com/weftmesh/weft/internal/sockio"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/h1server"
 	"github.com/weftmesh/weft/waypoint/route"
@@ -319,7 +320,9 @@ var errPassthrough = errors.New("TLS passthrough")
 // serveTLS serves a connection of a listener with the TLS inspector: the
 // chain the server name picks ends TLS or passes it through.
 func (s *session) serveTLS(l *config.Listener, c net.Conn) {
-	rec := &recordingConn{Conn: c, record: true}
+	// TLS reads and writes the socket with raw system calls (see
+	// internal/sockio); a passed-through connection is relayed as c.
+	rec := &recordingConn{Conn: sockio.NewConn(c), record: true}
 	var ch *config.Chain
 	conf := &tls.Config{
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {

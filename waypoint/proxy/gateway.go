@@ -287,7 +287,7 @@ func (g *gateway) serveGatewayConn(name string, c net.Conn) {
 		s.serveDownstream(tcpStream{c}, ch)
 		return
 	}
-	rc := newReadAheadConn(c)
+	rc := newReadAheadConn(sockio.NewConn(c))
 	defer rc.Close()
 	s.serveDownstream(rc, ch)
 }
@@ -321,7 +321,8 @@ var errPassthrough = errors.New("TLS passthrough")
 // chain the server name picks ends TLS or passes it through.
 func (s *session) serveTLS(l *config.Listener, c net.Conn) {
 	// TLS reads and writes the socket with raw system calls (see
-	// internal/sockio); a passed-through connection is relayed as c.
+	// internal/sockio), as plain HTTP does; a passed-through connection is
+	// relayed as c (splice(2) between two TCP connections).
 	rec := &recordingConn{Conn: sockio.NewConn(c), record: true}
 	var ch *config.Chain
 	conf := &tls.Config{

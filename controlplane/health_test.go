@@ -44,37 +44,30 @@ func TestGRPCHealth(t *testing.T) {
 	}
 
 	// Nobody holds the server's goroutines without a token: watches are
-	// bounded (one open below, so one fewer here), the rest refused at
-	// once, and Check still answers.
-	hold, release := context.WithCancel(ctx)
-	var held []healthpb.Health_WatchClient
-	for range controlplane.MaxHealthWatches - 1 {
-		w, err := plain.Watch(hold, &healthpb.HealthCheckRequest{})
+	// bounded across both ports, the rest refused at once, and Check still
+	// answers.
+	openWatch := func(wctx context.Context, hc healthpb.HealthClient) error {
+		w, err := hc.Watch(wctx, &healthpb.HealthCheckRequest{})
 		if err == nil {
-			_, err = w.Recv()
+			_, err = w.Recv() // open once it has answered
 		}
-		if err != nil {
-			t.Fatalf("watch %d: %v", len(held)+1, err)
-		}
-		held = append(held, w)
+		return err
 	}
 	// watchErr opens a watch and ends it once it has its first answer.
 	watchErr := func(hc healthpb.HealthClient) error {
 		wctx, cancel := context.WithCancel(ctx)
 		defer cancel()
-		w, err := hc.Watch(wctx, &healthpb.HealthCheckRequest{})
-		if err == nil {
-			_, err = w.Recv()
+		return openWatch(wctx, hc)
+	}
+	hold, release := context.WithCancel(ctx)
+	for i := range controlplane.MaxHealthWatches {
+		hc := plain
+		if i == 0 {
+			hc = secure
 		}
-		return err
-	}
-	last, stopLast := context.WithCancel(ctx)
-	w, err := secure.Watch(last, &healthpb.HealthCheckRequest{})
-	if err == nil {
-		_, err = w.Recv()
-	}
-	if err != nil {
-		t.Fatalf("the last watch within the bound: %v", err)
+		if err := openWatch(hold, hc); err != nil {
+			t.Fatalf("watch %d, within the bound: %v", i+1, err)
+		}
 	}
 	for name, hc := range map[string]healthpb.HealthClient{"secure": secure, "plaintext": plain} {
 		if err := watchErr(hc); code(err).String() != "ResourceExhausted" {
@@ -84,7 +77,6 @@ func TestGRPCHealth(t *testing.T) {
 			t.Errorf("%s Check with the watches full: %v, %v", name, resp.GetStatus(), err)
 		}
 	}
-	stopLast()
 	release()
 	deadline := time.Now().Add(10 * time.Second)
 	for code(watchErr(plain)).String() == "ResourceExhausted" {

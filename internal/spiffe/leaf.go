@@ -123,38 +123,42 @@ func (ca *CA) leafTBS(tmpl *x509.Certificate, pub crypto.PublicKey, alg asn1.Obj
 		b.AddBytes(emptyName)
 		b.AddBytes(spki)
 		b.AddASN1(cbasn1.Tag(3).Constructed().ContextSpecific(), func(b *cryptobyte.Builder) {
-			b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
-				addExtension(b, oidKeyUsage, true, func(b *cryptobyte.Builder) {
-					bits, n := keyUsageBits(tmpl.KeyUsage)
-					b.AddASN1(cbasn1.BIT_STRING, func(b *cryptobyte.Builder) {
-						b.AddUint8(uint8(8 - n)) // unused bits of the one byte
-						b.AddUint8(bits)
-					})
-				})
-				addExtension(b, oidExtKeyUsage, false, func(b *cryptobyte.Builder) {
-					b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
-						b.AddASN1ObjectIdentifier(oidServerAuth)
-						b.AddASN1ObjectIdentifier(oidClientAuth)
-					})
-				})
-				// cA FALSE and no pathLenConstraint: both defaults, left out.
-				addExtension(b, oidBasicConstraints, true, func(b *cryptobyte.Builder) {
-					b.AddASN1(cbasn1.SEQUENCE, func(*cryptobyte.Builder) {})
-				})
-				if len(issuer.SubjectKeyId) > 0 {
-					addExtension(b, oidAuthorityKeyID, false, func(b *cryptobyte.Builder) {
-						b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
-							b.AddASN1(cbasn1.Tag(0).ContextSpecific(), func(b *cryptobyte.Builder) { b.AddBytes(issuer.SubjectKeyId) }) // keyIdentifier
-						})
-					})
-				}
-				for _, e := range tmpl.ExtraExtensions {
-					addExtension(b, e.Id, e.Critical, func(b *cryptobyte.Builder) { b.AddBytes(e.Value) })
-				}
-			})
+			b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) { addLeafExtensions(b, tmpl, issuer) })
 		})
 	})
 	return b.Bytes()
+}
+
+// addLeafExtensions adds a workload certificate's extensions, in
+// x509.CreateCertificate's order (see leafTBS).
+func addLeafExtensions(b *cryptobyte.Builder, tmpl, issuer *x509.Certificate) {
+	addExtension(b, oidKeyUsage, true, func(b *cryptobyte.Builder) {
+		bits, n := keyUsageBits(tmpl.KeyUsage)
+		b.AddASN1(cbasn1.BIT_STRING, func(b *cryptobyte.Builder) {
+			b.AddUint8(uint8(8 - n)) // unused bits of the one byte
+			b.AddUint8(bits)
+		})
+	})
+	addExtension(b, oidExtKeyUsage, false, func(b *cryptobyte.Builder) {
+		b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+			b.AddASN1ObjectIdentifier(oidServerAuth)
+			b.AddASN1ObjectIdentifier(oidClientAuth)
+		})
+	})
+	// cA FALSE and no pathLenConstraint: both defaults, left out.
+	addExtension(b, oidBasicConstraints, true, func(b *cryptobyte.Builder) {
+		b.AddASN1(cbasn1.SEQUENCE, func(*cryptobyte.Builder) {})
+	})
+	if len(issuer.SubjectKeyId) > 0 {
+		addExtension(b, oidAuthorityKeyID, false, func(b *cryptobyte.Builder) {
+			b.AddASN1(cbasn1.SEQUENCE, func(b *cryptobyte.Builder) {
+				b.AddASN1(cbasn1.Tag(0).ContextSpecific(), func(b *cryptobyte.Builder) { b.AddBytes(issuer.SubjectKeyId) }) // keyIdentifier
+			})
+		})
+	}
+	for _, e := range tmpl.ExtraExtensions {
+		addExtension(b, e.Id, e.Critical, func(b *cryptobyte.Builder) { b.AddBytes(e.Value) })
+	}
 }
 
 // addExtension adds an Extension (RFC 5280 §4.1): critical only when true

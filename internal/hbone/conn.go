@@ -1069,7 +1069,15 @@ func (c *conn) shutdown(err error, code *http2.ErrCode) {
 	}
 }
 
-// goAway tells the peer that no new streams will be accepted (graceful drain).
+// goAwayLinger is how long a connection told GOAWAY with no stream open
+// stays up for its peer to close it. Its peer may have sent a stream it
+// has yet to learn is refused; closing at once could fail that stream's
+// write rather than have it refused, which a client retries.
+const goAwayLinger = time.Second
+
+// goAway tells the peer that no new streams will be accepted (graceful
+// drain). The connection ends when the peer closes it, when its last
+// stream ends on the peer's side, or, with none open, after goAwayLinger.
 func (c *conn) goAway() {
 	c.mu.Lock()
 	if c.goAwaySent || c.err != nil {
@@ -1086,8 +1094,12 @@ func (c *conn) goAway() {
 		err = c.flushWaitLocked()
 	}
 	c.wmu.Unlock()
-	if err != nil || empty {
+	if err != nil {
 		c.fail(errGoAway)
+		return
+	}
+	if empty {
+		time.AfterFunc(goAwayLinger, func() { c.fail(errGoAway) })
 	}
 }
 
@@ -1106,6 +1118,12 @@ var (
 type ResetError struct {
 	Code   http2.ErrCode
 	Remote bool // the peer reset it
+}
+
+// Is makes a stream the peer refused (REFUSED_STREAM) errRefused: the peer
+// did not process it, so it is safe to open again (RFC 9113, 8.7).
+func (e *ResetError) Is(target error) bool {
+	return target == errRefused && e.Remote && e.Code == http2.ErrCodeRefusedStream
 }
 
 func (e *ResetError) Error() string {

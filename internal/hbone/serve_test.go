@@ -1,18 +1,26 @@
 package hbone
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/weftmesh/weft/internal/spiffe"
 )
@@ -187,5 +195,164 @@ func TestServeSurvivesRealEMFILE(t *testing.T) {
 	mu.Unlock()
 	if !warned {
 		t.Errorf("the server never met a failing accept (%d connections opened)", len(conns))
+	}
+}
+
+// TestDrainHandsLateConnectionsOn is a handover as a node proxy's restart
+// makes one: a connection the old server accepted in the instant it began
+// to drain finishes its handshake afterwards. The old server must neither
+// cut the handshake short nor close the connection it brought up, and must
+// tell it GOAWAY: the dial succeeds (served there, or refused and opened
+// on a new connection to the successor) and the next dial goes to the
+// successor. Both ways to drain: Serve's context ending, and Shutdown.
+func TestDrainHandsLateConnectionsOn(t *testing.T) {
+	for _, how := range []string{"context", "Shutdown"} {
+		t.Run(how, func(t *testing.T) {
+			p := newPKI(t, "cluster.local")
+			srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
+			old := startServer(t, p, srvID, echoHandler)
+			next := startServer(t, p, srvID, echoHandler)
+			shut := make(chan struct{})
+			var dials atomic.Int64
+			d := newDialer(t, p, func(cfg *DialerConfig) {
+				cfg.Dial = func(ctx context.Context, _ netip.AddrPort, _ netip.Addr) (net.Conn, error) {
+					var dl net.Dialer
+					if dials.Add(1) > 1 {
+						return dl.DialContext(ctx, "tcp", next.addr.String())
+					}
+					c, err := dl.DialContext(ctx, "tcp", old.addr.String())
+					if err != nil {
+						return nil, err
+					}
+					// The old server has the connection; now it drains.
+					for old.accept.Load() == 0 {
+						time.Sleep(time.Millisecond)
+					}
+					if how == "context" {
+						old.cancel()
+					} else {
+						go func() { old.srv.Shutdown(10 * time.Second); close(shut) }()
+					}
+					for !old.srv.draining() {
+						time.Sleep(time.Millisecond)
+					}
+					return c, nil
+				}
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			echo := func() {
+				t.Helper()
+				st, err := d.Dial(ctx, old.target(cliID, "10.0.0.1:80"))
+				if err != nil {
+					t.Fatalf("dial while the server it reached drains: %v", err)
+				}
+				defer st.Close()
+				if _, err := st.Write([]byte("ping")); err != nil {
+					t.Fatal(err)
+				}
+				st.CloseWrite()
+				if b, err := io.ReadAll(st); err != nil || string(b) != "ping" {
+					t.Fatalf("echo: %q, %v", b, err)
+				}
+			}
+			echo()
+			// The late connection was told GOAWAY: new streams go elsewhere.
+			for dials.Load() < 2 {
+				if ctx.Err() != nil {
+					t.Fatal("new streams still go to the draining server")
+				}
+				echo()
+			}
+			if how == "Shutdown" {
+				<-shut
+				return
+			}
+			select {
+			case <-old.done:
+				old.cancel = nil
+			case <-time.After(5 * time.Second):
+				t.Fatal("the old server did not finish draining")
+			}
+		})
+	}
+}
+
+// TestDialRetriesRefusedStream: a server that resets a CONNECT with
+// REFUSED_STREAM has not processed it (RFC 9113, 8.7), as a server over
+// its stream limit or one that has begun to drain does; Dial opens it
+// again instead of failing.
+func TestDialRetriesRefusedStream(t *testing.T) {
+	p := newPKI(t, "cluster.local")
+	srvID, cliID := p.identity("a", "server"), p.identity("b", "client")
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", spiffe.ServerConfig(p.cert(srvID), p.ca.Roots(), p.ca.TrustDomain()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan error, 1)
+	go func() {
+		served <- func() error {
+			c, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			preface := make([]byte, len(http2.ClientPreface))
+			if _, err := io.ReadFull(c, preface); err != nil {
+				return err
+			}
+			fr := http2.NewFramer(c, c)
+			if err := fr.WriteSettings(); err != nil {
+				return err
+			}
+			refused, answered := false, false
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					if answered {
+						return nil // the client is done with the connection
+					}
+					return err
+				}
+				switch f := f.(type) {
+				case *http2.SettingsFrame:
+					if !f.IsAck() {
+						if err := fr.WriteSettingsAck(); err != nil {
+							return err
+						}
+					}
+				case *http2.HeadersFrame:
+					if !refused {
+						refused = true
+						if err := fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream); err != nil {
+							return err
+						}
+						continue
+					}
+					// Answered, the connection stays up as an HBONE server's does.
+					var hb bytes.Buffer
+					hpack.NewEncoder(&hb).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+					if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true}); err != nil {
+						return err
+					}
+					answered = true
+				}
+			}
+		}()
+	}()
+	d := newDialer(t, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	addr := ln.Addr().(*net.TCPAddr).AddrPort()
+	st, err := d.Dial(ctx, Target{Source: cliID.ID(), Peers: []spiffeid.ID{srvID.ID()}, Addr: addr, Authority: "10.0.0.1:80"})
+	if err != nil {
+		t.Fatalf("dial after a refused stream: %v", err)
+	}
+	st.Close()
+	d.Close()
+	if err := <-served; err != nil {
+		t.Errorf("server: %v", err)
 	}
 }

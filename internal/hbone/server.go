@@ -311,11 +311,21 @@ func (s *Server) Shutdown(timeout time.Duration) {
 	}
 }
 
+// draining reports whether Shutdown has begun.
+func (s *Server) draining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.drain
+}
+
 // ServeConn runs the TLS handshake on nc and serves it until it ends.
 func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	log := s.cfg.Logger
 	tc := tls.Server(newBatchConn(nc), s.tls)
-	hctx, cancel := context.WithTimeout(ctx, s.cfg.HandshakeTimeout)
+	// A drain does not cut a handshake short: the connection was accepted,
+	// and once it is up it is told GOAWAY below, which its client retries
+	// elsewhere; closing it here would reset what it carries.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.HandshakeTimeout)
 	err := tc.HandshakeContext(hctx)
 	cancel()
 	if err != nil {
@@ -347,12 +357,8 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 		go s.serveStream(c, st, f, peer)
 	}
 	s.mu.Lock()
-	if s.drain {
-		s.mu.Unlock()
-		tc.Close()
-		return
-	}
 	s.conns[c] = struct{}{}
+	late := s.drain
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
@@ -361,6 +367,13 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	}()
 	if err := c.start(); err != nil {
 		return
+	}
+	// A connection that came up after Shutdown took its list is told
+	// GOAWAY at once, so that its client opens its streams on a new
+	// connection (a successor's, listening beside us) rather than losing
+	// them to a close.
+	if late {
+		c.goAway()
 	}
 	select {
 	case <-c.done:

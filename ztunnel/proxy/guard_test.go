@@ -259,6 +259,68 @@ func TestAcceptLoopsSurviveTemporaryErrors(t *testing.T) {
 	}
 }
 
+// heldListener hands each accepted connection out only once release is
+// closed, announcing it on accepted first.
+type heldListener struct {
+	net.Listener
+	accepted chan struct{}
+	release  chan struct{}
+}
+
+func (l *heldListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.accepted <- struct{}{}
+		<-l.release
+	}
+	return c, err
+}
+
+// TestDrainServesConnectionsAcceptedAsItBegins holds a connection between
+// accept(2) and the accept loop while the pod begins to drain, as a
+// restart can catch one: it must be served, not closed (which resets a
+// client that has sent its request).
+func TestDrainServesConnectionsAcceptedAsItBegins(t *testing.T) {
+	m := newMesh(t)
+	m.apply(workload("demo", "echo", "echo", "127.0.0.28"))
+	app(t, "127.0.0.28:8080", "echo")
+	held := &heldListener{accepted: make(chan struct{}, 1), release: make(chan struct{})}
+	echo := m.startPod("demo", "echo", "echo", "127.0.0.28", func(cfg *PodConfig) {
+		cfg.Sockets = &testSockets{wrap: func(p uint16, ln net.Listener) net.Listener {
+			if p != podnet.InboundPlaintextPort {
+				return ln
+			}
+			held.Listener = ln
+			return held
+		}}
+	})
+	echo.set("127.0.0.28:8080")
+	type answer struct {
+		got string
+		err error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		got, err := call(t, "127.0.0.28:15006", "late")
+		answered <- answer{got, err}
+	}()
+	<-held.accepted
+	echo.stop()
+	for {
+		echo.pod.mu.Lock()
+		draining := echo.pod.draining
+		echo.pod.mu.Unlock()
+		if draining {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(held.release)
+	if a := <-answered; a.err != nil || a.got != "echo from 127.0.0.28: late" {
+		t.Errorf("a connection accepted as the drain began: %q, %v", a.got, a.err)
+	}
+}
+
 func TestDeadListenerFailsHealth(t *testing.T) {
 	for i, port := range []uint16{podnet.OutboundPort, podnet.InboundPlaintextPort, podnet.HBONEPort} {
 		t.Run(fmt.Sprint(port), func(t *testing.T) {

@@ -119,7 +119,7 @@ type Pod struct {
 	dialer *hbone.Dialer
 	server *hbone.Server
 
-	conns sync.WaitGroup // connection goroutines; added to under mu until draining
+	conns sync.WaitGroup // connection goroutines; added to under mu by the accept loops
 	// out counts the connections the pod's app opened (15001), in those
 	// into the pod (15006, 15008 and each tunnel): a pod flooded from
 	// outside can still connect out, and one flooding others uses up only
@@ -131,7 +131,7 @@ type Pod struct {
 
 	mu       sync.Mutex
 	open     map[net.Conn]struct{} // guarded by mu: accepted plain connections, closed at drain
-	draining bool                  // guarded by mu: no connection is taken on any more
+	draining bool                  // guarded by mu: the listeners are closing; their ends are not failures
 	failed   error                 // guarded by mu: why a listener stopped, for Health
 	ready    chan struct{}
 }
@@ -276,11 +276,14 @@ func (p *Pod) Run(ctx context.Context) error {
 	close(p.ready)
 
 	serveCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
-	var loops sync.WaitGroup
-	loops.Add(3)
-	go func() { defer loops.Done(); p.acceptLoop(ctx, podnet.OutboundPort, lns[0], &p.out, p.openOutbound) }()
+	var loops, accepting sync.WaitGroup
+	accepting.Add(2)
 	go func() {
-		defer loops.Done()
+		defer accepting.Done()
+		p.acceptLoop(ctx, podnet.OutboundPort, lns[0], &p.out, p.openOutbound)
+	}()
+	go func() {
+		defer accepting.Done()
 		p.acceptLoop(ctx, podnet.InboundPlaintextPort, lns[1], &p.in, p.openPlaintext)
 	}()
 	if dns != nil {
@@ -294,6 +297,7 @@ func (p *Pod) Run(ctx context.Context) error {
 			}
 		}()
 	}
+	loops.Add(1)
 	go func() {
 		defer loops.Done()
 		if err := srv.Serve(serveCtx, &limitListener{Listener: lns[2], p: p, s: &p.in}); err != nil {
@@ -302,14 +306,17 @@ func (p *Pod) Run(ctx context.Context) error {
 	}()
 
 	<-ctx.Done()
-	lns[0].Close()
-	lns[1].Close()
-	stopServe() // the HBONE server drains by itself
-	// A connection accepted just before the listeners closed is turned
-	// away rather than added to conns while it is waited for.
 	p.mu.Lock()
 	p.draining = true
 	p.mu.Unlock()
+	lns[0].Close()
+	lns[1].Close()
+	stopServe() // the HBONE server drains by itself
+	// A connection accepted in the instant the listeners closed is served
+	// like the others: it reached this ztunnel and not its successor, and
+	// turning it away would reset it. Once the accept loops have returned
+	// no connection is added to conns, so they can be waited for.
+	accepting.Wait()
 	done := make(chan struct{})
 	go func() { p.conns.Wait(); close(done) }()
 	select {
@@ -372,11 +379,7 @@ func (p *Pod) acceptLoop(ctx context.Context, port uint16, ln net.Listener, s *s
 			reset(c) // over the cap
 			continue
 		}
-		if !p.take(c) {
-			s.release()
-			c.Close()
-			return
-		}
+		p.take(c)
 		go func() {
 			finish := func() {
 				p.forget(c)
@@ -416,16 +419,13 @@ func (p *Pod) Health() error {
 
 func (p *Pod) name() string { return p.cfg.Namespace + "/" + p.cfg.Name }
 
-// take counts an accepted connection in, unless the pod is draining.
-func (p *Pod) take(c net.Conn) bool {
+// take counts an accepted connection in; Run waits for the accept loops
+// to return before it waits for conns.
+func (p *Pod) take(c net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.draining {
-		return false
-	}
 	p.open[c] = struct{}{}
 	p.conns.Add(1)
-	return true
 }
 
 func (p *Pod) forget(c net.Conn) {

@@ -133,6 +133,7 @@ type testPod struct {
 	*origDst
 	pod   *Pod
 	dials *atomic.Int64
+	stop  context.CancelFunc // begins the pod's drain
 }
 
 // startPod runs the proxy of a workload already in the store.
@@ -175,7 +176,7 @@ func (m *mesh) startPod(ns, name, sa, ip string, tweak ...func(*PodConfig)) *tes
 	}
 	m.cancel = append(m.cancel, cancel)
 	m.done = append(m.done, done)
-	return &testPod{origDst: od, pod: p, dials: &sockets.dials}
+	return &testPod{origDst: od, pod: p, dials: &sockets.dials, stop: cancel}
 }
 
 // app is a TCP server that answers each line with who it is and who called.

@@ -114,3 +114,62 @@ func errString(err error) string {
 	}
 	return err.Error()
 }
+
+// TestTCPDrainAnswersQueryInFlight: a query over TCP that the server is
+// forwarding when it begins to drain is answered on its connection; the
+// connection ends after it, and an idle one at once.
+func TestTCPDrainAnswersQueryInFlight(t *testing.T) {
+	up := startUpstream(t)
+	up.mu.Lock()
+	up.delay = 300 * time.Millisecond
+	up.mu.Unlock()
+	r, err := NewResolver(Config{Store: testStore(t), Node: "node1", Upstreams: []netip.AddrPort{up.addr}, Timeout: 2 * time.Second,
+		Metrics: NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, stop := serveProxy(t, r, hostSockets{}, netip.MustParseAddrPort("127.0.0.1:0"))
+	dial := func() *dns.Conn {
+		c, err := dns.Dial("tcp", srv.TCPAddr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		return c
+	}
+	busy, idle := dial(), dial()
+	// The idle connection is served before the drain: it answers once.
+	m := new(dns.Msg)
+	m.SetQuestion("echo.demo.svc.cluster.local.", dns.TypeA)
+	if err := idle.WriteMsg(m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idle.ReadMsg(); err != nil {
+		t.Fatal(err)
+	}
+	q := new(dns.Msg)
+	q.SetQuestion("known.example.", dns.TypeA)
+	if err := busy.WriteMsg(q); err != nil {
+		t.Fatal(err)
+	}
+	for len(up.queries()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	resp, err := busy.ReadMsg()
+	if err != nil || resp.Id != q.Id || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+		t.Fatalf("the query being forwarded when the drain began: %v, %v", resp, err)
+	}
+	for name, c := range map[string]*dns.Conn{"answered": busy, "idle": idle} {
+		if _, err := c.ReadMsg(); err == nil {
+			t.Errorf("the %s connection got a message after the drain", name)
+		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Errorf("the %s connection stayed open after the drain", name)
+		}
+	}
+	if err := <-stopped; err != nil {
+		t.Error(err)
+	}
+}

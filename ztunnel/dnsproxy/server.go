@@ -154,8 +154,10 @@ func (s *Server) Serve(ctx context.Context) error {
 	return errors.Join(all...)
 }
 
-// stop ends Serve: TCP listeners close (a connection queued in one is
-// reset, its client retries), UDP sockets leave their group and drain.
+// stop ends Serve: TCP listeners close (a connection queued in one moves
+// to a successor's listener, where the pod's netns migrates requests, or
+// is reset and its client retries), UDP sockets leave their group and
+// drain.
 func (s *Server) stop() {
 	for _, pc := range s.pcs {
 		if err := leaveGroup(pc); err != nil {
@@ -275,7 +277,10 @@ func (s *Server) serveTCP(ctx context.Context, ln net.Listener) error {
 			defer wg.Done()
 			defer func() { <-sem }()
 			defer c.Close()
-			stop := context.AfterFunc(ctx, func() { c.Close() })
+			// At ctx's end a connection waiting for its next query ends
+			// at once; one whose query is being answered ends after the
+			// answer.
+			stop := context.AfterFunc(ctx, func() { c.SetReadDeadline(time.Now()) })
 			defer stop()
 			s.serveConn(ctx, c)
 		}()
@@ -283,11 +288,21 @@ func (s *Server) serveTCP(ctx context.Context, ln net.Listener) error {
 }
 
 // serveConn answers the queries of one TCP connection in turn, each
-// framed with its two-byte length (RFC 1035 §4.2.2, RFC 7766).
+// framed with its two-byte length (RFC 1035 §4.2.2, RFC 7766), until the
+// connection is idle for tcpIdle or ctx ends. A query read is answered
+// (forward bounds it) even when ctx ends meanwhile: closing the
+// connection under it would leave its client to find out and ask again.
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
+	actx := context.WithoutCancel(ctx)
 	var l [2]byte
 	for {
+		// The deadline is set before ctx is checked: a drain that begins
+		// after the check moves it to now (serveTCP), one before ends the
+		// loop here.
 		c.SetReadDeadline(time.Now().Add(tcpIdle))
+		if ctx.Err() != nil {
+			return
+		}
 		if _, err := io.ReadFull(c, l[:]); err != nil {
 			return
 		}
@@ -295,7 +310,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		if _, err := io.ReadFull(c, raw); err != nil {
 			return
 		}
-		out := s.cfg.Resolver.Handle(ctx, Query{Client: s.cfg.Client, Network: "tcp", Raw: raw, Exchange: s.exchange})
+		out := s.cfg.Resolver.Handle(actx, Query{Client: s.cfg.Client, Network: "tcp", Raw: raw, Exchange: s.exchange})
 		if out == nil {
 			return
 		}

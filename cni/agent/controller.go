@@ -312,7 +312,7 @@ func (c *controller) handleCNIAdd(ctx context.Context, ev *event.Add) error {
 		return err
 	}
 	if !c.wanted(pod, nsLabels) {
-		c.log.Info("pod from a CNI event is not ambient (any more); nothing to do", "pod", ev.PodNamespace+"/"+ev.PodName)
+		c.log.Debug("pod from a CNI event is not ambient (any more); nothing to do", "pod", ev.PodNamespace+"/"+ev.PodName)
 		return nil
 	}
 	path := ev.Netns

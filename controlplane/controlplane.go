@@ -157,7 +157,21 @@ type Config struct {
 	WaypointImage string
 	// ShutdownGrace bounds the drain of gRPC streams. Default 5s.
 	ShutdownGrace time.Duration
+	// MaxConnectionAge tells a client's connection GOAWAY after about this
+	// long (gRPC adds up to 10% either way), so that clients spread over
+	// the replicas again after one restarted or more were added; the
+	// streams still open on it (xDS) end MaxConnectionAgeGrace later and
+	// their clients reconnect, to any replica. Default 30m, istiod's
+	// keepaliveMaxServerConnectionAge; negative: connections are never
+	// aged out.
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is how long the streams of an aged-out
+	// connection may go on. Default 10s, istiod's.
+	MaxConnectionAgeGrace time.Duration
 }
+
+// DefaultMaxConnectionAge is Config.MaxConnectionAge's default.
+const DefaultMaxConnectionAge = 30 * time.Minute
 
 // Validate applies the defaults and checks the configuration.
 func (c *Config) Validate() error {
@@ -208,6 +222,15 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 5 * time.Second
+	}
+	if c.MaxConnectionAge == 0 {
+		c.MaxConnectionAge = DefaultMaxConnectionAge
+	}
+	if c.MaxConnectionAgeGrace == 0 {
+		c.MaxConnectionAgeGrace = 10 * time.Second
+	}
+	if c.MaxConnectionAgeGrace < 0 {
+		return fmt.Errorf("the grace of an aged-out connection is negative (%s)", c.MaxConnectionAgeGrace)
 	}
 	pn, err := waypointxds.ParsePathNormalization(c.PathNormalization)
 	if err != nil {
@@ -691,10 +714,15 @@ type servers struct {
 }
 
 func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
-	kp := keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}
+	kp := grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true})
+	var age keepalive.ServerParameters // zero: never aged out
+	if cp.cfg.MaxConnectionAge > 0 {
+		age = keepalive.ServerParameters{MaxConnectionAge: cp.cfg.MaxConnectionAge, MaxConnectionAgeGrace: cp.cfg.MaxConnectionAgeGrace}
+	}
+	ka := grpc.KeepaliveParams(age)
 	tlsCfg := &tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	s := &servers{
-		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), grpc.KeepaliveEnforcementPolicy(kp)),
+		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), kp, ka),
 		mon:    &http.Server{Handler: cp.monitorMux(p.xds), ReadHeaderTimeout: 5 * time.Second},
 		health: &boundedHealth{Server: health.NewServer(), watches: make(chan struct{}, maxHealthWatches)},
 	}
@@ -703,7 +731,7 @@ func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
 	healthpb.RegisterHealthServer(s.secure, s.health)
 	if cp.cfg.PlaintextAddr != "" {
 		// The same resources, never authenticated (as istiod's 15010).
-		s.plain = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(kp))
+		s.plain = grpc.NewServer(kp, ka)
 		p.xds.RegisterPlaintext(s.plain)
 		healthpb.RegisterHealthServer(s.plain, s.health)
 	}

@@ -133,13 +133,25 @@ func (c *Client) Run(ctx context.Context) error {
 		c.mu.Lock()
 		c.stats.LastError = err.Error()
 		c.mu.Unlock()
-		delay := backoff.Delay(time.Since(start))
-		c.cfg.Logger.Warn("xds stream ended", "address", c.cfg.Address, "error", err.Error(), "retry_in", delay.String())
+		lived := time.Since(start)
+		delay := backoff.Delay(lived)
+		// A stream that served for a while and ended is routine (the
+		// control plane ages connections out, or restarts); one that
+		// ends soon after it was opened is a fault.
+		level := slog.LevelWarn
+		if lived >= routineStreamLife {
+			level = slog.LevelInfo
+		}
+		c.cfg.Logger.Log(ctx, level, "xds stream ended", "address", c.cfg.Address, "error", err.Error(), "lived", lived.Round(time.Millisecond).String(), "retry_in", delay.String())
 		if !reconnect.Sleep(ctx, delay) {
 			return nil
 		}
 	}
 }
+
+// routineStreamLife is how long a stream must have lived for its end to be
+// logged at info rather than as a warning.
+const routineStreamLife = time.Minute
 
 // stream runs one DeltaAggregatedResources stream until it fails.
 func (c *Client) stream(ctx context.Context, conn *grpcwire.Conn) error {

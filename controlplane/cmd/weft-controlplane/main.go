@@ -116,6 +116,7 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	fs.StringVar(&cfg.SecureAddr, "secure-addr", e.String("SECURE_ADDR", ":15012"), "CA and xDS over TLS (env SECURE_ADDR)")
 	fs.StringVar(&cfg.PlaintextAddr, "plaintext-addr", e.String("PLAINTEXT_ADDR", ""), "plaintext xDS, e.g. :15010; empty disables (env PLAINTEXT_ADDR)")
 	fs.StringVar(&cfg.MonitorAddr, "monitor-addr", e.String("MONITOR_ADDR", ":15014"), "/ready, /metrics, /debug (env MONITOR_ADDR)")
+	fs.DurationVar(&cfg.MaxConnectionAge, "keepalive-max-server-connection-age", e.Duration("KEEPALIVE_MAX_SERVER_CONNECTION_AGE", controlplane.DefaultMaxConnectionAge), "tell a client's gRPC connection GOAWAY after about this long, so that clients spread over the replicas again; its xDS stream ends 10s later and reconnects; 0 or negative: never (env KEEPALIVE_MAX_SERVER_CONNECTION_AGE)")
 	fs.DurationVar(&cfg.DebounceQuiet, "debounce-quiet", e.Duration("PILOT_DEBOUNCE_AFTER", 10*time.Millisecond), "push once no change arrived for this long (env PILOT_DEBOUNCE_AFTER)")
 	fs.DurationVar(&cfg.DebounceMax, "debounce-max", e.Duration("PILOT_DEBOUNCE_MAX", 100*time.Millisecond), "push at most this long after a change (env PILOT_DEBOUNCE_MAX)")
 	fs.BoolVar(&waypoints, "waypoints", e.Bool("PILOT_ENABLE_AMBIENT_WAYPOINTS", true), "watch Gateways for waypoints (env PILOT_ENABLE_AMBIENT_WAYPOINTS)")
@@ -134,6 +135,9 @@ func parse(args []string, getenv func(string) string) (controlplane.Config, opti
 	}
 	if err := e.Err(); err != nil {
 		return cfg, opts, err
+	}
+	if cfg.MaxConnectionAge == 0 {
+		cfg.MaxConnectionAge = -1 // asked for: never (0 in Config is the default)
 	}
 	cfg.TrustedNodeAccounts = splitList(trusted)
 	cfg.ExtraDNSNames = splitList(extraDNS)

@@ -50,6 +50,31 @@ func TestParse(t *testing.T) {
 			t.Errorf("cfg %+v", cfg)
 		}
 	})
+	t.Run("connection age", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			env  map[string]string
+			want time.Duration // < 0: never
+		}{
+			{nil, nil, 30 * time.Minute},
+			{nil, map[string]string{"KEEPALIVE_MAX_SERVER_CONNECTION_AGE": "45m"}, 45 * time.Minute},
+			{nil, map[string]string{"KEEPALIVE_MAX_SERVER_CONNECTION_AGE": "0s"}, -1},
+			{[]string{"--keepalive-max-server-connection-age", "-1s"}, nil, -1},
+		} {
+			e := map[string]string{"POD_NAMESPACE": "x"}
+			for k, v := range tc.env {
+				e[k] = v
+			}
+			cfg, _, err := parse(tc.args, env(e))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := cfg.MaxConnectionAge
+			if (tc.want < 0) != (got < 0) || tc.want > 0 && got != tc.want || cfg.MaxConnectionAgeGrace != 10*time.Second {
+				t.Errorf("%v %v: age %v grace %v, want age %v", tc.args, tc.env, got, cfg.MaxConnectionAgeGrace, tc.want)
+			}
+		}
+	})
 	for _, tc := range []struct {
 		name    string
 		args    []string

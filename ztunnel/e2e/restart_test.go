@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,6 +91,66 @@ func TestZtunnelPodDeleted(t *testing.T) {
 	})
 	checkLoad(t, c, "the ztunnel pod's deletion", results, restartedAt)
 	checkHandedOver(t, c, map[string]bool{victim: true})
+}
+
+// TestWaypointRestart restarts a namespace's waypoint (kubectl rollout
+// restart: the new pod starts, then the old one is told to stop) while a
+// client opens 50 new connections a second to a Service behind it: at
+// least 99.9% of them must succeed. The old waypoint keeps taking
+// connections until the ztunnels have learnt it is going.
+func TestWaypointRestart(t *testing.T) {
+	c := mesh(t)
+	const ns = "zt-wprestart"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	manifest := cluster.NamespaceManifest(ns, map[string]string{"istio.io/dataplane-mode": "ambient", "istio.io/use-waypoint": "waypoint"}) +
+		"---\n" + cluster.WaypointGateway(ns, "waypoint") +
+		"---\n" + cluster.EchoApp(ns, "echo", cluster.EchoOptions{}) +
+		"---\n" + cluster.EchoApp(ns, "client", cluster.EchoOptions{})
+	if err := c.Apply(ctx, manifest); err != nil {
+		t.Fatal(err)
+	}
+	removeNamespaceAtEnd(t, c, ns)
+	for _, d := range []string{"echo", "client", "waypoint"} {
+		if err := c.WaitDeployment(ctx, ns, d); err != nil {
+			c.Dump(t.Logf)
+			t.Fatal(err)
+		}
+	}
+	clients, err := c.WaitPods(ctx, ns, "app=client", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := c.Client().CoreV1().Services(ns).Get(ctx, "echo", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)
+	const selector = "gateway.networking.k8s.io/gateway-name=waypoint"
+	viaWaypoint := func() error {
+		return c.WaitFor(ctx, "requests through the waypoint", func(ctx context.Context) (bool, error) {
+			wps, err := c.WaitPods(ctx, ns, selector, 1)
+			if err != nil || len(wps) != 1 {
+				return false, nil
+			}
+			rs, _ := c.Request(ctx, ns, clients[0].Name, target, 1)
+			if len(rs) != 1 || rs[0].Response == nil {
+				return false, nil
+			}
+			host, _, _ := net.SplitHostPort(rs[0].Response.Peer)
+			return host == wps[0].Status.PodIP, nil
+		})
+	}
+	if err := viaWaypoint(); err != nil {
+		t.Fatal(err)
+	}
+	results, restartedAt := loadDuringRestart(t, c, ns, clients[0].Name, target, func(ctx context.Context) error {
+		return rolloutRestartIn(ctx, c, ns, "deployments", "waypoint", selector)
+	})
+	checkLoad(t, c, "the waypoint's rollout restart", results, restartedAt)
+	if err := viaWaypoint(); err != nil {
+		t.Errorf("after the rollout: %v", err)
+	}
 }
 
 // crossNodeApp deploys the echo app and a client in the ambient namespace
@@ -511,21 +572,34 @@ func logFailures(t *testing.T, rs []echo.Result) {
 // or Deployment in the mesh namespace, then waits until every pod matching
 // selector is of the new template, ready, and the old ones are gone.
 func rolloutRestart(ctx context.Context, c *cluster.Cluster, resource, name, selector string) error {
+	return rolloutRestartIn(ctx, c, meshNS, resource, name, selector)
+}
+
+// rolloutRestartIn restarts a DaemonSet or Deployment of namespace ns as
+// kubectl rollout restart does and waits until every pod of selector is
+// a new one and ready, and the old ones are gone.
+func rolloutRestartIn(ctx context.Context, c *cluster.Cluster, ns, resource, name, selector string) error {
 	stamp := time.Now().Format(time.RFC3339Nano)
 	patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, stamp)
 	var want int32
 	switch resource {
 	case "daemonsets":
-		ds, err := c.Client().AppsV1().DaemonSets(meshNS).Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		ds, err := c.Client().AppsV1().DaemonSets(ns).Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
 		if err != nil {
 			return fmt.Errorf("restarting daemonset %s: %w", name, err)
 		}
 		want = ds.Status.DesiredNumberScheduled
+	case "deployments":
+		d, err := c.Client().AppsV1().Deployments(ns).Patch(ctx, name, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{})
+		if err != nil {
+			return fmt.Errorf("restarting deployment %s: %w", name, err)
+		}
+		want = *d.Spec.Replicas
 	default:
 		return fmt.Errorf("rolloutRestart: unsupported resource %q", resource)
 	}
 	return c.WaitFor(ctx, "rollout of "+name, func(ctx context.Context) (bool, error) {
-		pods, err := c.Client().CoreV1().Pods(meshNS).List(ctx, metav1.ListOptions{LabelSelector: selector})
+		pods, err := c.Client().CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, nil
 		}

@@ -318,7 +318,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: podAnnotations(annotations)},
 					Spec: corev1.PodSpec{
 						ServiceAccountName:            name,
-						TerminationGracePeriodSeconds: ptr(int64(5)),
+						TerminationGracePeriodSeconds: ptr(int64(10)), // DRAIN_DELAY (3 s) and a drain (5 s)
 						// The proxy needs no privilege: an unprivileged user
 						// (Istio's proxy UID), the runtime's seccomp filter.
 						SecurityContext: &corev1.PodSecurityContext{

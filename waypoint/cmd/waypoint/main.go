@@ -93,6 +93,12 @@ type Config struct {
 	// Gateway: PROXY_MODE=gateway (apinames.ProxyModeEnv); default
 	// waypoint.
 	Gateway bool
+	// DrainDelay (DRAIN_DELAY, default 3s) is how long the proxy, told to
+	// stop, reports unready and still takes new connections before it
+	// closes its listeners and drains: the ztunnels (or, for a gateway,
+	// the nodes' Service rules) learn meanwhile that it is going, and
+	// stop sending it connections it would refuse.
+	DrainDelay time.Duration
 }
 
 func env(k, def string) string {
@@ -144,6 +150,11 @@ func loadConfig(args []string) (Config, error) {
 	default:
 		return c, fmt.Errorf("%s=%q: want %s or %s", apinames.ProxyModeEnv, v, apinames.ProxyModeWaypoint, apinames.ProxyModeGateway)
 	}
+	delay, err := time.ParseDuration(env("DRAIN_DELAY", "3s"))
+	if err != nil || delay < 0 {
+		return c, fmt.Errorf("DRAIN_DELAY=%q: want a duration of zero or more, such as 3s", os.Getenv("DRAIN_DELAY"))
+	}
+	c.DrainDelay = delay
 	switch v := env("ACCESS_LOG", "on"); v {
 	case "on":
 		c.AccessLog = true
@@ -272,7 +283,15 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return err
 		}
 	}
-	g, ctx := errgroup.WithContext(ctx)
+	// Told to stop (ctx), the proxy goes on serving for DrainDelay, unready.
+	stopping := ctx
+	serving, stopServing := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopServing()
+	defer context.AfterFunc(stopping, func() {
+		log.Info("waypoint stopping: unready, still taking connections", "for", cfg.DrainDelay.String())
+		time.AfterFunc(cfg.DrainDelay, stopServing)
+	})()
+	g, ctx := errgroup.WithContext(serving)
 	if creds.run != nil {
 		g.Go(func() error { return creds.run(ctx) })
 	}
@@ -291,6 +310,10 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	mux.Handle(apinames.MetricsPath, metrics) // what the pods' scrape annotations name
 	ready := http.NewServeMux()
 	ready.HandleFunc("/healthz/ready", func(w http.ResponseWriter, _ *http.Request) {
+		if stopping.Err() != nil {
+			http.Error(w, "stopping", http.StatusServiceUnavailable)
+			return
+		}
 		var missing []string
 		select {
 		case <-store.Applied():

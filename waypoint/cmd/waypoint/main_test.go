@@ -39,10 +39,12 @@ func TestLoadConfig(t *testing.T) {
 		{name: "cert without bootstrap", args: []string{"-cert", "c.pem", "-key", "k.pem"}, env: map[string]string{"SERVICE_ACCOUNT": "w"}, want: "go with -bootstrap"},
 		{name: "bad trust domain", env: map[string]string{"SERVICE_ACCOUNT": "w", "TRUST_DOMAIN": "Not A Domain"}, want: "TRUST_DOMAIN"},
 		{name: "bad access log", env: map[string]string{"SERVICE_ACCOUNT": "w", "ACCESS_LOG": "maybe"}, want: `ACCESS_LOG="maybe"`},
+		{name: "bad drain delay", env: map[string]string{"SERVICE_ACCOUNT": "w", "DRAIN_DELAY": "3"}, want: `DRAIN_DELAY="3"`},
+		{name: "negative drain delay", env: map[string]string{"SERVICE_ACCOUNT": "w", "DRAIN_DELAY": "-1s"}, want: `DRAIN_DELAY="-1s"`},
 		{name: "stray argument", args: []string{"extra"}, want: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for _, k := range []string{"SERVICE_ACCOUNT", "TRUST_DOMAIN", "ACCESS_LOG"} {
+			for _, k := range []string{"SERVICE_ACCOUNT", "TRUST_DOMAIN", "ACCESS_LOG", "DRAIN_DELAY"} {
 				t.Setenv(k, tc.env[k])
 			}
 			cfg, err := loadConfig(tc.args)
@@ -60,7 +62,8 @@ func TestLoadConfig(t *testing.T) {
 	t.Setenv("SERVICE_ACCOUNT", "w")
 	t.Setenv("ACCESS_LOG", "off")
 	cfg, err := loadConfig(nil)
-	if err != nil || cfg.AccessLog || cfg.HBONEAddr != ":15008" || cfg.MetricsAddr != ":15020" || cfg.ReadinessAddr != ":15021" || cfg.DebugAddr != "" {
+	if err != nil || cfg.AccessLog || cfg.HBONEAddr != ":15008" || cfg.MetricsAddr != ":15020" || cfg.ReadinessAddr != ":15021" || cfg.DebugAddr != "" ||
+		cfg.DrainDelay != 3*time.Second {
 		t.Errorf("defaults: %+v %v", cfg, err)
 	}
 }
@@ -143,10 +146,11 @@ endpoints:
   endpoints: [{lb_endpoints: [{endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: %d}}}, health_status: HEALTHY}]}]
 `
 
-// TestBootstrapMode: the binary's run on a bootstrap file and PEM files
-// answers CONNECTs for the file's VIP, routes them to its endpoint, is
-// ready at once and counts the request.
-func TestBootstrapMode(t *testing.T) {
+// bootstrapWaypoint configures run on bootstrapYAML, whose endpoint
+// answers "hello <path>", and returns get, which sends one request through
+// the waypoint over a new HBONE connection as a client in the mesh would.
+func bootstrapWaypoint(t *testing.T) (cfg Config, get func(ctx context.Context, path string) (int, string, error)) {
+	t.Helper()
 	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.URL.Path) })}
 	bl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -157,43 +161,95 @@ func TestBootstrapMode(t *testing.T) {
 
 	p := newPKI(t)
 	wpID, _, cert, key := p.svid("demo", "waypoint")
-	cfg := Config{
+	cfg = Config{
 		Bootstrap: p.write("bootstrap.yaml", fmt.Appendf(nil, bootstrapYAML, bl.Addr().(*net.TCPAddr).Port)),
 		CertFile:  cert, KeyFile: key, RootsFile: filepath.Join(p.dir, "roots.pem"),
 		HBONEAddr: freeAddr(t), MetricsAddr: freeAddr(t), ReadinessAddr: freeAddr(t),
 	}
+	_, client, _, _ := p.svid("client", "sleep")
+	get = func(ctx context.Context, path string) (int, string, error) {
+		d, err := hbone.NewDialer(hbone.DialerConfig{TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
+			return spiffe.ClientConfig(spiffe.StaticCertificate(client), p.ca.Roots(), peers), nil
+		}})
+		if err != nil {
+			return 0, "", err
+		}
+		defer d.Close() // an idle connection left would hold run's drain
+		st, err := d.Dial(ctx, hbone.Target{Source: client.ID.ID(), Peers: []spiffeid.ID{wpID.ID()},
+			Addr: netip.MustParseAddrPort(cfg.HBONEAddr), Authority: "10.96.0.10:80"})
+		if err != nil {
+			return 0, "", err
+		}
+		defer st.Close()
+		io.WriteString(st, "GET "+path+" HTTP/1.1\r\nHost: echo\r\nConnection: close\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(st), nil)
+		if err != nil {
+			return 0, "", err
+		}
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), err
+	}
+	return cfg, get
+}
+
+// TestBootstrapMode: the binary's run on a bootstrap file and PEM files
+// answers CONNECTs for the file's VIP, routes them to its endpoint, is
+// ready at once and counts the request.
+func TestBootstrapMode(t *testing.T) {
+	cfg, get := bootstrapWaypoint(t)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
 	ctx, stop := startRun(t, cfg)
 	defer stop()
-
-	_, client, _, _ := p.svid("client", "sleep")
-	d, err := hbone.NewDialer(hbone.DialerConfig{TLS: func(_ spiffeid.ID, peers []spiffeid.ID) (*tls.Config, error) {
-		return spiffe.ClientConfig(spiffe.StaticCertificate(client), p.ca.Roots(), peers), nil
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	st, err := d.Dial(ctx, hbone.Target{Source: client.ID.ID(), Peers: []spiffeid.ID{wpID.ID()},
-		Addr: netip.MustParseAddrPort(cfg.HBONEAddr), Authority: "10.96.0.10:80"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	io.WriteString(st, "GET /x HTTP/1.1\r\nHost: echo\r\n\r\n")
-	resp, err := http.ReadResponse(bufio.NewReader(st), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 200 || string(b) != "hello /x" {
-		t.Fatalf("through the waypoint: %d %q", resp.StatusCode, b)
+	if code, body, err := get(ctx, "/x"); err != nil || code != 200 || body != "hello /x" {
+		t.Fatalf("through the waypoint: %d %q %v", code, body, err)
 	}
 	m := waitHTTP(t, "http://"+cfg.MetricsAddr+"/metrics")
 	if !strings.Contains(m, `istio_requests_total{`) || !strings.Contains(m, `response_code="200"`) {
 		t.Errorf("the request is not in the metrics:\n%s", m)
+	}
+}
+
+// TestStopKeepsServingForDrainDelay: told to stop, the waypoint reports
+// unready at once but takes new HBONE connections and serves them for its
+// drain delay, then closes its listener and returns.
+func TestStopKeepsServingForDrainDelay(t *testing.T) {
+	cfg, get := bootstrapWaypoint(t)
+	cfg.DrainDelay = 5 * time.Second
+	_, stop := startRun(t, cfg)
+	stopped := make(chan struct{})
+	told := time.Now()
+	go func() { stop(); close(stopped) }()
+
+	// Readiness turns 503 once the stop is seen; the listeners stay.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		resp, err := http.Get("http://" + cfg.ReadinessAddr + "/healthz/ready")
+		if err != nil {
+			t.Fatalf("readiness while stopping: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("readiness while stopping: %d, want 503", resp.StatusCode)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A new connection, opened after the stop, is served.
+	if code, body, err := get(ctx, "/late"); err != nil || code != 200 || body != "hello /late" {
+		t.Errorf("a request while stopping: %d %q %v", code, body, err)
+	}
+	<-stopped
+	if since := time.Since(told); since < cfg.DrainDelay {
+		t.Errorf("run returned %s after it was told to stop, before its drain delay (%s)", since, cfg.DrainDelay)
+	}
+	if c, err := net.Dial("tcp", cfg.HBONEAddr); err == nil {
+		c.Close()
+		t.Error("the HBONE port still takes connections after run returned")
 	}
 }
 

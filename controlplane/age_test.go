@@ -1,7 +1,6 @@
 package controlplane_test
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -29,14 +28,7 @@ func TestConnectionAge(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.21.0.2"})
 	tok := podToken(t, c, zt)
-	client, err := xdstest.New(xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { _ = client.Run(cctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	client := xdstest.Start(t, xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }, Logger: testLogger(t)})
 
 	// The stream is aged out and opened again, several times.
 	deadline := time.Now().Add(30 * time.Second)

@@ -210,14 +210,7 @@ func TestWorkloadDiscovery(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.20.0.2"})
 	tok := podToken(t, c, zt)
-	client, err := xdstest.New(xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { _ = client.Run(cctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	client := xdstest.Start(t, xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }})
 
 	istio, _ := istioclient.NewForConfig(c.Config)
 	gw, _ := gwclient.NewForConfig(c.Config)
@@ -674,14 +667,7 @@ func TestCrossNamespaceWaypointConsent(t *testing.T) {
 	ctx := ctxFor(t, 2*time.Minute)
 	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.21.0.2"})
 	tok := podToken(t, c, zt)
-	client, err := xdstest.New(xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { _ = client.Run(cctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	client := xdstest.Start(t, xdstest.Config{Address: cp.secureAddr(), TLS: cp.tlsConfig(t), Token: func() (string, error) { return tok, nil }})
 	gw, _ := gwclient.NewForConfig(c.Config)
 
 	for ns, labels := range map[string]map[string]string{
@@ -701,7 +687,7 @@ func TestCrossNamespaceWaypointConsent(t *testing.T) {
 	}
 	// A waypoint as `istioctl waypoint apply` writes it: no allowedRoutes
 	// (the CRD defaults them to from: Same).
-	_, err = gw.GatewayV1().Gateways(infra).Create(ctx, &gwv1.Gateway{
+	_, err := gw.GatewayV1().Gateways(infra).Create(ctx, &gwv1.Gateway{
 		ObjectMeta: metav1.ObjectMeta{Name: "wp", Namespace: infra, Labels: map[string]string{"istio.io/waypoint-for": "service"}},
 		Spec:       gwv1.GatewaySpec{GatewayClassName: "istio-waypoint", Listeners: []gwv1.Listener{{Name: "mesh", Port: 15008, Protocol: "HBONE"}}},
 	}, metav1.CreateOptions{})

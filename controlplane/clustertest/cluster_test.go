@@ -311,14 +311,7 @@ func TestWorkloadDiscovery(t *testing.T) {
 	ctx := timeout(t, 5*time.Minute)
 	zt := in.runPod(t, ctx, release, "fake-ztunnel-xds", "ztunnel", in.c.Nodes()[0].Name, nil)
 	tok := in.token(t, zt, "istio-ca")
-	client, err := xdstest.New(xdstest.Config{Address: in.secure, TLS: in.pool(t), Token: func() (string, error) { return tok, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() { _ = client.Run(cctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
+	client := xdstest.Start(t, xdstest.Config{Address: in.secure, TLS: in.pool(t), Token: func() (string, error) { return tok, nil }})
 
 	const ns = "xds-e2e"
 	svcKey := ns + "/echo." + ns + ".svc.cluster.local"

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"testing"
 
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -45,6 +46,20 @@ type Config struct {
 	TypeURLs []string
 	// Logger: default discard.
 	Logger *slog.Logger
+}
+
+// Start runs a client until the test ends; a bad cfg fails tb.
+func Start(tb testing.TB, cfg Config) *Client {
+	tb.Helper()
+	c, err := New(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = c.Run(ctx); close(done) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	return c
 }
 
 // Client is the test client.

@@ -356,3 +356,26 @@ func TestDialRetriesRefusedStream(t *testing.T) {
 		t.Errorf("server: %v", err)
 	}
 }
+
+// TestDrainNotHeldByStalledHandshake: a peer that connects and never
+// completes its handshake does not hold a draining server until the
+// handshake timeout.
+func TestDrainNotHeldByStalledHandshake(t *testing.T) {
+	p := newPKI(t, "cluster.local")
+	ts := startServer(t, p, p.identity("a", "server"), echoHandler, func(cfg *ServerConfig) { cfg.HandshakeTimeout = time.Minute })
+	c, err := net.Dial("tcp", ts.addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for ts.accept.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	ts.cancel()
+	select {
+	case <-ts.done:
+		ts.cancel = nil
+	case <-time.After(20 * time.Second):
+		t.Fatal("a stalled handshake held the drain")
+	}
+}

@@ -311,6 +311,10 @@ func (s *Server) Shutdown(timeout time.Duration) {
 	}
 }
 
+// lateHandshake is how long a handshake in progress when the server
+// begins to drain may still take.
+const lateHandshake = time.Second
+
 // draining reports whether Shutdown has begun.
 func (s *Server) draining() bool {
 	s.mu.Lock()
@@ -324,9 +328,13 @@ func (s *Server) ServeConn(ctx context.Context, nc net.Conn) {
 	tc := tls.Server(newBatchConn(nc), s.tls)
 	// A drain does not cut a handshake short: the connection was accepted,
 	// and once it is up it is told GOAWAY below, which its client retries
-	// elsewhere; closing it here would reset what it carries.
+	// elsewhere; closing it here would reset what it carries. It gets
+	// lateHandshake to finish, so that a peer that never completes one
+	// does not hold the drain for HandshakeTimeout.
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.HandshakeTimeout)
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(lateHandshake, cancel) })
 	err := tc.HandshakeContext(hctx)
+	stop()
 	cancel()
 	if err != nil {
 		log.Debug("HBONE handshake failed", "peer", nc.RemoteAddr().String(), "error", err.Error())

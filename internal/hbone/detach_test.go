@@ -60,12 +60,7 @@ func TestDetach(t *testing.T) {
 		t.Errorf("after done the client read %q (%v), want the stream's end", rest, err)
 	}
 	cs.Close()
-	select {
-	case <-ts.done:
-		ts.cancel = nil
-	case <-time.After(10 * time.Second):
-		t.Fatal("Serve did not return once the detached stream was done")
-	}
+	ts.awaitStopped(t, 10*time.Second, "Serve did not return once the detached stream was done")
 }
 
 // TestDetachUnanswered: a detached stream that was never answered is

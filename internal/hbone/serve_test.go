@@ -225,9 +225,7 @@ func TestDrainHandsLateConnectionsOn(t *testing.T) {
 						return nil, err
 					}
 					// The old server has the connection; now it drains.
-					for old.accept.Load() == 0 {
-						time.Sleep(time.Millisecond)
-					}
+					old.awaitAccepted(1)
 					if how == "context" {
 						old.cancel()
 					} else {
@@ -268,12 +266,7 @@ func TestDrainHandsLateConnectionsOn(t *testing.T) {
 				<-shut
 				return
 			}
-			select {
-			case <-old.done:
-				old.cancel = nil
-			case <-time.After(5 * time.Second):
-				t.Fatal("the old server did not finish draining")
-			}
+			old.awaitStopped(t, 5*time.Second, "the old server did not finish draining")
 		})
 	}
 }
@@ -368,14 +361,7 @@ func TestDrainNotHeldByStalledHandshake(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for ts.accept.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	ts.awaitAccepted(1)
 	ts.cancel()
-	select {
-	case <-ts.done:
-		ts.cancel = nil
-	case <-time.After(20 * time.Second):
-		t.Fatal("a stalled handshake held the drain")
-	}
+	ts.awaitStopped(t, 20*time.Second, "a stalled handshake held the drain")
 }

@@ -157,6 +157,25 @@ func startServer(t testing.TB, p *pki, id spiffe.Identity, h Handler, tweak ...f
 	return ts
 }
 
+// awaitStopped fails t unless Serve returns within d (the test has
+// cancelled it); what says what held it.
+func (ts *testServer) awaitStopped(t testing.TB, d time.Duration, what string) {
+	t.Helper()
+	select {
+	case <-ts.done:
+		ts.cancel = nil
+	case <-time.After(d):
+		t.Fatal(what)
+	}
+}
+
+// awaitAccepted waits until the server has accepted n TCP connections.
+func (ts *testServer) awaitAccepted(n int64) {
+	for ts.accept.Load() < n {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (ts *testServer) stop() {
 	if ts.cancel == nil {
 		return

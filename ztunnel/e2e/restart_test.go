@@ -95,8 +95,8 @@ func TestZtunnelPodDeleted(t *testing.T) {
 
 // TestWaypointRestart restarts a namespace's waypoint (kubectl rollout
 // restart: the new pod starts, then the old one is told to stop) while a
-// client opens 50 new connections a second to a Service behind it: at
-// least 99.9% of them must succeed. The old waypoint keeps taking
+// client opens 50 new connections a second to a Service behind it, by
+// name: at least 99.9% of them must succeed. The old waypoint keeps taking
 // connections until the ztunnels have learnt it is going.
 func TestWaypointRestart(t *testing.T) {
 	c := mesh(t)
@@ -121,11 +121,8 @@ func TestWaypointRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := c.Client().CoreV1().Services(ns).Get(ctx, "echo", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	target := fmt.Sprintf("http://%s:80/", svc.Spec.ClusterIP)
+	// By name, as an app calls a Service: every connection resolves it.
+	target := "http://echo." + ns + ".svc.cluster.local/"
 	const selector = "gateway.networking.k8s.io/gateway-name=waypoint"
 	viaWaypoint := func() error {
 		return c.WaitFor(ctx, "requests through the waypoint", func(ctx context.Context) (bool, error) {

@@ -27,6 +27,7 @@ import (
 
 	"github.com/weftmesh/weft/cni/redirect"
 	"github.com/weftmesh/weft/internal/netns"
+	localcluster "github.com/weftmesh/weft/test/cluster"
 )
 
 // pluginBin is the weft-cni binary, built once for the tests that install
@@ -40,8 +41,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	pluginBin = filepath.Join(dir, "weft-cni")
-	if out, err := exec.Command("go", "build", "-o", pluginBin, "github.com/weftmesh/weft/cni/cmd/weft-cni").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building weft-cni: %v\n%s", err, out)
+	// As the image holds it: the runtime execs it for every pod.
+	if err := localcluster.Build("./cni/cmd/weft-cni", pluginBin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/weftmesh/weft/cni/event"
+	"github.com/weftmesh/weft/test/cluster"
 )
 
 // pluginBin is the weft-cni binary built once for the exec tests.
@@ -26,8 +27,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	pluginBin = filepath.Join(dir, "weft-cni")
-	if out, err := exec.Command("go", "build", "-o", pluginBin, "github.com/weftmesh/weft/cni/cmd/weft-cni").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building weft-cni: %v\n%s", err, out)
+	// As the image holds it: the runtime execs it for every pod.
+	if err := cluster.Build("./cni/cmd/weft-cni", pluginBin); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()

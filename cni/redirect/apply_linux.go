@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 
@@ -47,17 +48,16 @@ func ApplyPod(opts Options) error {
 // RemovePod deletes the pod's tables (in one batch), policy rules and local
 // routes. It succeeds when there is nothing to remove.
 func RemovePod() error {
-	c, err := nftables.New()
+	err := nft(func(c *nftables.Conn) error {
+		for _, name := range podTables {
+			t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
+			// Adding first makes the delete succeed when the table is absent.
+			c.AddTable(t)
+			c.DelTable(t)
+		}
+		return c.Flush()
+	})
 	if err != nil {
-		return fmt.Errorf("removing pod rules: %w", err)
-	}
-	for _, name := range podTables {
-		t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
-		// Adding first makes the delete succeed when the table is absent.
-		c.AddTable(t)
-		c.DelTable(t)
-	}
-	if err := c.Flush(); err != nil {
 		return fmt.Errorf("removing pod rules: deleting tables: %w", err)
 	}
 	if err := removeRouting(); err != nil {
@@ -134,11 +134,15 @@ func lineDiff(want, got string) string {
 
 // Installed reads the named inet tables back from the kernel. Absent tables
 // are left out.
-func Installed(names ...string) (*Ruleset, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, err
-	}
+func Installed(names ...string) (rs *Ruleset, err error) {
+	err = nft(func(c *nftables.Conn) error {
+		rs, err = readTables(c, names)
+		return err
+	})
+	return rs, err
+}
+
+func readTables(c *nftables.Conn, names []string) (*Ruleset, error) {
 	tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
 	if err != nil {
 		return nil, fmt.Errorf("listing tables: %w", err)
@@ -182,22 +186,20 @@ func Installed(names ...string) (*Ruleset, error) {
 // replaceTables deletes every table in names and creates rs's tables, in one
 // batch.
 func replaceTables(rs *Ruleset, names []string) error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	for _, name := range names {
-		t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
-		c.AddTable(t)
-		c.DelTable(t)
-	}
-	if err := queueTables(c, rs, false); err != nil {
-		return err
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("installing tables: %w", err)
-	}
-	return nil
+	return nft(func(c *nftables.Conn) error {
+		for _, name := range names {
+			t := &nftables.Table{Name: name, Family: nftables.TableFamilyINet}
+			c.AddTable(t)
+			c.DelTable(t)
+		}
+		if err := queueTables(c, rs, false); err != nil {
+			return err
+		}
+		if err := c.Flush(); err != nil {
+			return fmt.Errorf("installing tables: %w", err)
+		}
+		return nil
+	})
 }
 
 // queueTables adds rs's tables, sets, chains and rules to c's batch. With
@@ -235,14 +237,13 @@ func queueTables(c *nftables.Conn, rs *Ruleset, flush bool) error {
 // network namespace (the node's). Existing probe sets keep their elements;
 // the postrouting chain is rebuilt in the same batch.
 func ApplyHost(opts HostOptions) error {
-	c, err := nftables.New()
+	err := nft(func(c *nftables.Conn) error {
+		if err := queueTables(c, Host(opts), true); err != nil {
+			return err
+		}
+		return c.Flush()
+	})
 	if err != nil {
-		return fmt.Errorf("applying host rules: %w", err)
-	}
-	if err := queueTables(c, Host(opts), true); err != nil {
-		return fmt.Errorf("applying host rules: %w", err)
-	}
-	if err := c.Flush(); err != nil {
 		return fmt.Errorf("applying host rules: %w", err)
 	}
 	return nil
@@ -250,14 +251,13 @@ func ApplyHost(opts HostOptions) error {
 
 // RemoveHost deletes the node-side table with its sets.
 func RemoveHost() error {
-	c, err := nftables.New()
+	err := nft(func(c *nftables.Conn) error {
+		t := &nftables.Table{Name: NATTable, Family: nftables.TableFamilyINet}
+		c.AddTable(t)
+		c.DelTable(t)
+		return c.Flush()
+	})
 	if err != nil {
-		return fmt.Errorf("removing host rules: %w", err)
-	}
-	t := &nftables.Table{Name: NATTable, Family: nftables.TableFamilyINet}
-	c.AddTable(t)
-	c.DelTable(t)
-	if err := c.Flush(); err != nil {
 		return fmt.Errorf("removing host rules: %w", err)
 	}
 	return nil
@@ -275,25 +275,24 @@ func probeSet(a netip.Addr) *nftables.Set {
 // commented with the pod's uid. IPv6 addresses are skipped unless v6 (the
 // IPv6 set exists only then). Adding an existing element is not an error.
 func AddProbeIPs(uid string, ips []netip.Addr, v6 bool) error {
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("adding probe IPs: %w", err)
-	}
-	n := 0
+	var add []netip.Addr
 	for _, a := range ips {
-		a = a.Unmap()
-		if a.Is6() && !v6 {
-			continue
+		if a = a.Unmap(); !a.Is6() || v6 {
+			add = append(add, a)
 		}
-		if err := c.SetAddElements(probeSet(a), []nftables.SetElement{{Key: a.AsSlice(), Comment: uid}}); err != nil {
-			return fmt.Errorf("adding probe IP %s: %w", a, err)
-		}
-		n++
 	}
-	if n == 0 {
+	if len(add) == 0 {
 		return nil
 	}
-	if err := c.Flush(); err != nil {
+	err := nft(func(c *nftables.Conn) error {
+		for _, a := range add {
+			if err := c.SetAddElements(probeSet(a), []nftables.SetElement{{Key: a.AsSlice(), Comment: uid}}); err != nil {
+				return fmt.Errorf("probe IP %s: %w", a, err)
+			}
+		}
+		return c.Flush()
+	})
+	if err != nil {
 		return fmt.Errorf("adding probe IPs %v: %w", ips, err)
 	}
 	return nil
@@ -302,25 +301,27 @@ func AddProbeIPs(uid string, ips []netip.Addr, v6 bool) error {
 // ProbeIPs lists the node's probe set elements with their comments (pod
 // uids).
 func ProbeIPs(v6 bool) (map[netip.Addr]string, error) {
-	c, err := nftables.New()
-	if err != nil {
-		return nil, fmt.Errorf("listing probe IPs: %w", err)
-	}
 	out := map[netip.Addr]string{}
 	sets := []*nftables.Set{probeSet(netip.IPv4Unspecified())}
 	if v6 {
 		sets = append(sets, probeSet(netip.IPv6Unspecified()))
 	}
-	for _, s := range sets {
-		elems, err := c.GetSetElements(s)
-		if err != nil {
-			return nil, fmt.Errorf("listing probe set %s: %w", s.Name, err)
-		}
-		for _, e := range elems {
-			if a, ok := netip.AddrFromSlice(e.Key); ok {
-				out[a] = e.Comment
+	err := nft(func(c *nftables.Conn) error {
+		for _, s := range sets {
+			elems, err := c.GetSetElements(s)
+			if err != nil {
+				return fmt.Errorf("listing probe set %s: %w", s.Name, err)
+			}
+			for _, e := range elems {
+				if a, ok := netip.AddrFromSlice(e.Key); ok {
+					out[a] = e.Comment
+				}
 			}
 		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listing probe IPs: %w", err)
 	}
 	return out, nil
 }
@@ -332,26 +333,55 @@ func RemoveProbeIPs(ips []netip.Addr, v6 bool) error {
 	if err != nil {
 		return fmt.Errorf("removing probe IPs: %w", err)
 	}
-	c, err := nftables.New()
-	if err != nil {
-		return fmt.Errorf("removing probe IPs: %w", err)
-	}
-	n := 0
+	var del []netip.Addr
 	for _, a := range ips {
-		a = a.Unmap()
-		if _, ok := present[a]; !ok {
-			continue
+		if _, ok := present[a.Unmap()]; ok {
+			del = append(del, a.Unmap())
 		}
-		if err := c.SetDeleteElements(probeSet(a), []nftables.SetElement{{Key: a.AsSlice()}}); err != nil {
-			return fmt.Errorf("removing probe IP %s: %w", a, err)
-		}
-		n++
 	}
-	if n == 0 {
+	if len(del) == 0 {
 		return nil
 	}
-	if err := c.Flush(); err != nil {
+	err = nft(func(c *nftables.Conn) error {
+		for _, a := range del {
+			if err := c.SetDeleteElements(probeSet(a), []nftables.SetElement{{Key: a.AsSlice()}}); err != nil {
+				return fmt.Errorf("probe IP %s: %w", a, err)
+			}
+		}
+		return c.Flush()
+	})
+	if err != nil {
 		return fmt.Errorf("removing probe IPs %v: %w", ips, err)
 	}
 	return nil
+}
+
+// nft runs op with a netlink connection to nf_tables in the calling
+// thread's network namespace, on a goroutine of its own, and returns what
+// op returned.
+//
+// The netlink library waits for every reply on a new goroutine. Called
+// from a goroutine locked to its thread, as a caller inside a pod's netns
+// is, each of those waits handed the thread over and back: a pod's batch,
+// some forty acknowledgements, took 3.1 ms at the median (5.3 at p90)
+// where the same batch from an unlocked goroutine takes 1.5 (2.3). The
+// socket is made in the caller's namespace and keeps it on any thread.
+func nft(op func(c *nftables.Conn) error) error {
+	f, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return fmt.Errorf("opening this thread's network namespace: %w", err)
+	}
+	defer f.Close()
+	done := make(chan error, 1)
+	go func() {
+		c, err := nftables.New(nftables.WithNetNSFd(int(f.Fd())), nftables.AsLasting())
+		if err != nil {
+			done <- fmt.Errorf("connecting to nf_tables: %w", err)
+			return
+		}
+		err = op(c)
+		c.CloseLasting()
+		done <- err
+	}()
+	return <-done
 }

@@ -171,16 +171,26 @@ func modulePath(gomod []byte) string {
 // binary of the code they run with.
 func BuildBinary(tb testing.TB, pkg, name string) string {
 	tb.Helper()
-	cfg := Config{Images: []string{}}
-	if err := cfg.SetDefaults(); err != nil {
+	out := filepath.Join(tb.TempDir(), name)
+	if err := Build(pkg, out); err != nil {
 		tb.Fatal(err)
 	}
-	out := filepath.Join(tb.TempDir(), name)
+	return out
+}
+
+// Build builds one of the product's commands (pkg, relative to the
+// repository) as the images do, static and without machine paths, to the
+// file out; for a TestMain, which has no testing.TB.
+func Build(pkg, out string) error {
+	cfg := Config{Images: []string{}}
+	if err := cfg.SetDefaults(); err != nil {
+		return err
+	}
 	cmd := exec.Command(cfg.Go, "build", "-trimpath", "-o", out, pkg)
 	cmd.Dir = cfg.RepoDir
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if msg, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("building %s: %v\n%s", name, err, msg)
+		return fmt.Errorf("building %s: %v\n%s", pkg, err, msg)
 	}
-	return out
+	return nil
 }

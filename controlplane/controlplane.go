@@ -703,6 +703,18 @@ func (cp *ControlPlane) listen(ctx context.Context) (*listeners, error) {
 	return l, nil
 }
 
+// maxStreamsPerConn bounds the streams open at once on one gRPC
+// connection, on both ports; it is advertised in SETTINGS and a stream
+// beyond it is refused (REFUSED_STREAM), as RFC 9113 §5.1.2 has it. gRPC's
+// default is no bound, so a single connection, even an unauthenticated
+// one on the plaintext port, could hold as many xDS streams, each with its
+// goroutines and watches, as it cared to open. A node proxy needs one
+// stream and a certificate call per pod starting; clients that reach the
+// bound wait for a stream to end (gRPC's) or open another connection
+// (net/http's, the data plane's). 100 is the smallest bound RFC 9113
+// recommends.
+const maxStreamsPerConn = 100
+
 // servers are the control plane's gRPC and HTTP servers.
 type servers struct {
 	secure, plain *grpc.Server // plain nil unless configured
@@ -720,9 +732,10 @@ func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
 		age = keepalive.ServerParameters{MaxConnectionAge: cp.cfg.MaxConnectionAge, MaxConnectionAgeGrace: cp.cfg.MaxConnectionAgeGrace}
 	}
 	ka := grpc.KeepaliveParams(age)
+	ms := grpc.MaxConcurrentStreams(maxStreamsPerConn)
 	tlsCfg := &tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	s := &servers{
-		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), kp, ka),
+		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), kp, ka, ms),
 		mon:    &http.Server{Handler: cp.monitorMux(p.xds), ReadHeaderTimeout: 5 * time.Second},
 		health: &boundedHealth{Server: health.NewServer(), watches: make(chan struct{}, maxHealthWatches)},
 	}
@@ -731,7 +744,7 @@ func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
 	healthpb.RegisterHealthServer(s.secure, s.health)
 	if cp.cfg.PlaintextAddr != "" {
 		// The same resources, never authenticated (as istiod's 15010).
-		s.plain = grpc.NewServer(kp, ka)
+		s.plain = grpc.NewServer(kp, ka, ms)
 		p.xds.RegisterPlaintext(s.plain)
 		healthpb.RegisterHealthServer(s.plain, s.health)
 	}

@@ -82,6 +82,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/weftmesh/weft/internal/apinames"
+	"github.com/weftmesh/weft/internal/proxytune"
 )
 
 // Ports of a waypoint besides apinames.HBONEPort.
@@ -318,7 +319,7 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 					ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: podAnnotations(annotations)},
 					Spec: corev1.PodSpec{
 						ServiceAccountName:            name,
-						TerminationGracePeriodSeconds: ptr(int64(10)), // DRAIN_DELAY (3 s) and a drain (5 s)
+						TerminationGracePeriodSeconds: ptr(proxytune.GracePeriodSeconds(proxytune.DefaultDrainDelay)),
 						// The proxy needs no privilege: an unprivileged user
 						// (Istio's proxy UID), the runtime's seccomp filter.
 						SecurityContext: &corev1.PodSecurityContext{
@@ -412,6 +413,9 @@ func Build(cfg Config, gw *gwv1.Gateway, params *corev1.ConfigMap) (*Objects, er
 		return nil, err
 	}
 	if err := patch(o.Deployment, params.Data[KeyDeployment], &appsv1.Deployment{}, lists, KeyDeployment, where); err != nil {
+		return nil, err
+	}
+	if err := applyTuning(o.Deployment, where+KeyDeployment); err != nil {
 		return nil, err
 	}
 	if err := patch(o.Service, params.Data[KeyService], &corev1.Service{}, lists, KeyService, where); err != nil {
@@ -520,6 +524,31 @@ func patch[T any](obj *T, patchYAML string, schema *T, lists map[string]*field, 
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// applyTuning checks the values of the proxy's tuning variables a patch
+// set, so that one the proxy would refuse (and crash-loop on) is refused
+// here, and gives the pod the grace period its drain delay needs.
+func applyTuning(d *appsv1.Deployment, where string) error {
+	spec := &d.Spec.Template.Spec
+	for _, c := range spec.Containers {
+		if c.Name != "waypoint" {
+			continue
+		}
+		for _, e := range c.Env {
+			if !slices.Contains(proxytune.Variables, e.Name) {
+				continue
+			}
+			if err := proxytune.Check(e.Name, e.Value); err != nil {
+				return &ParamsError{fmt.Sprintf("%s sets env %v", where, err)}
+			}
+			if e.Name == proxytune.DrainDelay {
+				delay, _ := proxytune.ParseDrainDelay(e.Value)
+				spec.TerminationGracePeriodSeconds = ptr(proxytune.GracePeriodSeconds(delay))
+			}
+		}
+	}
+	return nil
+}
 
 // yamlSets reports whether the YAML mapping doc (a patch) has a value at
 // path; "" is no patch.

@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"istio.io/api/label"
+
+	"github.com/weftmesh/weft/internal/proxytune"
 )
 
 // field is the allow-list of a parametersRef patch below one field: what
@@ -81,10 +83,11 @@ func deniedPodAnnotation(k string) bool {
 
 func none(string) bool { return false }
 
-// tuningEnv are the proxy's variables a patch may set, as literal values:
-// its garbage collector and access log. The others say where the control
-// plane, the CA and the token are, or open a debug port.
-var tuningEnv = []string{"ACCESS_LOG", "GOGC", "GOMEMLIMIT"}
+// tuningEnv are the proxy's variables a patch may set, as literal values
+// the proxy takes (applyTuning): its garbage collector, access log and
+// drain delay. The others say where the control plane, the CA and the
+// token are, or open a debug port.
+var tuningEnv = proxytune.Variables
 
 // objectMeta is the metadata a patch may change: labels and annotations.
 func objectMeta() *field {

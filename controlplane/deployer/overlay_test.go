@@ -2,6 +2,7 @@ package deployer
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -120,6 +121,44 @@ func TestOverlayRefused(t *testing.T) {
 				t.Errorf("error %q\ndoes not say %q", err, want)
 			}
 		})
+	}
+}
+
+// TestTuningValues: a tuning variable set to a value the proxy would
+// refuse (it would crash-loop) or the runtime would ignore is refused with
+// the value and what is wanted; a drain delay sizes the pod's grace period.
+func TestTuningValues(t *testing.T) {
+	env := func(name, value string) string {
+		return fmt.Sprintf("spec: {template: {spec: {containers: [{name: waypoint, env: [{name: %s, value: %q}]}]}}}", name, value)
+	}
+	for _, c := range []struct{ name, value, want string }{
+		{"GOMEMLIMIT", "lots", `env GOMEMLIMIT="lots": want off or a byte count`},
+		{"GOMEMLIMIT", "512MB", `env GOMEMLIMIT="512MB": want off or a byte count`},
+		{"GOMEMLIMIT", "8388608TiB", `env GOMEMLIMIT="8388608TiB": want off or a byte count`},
+		{"GOGC", "fifty", `env GOGC="fifty": want off or a percentage`},
+		{"ACCESS_LOG", "yes", `env ACCESS_LOG="yes": want on or off`},
+		{"DRAIN_DELAY", "2h", `env DRAIN_DELAY="2h": want a duration from 0s to 1m0s`},
+		{"DRAIN_DELAY", "-1s", `env DRAIN_DELAY="-1s": want a duration`},
+		{"DRAIN_DELAY", "3", `env DRAIN_DELAY="3": want a duration`},
+	} {
+		_, _, err := paramsCase(t, KeyDeployment, env(c.name, c.value))
+		var pe *ParamsError
+		if !errors.As(err, &pe) || !strings.Contains(err.Error(), "parametersRef ConfigMap shop/params key deployment sets "+c.want) {
+			t.Errorf("%s=%q: Build: %v, want a *ParamsError saying %q", c.name, c.value, err, c.want)
+		}
+	}
+	// A number where the env wants a string is refused too.
+	if _, _, err := paramsCase(t, KeyDeployment, "spec: {template: {spec: {containers: [{name: waypoint, env: [{name: GOGC, value: 50}]}]}}}"); err == nil {
+		t.Error("an unquoted number as an env value was taken")
+	}
+	for value, want := range map[string]int64{"": 10, "0s": 7, "20s": 27, "1500ms": 9, "1m": 67} {
+		_, objs, err := paramsCase(t, KeyDeployment, env("DRAIN_DELAY", value))
+		if err != nil {
+			t.Fatalf("DRAIN_DELAY=%q: %v", value, err)
+		}
+		if got := objs.Deployment.Spec.Template.Spec.TerminationGracePeriodSeconds; got == nil || *got != want {
+			t.Errorf("DRAIN_DELAY=%q: terminationGracePeriodSeconds %v, want %d", value, got, want)
+		}
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/weftmesh/weft/internal/accept"
+	"github.com/weftmesh/weft/internal/proxytune"
 	"github.com/weftmesh/weft/internal/sockio"
 	"github.com/weftmesh/weft/waypoint/config"
 	"github.com/weftmesh/weft/waypoint/internal/h1server"
@@ -70,8 +71,9 @@ const (
 	// again.
 	rebindInterval = 5 * time.Second
 	// drainTimeout bounds how long connections may end on their own once
-	// the proxy stops; past it they are closed.
-	drainTimeout = 5 * time.Second
+	// the proxy stops; past it they are closed. The pod's grace period is
+	// sized by it (the deployer's).
+	drainTimeout = proxytune.Drain
 	// maxClientHello bounds the bytes kept to replay a passed-through
 	// connection's start.
 	maxClientHello = 64 << 10

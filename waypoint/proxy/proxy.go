@@ -39,6 +39,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/weftmesh/weft/internal/hbone"
+	"github.com/weftmesh/weft/internal/proxytune"
 	"github.com/weftmesh/weft/internal/relay"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -110,6 +111,8 @@ func New(cfg Config) (*Proxy, error) {
 		TLS:     spiffe.ServerConfig(cfg.Certificate, cfg.Roots, cfg.Identity.TrustDomain()),
 		Handler: hbone.HandlerFunc(p.serveConnect),
 		Logger:  cfg.Logger,
+		// The pod's grace period is sized by it (the deployer's).
+		DrainTimeout: proxytune.Drain,
 	})
 	if err != nil {
 		return nil, err

@@ -47,6 +47,7 @@ import (
 	"github.com/weftmesh/weft/internal/apinames"
 	"github.com/weftmesh/weft/internal/caclient"
 	"github.com/weftmesh/weft/internal/pb/discoverypb"
+	"github.com/weftmesh/weft/internal/proxytune"
 	"github.com/weftmesh/weft/internal/spiffe"
 	"github.com/weftmesh/weft/internal/xdsclient"
 	"github.com/weftmesh/weft/waypoint/config"
@@ -93,7 +94,7 @@ type Config struct {
 	// Gateway: PROXY_MODE=gateway (apinames.ProxyModeEnv); default
 	// waypoint.
 	Gateway bool
-	// DrainDelay (DRAIN_DELAY, default 3s) is how long the proxy, told to
+	// DrainDelay (DRAIN_DELAY, default 3s, at most 1m) is how long the proxy, told to
 	// stop, reports unready and still takes new connections before it
 	// closes its listeners and drains: the ztunnels (or, for a gateway,
 	// the nodes' Service rules) learn meanwhile that it is going, and
@@ -150,17 +151,12 @@ func loadConfig(args []string) (Config, error) {
 	default:
 		return c, fmt.Errorf("%s=%q: want %s or %s", apinames.ProxyModeEnv, v, apinames.ProxyModeWaypoint, apinames.ProxyModeGateway)
 	}
-	delay, err := time.ParseDuration(env("DRAIN_DELAY", "3s"))
-	if err != nil || delay < 0 {
-		return c, fmt.Errorf("DRAIN_DELAY=%q: want a duration of zero or more, such as 3s", os.Getenv("DRAIN_DELAY"))
+	var err error
+	if c.DrainDelay, err = proxytune.ParseDrainDelay(os.Getenv(proxytune.DrainDelay)); err != nil {
+		return c, fmt.Errorf("%s=%q: %w", proxytune.DrainDelay, os.Getenv(proxytune.DrainDelay), err)
 	}
-	c.DrainDelay = delay
-	switch v := env("ACCESS_LOG", "on"); v {
-	case "on":
-		c.AccessLog = true
-	case "off":
-	default:
-		return c, fmt.Errorf("ACCESS_LOG=%q: want on or off", v)
+	if c.AccessLog, err = proxytune.ParseAccessLog(os.Getenv(proxytune.AccessLog)); err != nil {
+		return c, fmt.Errorf("%s=%q: %w", proxytune.AccessLog, os.Getenv(proxytune.AccessLog), err)
 	}
 	return c, nil
 }

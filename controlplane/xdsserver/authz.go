@@ -15,6 +15,7 @@ const (
 	reasonNotNodeProxy    = "not_node_proxy"
 	reasonNotWaypoint     = "not_waypoint"
 	reasonUnauthenticated = "unauthenticated"
+	reasonTooManyNames    = "too_many_names" // maxNamedPerCaller
 )
 
 // authorize decides whether the authenticated caller of a stream ("" when
@@ -58,6 +59,15 @@ func (s *Server) authorize(caller, typeURL string) (reason, msg string) {
 		return reasonNotNodeProxy, fmt.Sprintf("identity %q may not subscribe to %s: it is for node proxies (ztunnel); %s",
 			caller, typeURL, who)
 	}
+}
+
+// callerName names a caller in a message: its identity, or the
+// unauthenticated streams.
+func callerName(caller string) string {
+	if caller == "" {
+		return "the unauthenticated streams together"
+	}
+	return fmt.Sprintf("identity %q", caller)
 }
 
 // refusal is the error that ends a stream refused by authorize.

@@ -2,6 +2,7 @@ package xdsserver
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -329,5 +330,119 @@ func TestAuthenticatorNamesNobody(t *testing.T) {
 	meshState(t, h.srv)
 	if _, err := subscribe(t, h.addr, "", ztunnelNode, workloadpb.AddressTypeURL); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("error %v, want Unauthenticated", err)
+	}
+}
+
+// openStream opens a delta ADS stream to addr as caller and returns it;
+// it ends with the test or when the returned cancel is called.
+func openStream(t *testing.T, addr, caller string) (discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, context.CancelFunc) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(16<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+caller)
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, cancel
+}
+
+// names returns n resource names with prefix.
+func names(prefix string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", prefix, i)
+	}
+	return out
+}
+
+// TestNamedSubscriptionsBounded: a caller may subscribe to at most
+// maxNamedPerCaller resources by name over all its streams and types; the
+// request that would pass it ends its stream with ResourceExhausted saying
+// so, names already held are not counted twice, an unsubscription or a
+// closed stream makes room, another identity has its own allowance, and a
+// wildcard subscription is not a name.
+func TestNamedSubscriptionsBounded(t *testing.T) {
+	h := start(t, tokenIsCaller{})
+	meshState(t, h.srv)
+	named := func(caller string) int {
+		h.srv.mu.Lock()
+		defer h.srv.mu.Unlock()
+		return h.srv.named[caller]
+	}
+	first := names("l", maxNamedPerCaller*3/4)
+	a, closeA := openStream(t, h.addr, "shop/waypoint")
+	if err := a.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResourceNamesSubscribe: append(first, "waypoint")}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := a.Recv(); err != nil || len(resp.GetResources()) != 1 {
+		t.Fatalf("%d names: %d resources, %v; want the one that exists", len(first)+1, len(resp.GetResources()), err)
+	}
+	// The same names again, and a wildcard on another stream: no more room taken.
+	if err := a.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResourceNamesSubscribe: first}); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := subscribe(t, h.addr, ztunnelID, ztunnelNode, workloadpb.AddressTypeURL, "*"); err != nil || len(resp.GetResources()) != 1 {
+		t.Fatalf("ztunnel's wildcard: %d resources, %v", len(resp.GetResources()), err)
+	}
+	want := len(first) + 1
+	for deadline := time.Now().Add(5 * time.Second); named("shop/waypoint") != want; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("shop/waypoint holds %d names, want %d", named("shop/waypoint"), want)
+		}
+	}
+	if n := named(ztunnelID); n != 0 {
+		t.Errorf("a wildcard subscription counted as %d names", n)
+	}
+
+	// Past the bound on another stream and type of the same identity.
+	more := names("c", maxNamedPerCaller/2)
+	_, err := subscribe(t, h.addr, "shop/waypoint", waypointNode, resource.ClusterType, more...)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("%d more names: %v, want ResourceExhausted", len(more), err)
+	}
+	msg := status.Convert(err).Message()
+	if !strings.Contains(msg, `"shop/waypoint"`) || !strings.Contains(msg, fmt.Sprint(want+len(more))) || !strings.Contains(msg, fmt.Sprint(maxNamedPerCaller)) {
+		t.Errorf("the refusal does not say who, how many and the bound: %q", msg)
+	}
+	if n := testutil.ToFloat64(h.srv.m.refused.WithLabelValues(resource.ClusterType, reasonTooManyNames)); n != 1 {
+		t.Errorf("weft_xds_rejected_streams_total{reason=%q} = %v, want 1", reasonTooManyNames, n)
+	}
+	// Another identity has its own allowance.
+	// (A name that exists among them, so that an answer comes.)
+	existing := append(more[:len(more)-1:len(more)-1], "waypoint")
+	if _, err := subscribe(t, h.addr, "bank/waypoint", waypointNode, resource.ListenerType, existing...); err != nil {
+		t.Errorf("bank's waypoint, %d names: %v", len(more), err)
+	}
+	// Unsubscribing makes room on the stream itself.
+	if err := a.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.ListenerType, ResourceNamesUnsubscribe: first[:len(more)]}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); named("shop/waypoint") != want-len(more); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("after unsubscribing %d: %d names held, want %d", len(more), named("shop/waypoint"), want-len(more))
+		}
+	}
+	if _, err := subscribe(t, h.addr, "shop/waypoint", waypointNode, resource.ListenerType, existing...); err != nil {
+		t.Errorf("%d names after unsubscribing as many: %v", len(more), err)
+	}
+	// A closed stream gives its names back; nothing is left behind.
+	closeA()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		h.srv.mu.Lock()
+		left := len(h.srv.named)
+		h.srv.mu.Unlock()
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("names still counted after every stream closed: %v", h.srv.named)
+		}
 	}
 }

@@ -139,7 +139,22 @@ type Server struct {
 
 	mu      sync.Mutex
 	clients map[int64]*client // guarded by mu
+	// named counts the resources each caller (its cache key) subscribes
+	// to by name over its open streams; guarded by mu.
+	named map[string]int
 }
+
+// maxNamedPerCaller bounds the resources one caller identity subscribes to
+// by name, over all its streams and types together; a request past it ends
+// its stream with ResourceExhausted. The server keeps every such name for the stream, so
+// without a bound one authenticated caller (any namespace that can make a
+// waypoint Gateway has such an identity), or anyone on the plaintext
+// port, could make it hold as many as it cared to send: a 4 MiB request
+// carries some 300,000. Node proxies subscribe to whole types (all of
+// them share one identity; the versions a reconnecting one says it holds
+// are not subscriptions and are not counted), and a waypoint names a few
+// resources per Service it routes to.
+const maxNamedPerCaller = 200_000
 
 var _ serverv3.Callbacks = (*callbacks)(nil)
 
@@ -302,6 +317,7 @@ type client struct {
 }
 
 type typeState struct {
+	named        map[string]struct{} // subscribed to by name
 	lastSent     time.Time
 	lastNonce    string
 	lastResponse *discovery.DeltaDiscoveryResponse
@@ -394,6 +410,18 @@ func (cb *callbacks) OnDeltaStreamClosed(id int64, _ *core.Node) {
 	c, ok := s.clients[id]
 	delete(s.clients, id)
 	n := len(s.clients)
+	if ok {
+		key := c.caller
+		if key == "" {
+			key = unauthenticated
+		}
+		for _, st := range c.types {
+			s.named[key] -= len(st.named)
+		}
+		if s.named[key] <= 0 {
+			delete(s.named, key)
+		}
+	}
 	s.mu.Unlock()
 	if !ok {
 		return // refused at open
@@ -401,6 +429,48 @@ func (cb *callbacks) OnDeltaStreamClosed(id int64, _ *core.Node) {
 	s.m.clients.Set(float64(n))
 	s.log.Info("xDS client disconnected", "stream", id, "node", c.nodeID(), "peer", c.peer,
 		"connected_for", time.Since(c.connected).Round(time.Millisecond))
+}
+
+// trackNamedLocked records the names req subscribes to and unsubscribes
+// from (a wildcard is not a name) for the stream's type st, and returns
+// the caller's count after it; when that would pass maxNamedPerCaller it
+// records nothing and returns false.
+func (s *Server) trackNamedLocked(caller string, st *typeState, req *discovery.DeltaDiscoveryRequest) (int, bool) {
+	gone := 0
+	for _, name := range req.GetResourceNamesUnsubscribe() {
+		if _, ok := st.named[name]; ok {
+			gone++
+		}
+	}
+	fresh := map[string]struct{}{}
+	add := func(name string) {
+		if _, ok := st.named[name]; name != "*" && !ok {
+			fresh[name] = struct{}{}
+		}
+	}
+	for _, name := range req.GetResourceNamesSubscribe() {
+		add(name)
+	}
+	total := s.named[caller] - gone + len(fresh)
+	if len(fresh) > 0 && total > maxNamedPerCaller {
+		return total, false
+	}
+	for _, name := range req.GetResourceNamesUnsubscribe() {
+		delete(st.named, name)
+	}
+	if st.named == nil && len(fresh) > 0 {
+		st.named = make(map[string]struct{}, len(fresh))
+	}
+	for name := range fresh {
+		st.named[name] = struct{}{}
+	}
+	if s.named == nil {
+		s.named = map[string]int{}
+	}
+	if s.named[caller] = total; total == 0 {
+		delete(s.named, caller)
+	}
+	return total, true
 }
 
 // maxNACKDetail bounds how much of a client's error message is kept.
@@ -446,6 +516,14 @@ func (cb *callbacks) OnStreamDeltaRequest(id int64, req *discovery.DeltaDiscover
 	req.Node = n
 	node := c.nodeID()
 	st := c.state(typeURL)
+	if total, ok := s.trackNamedLocked(key, st, req); !ok {
+		s.mu.Unlock()
+		s.m.refused.WithLabelValues(typeURL, reasonTooManyNames).Inc()
+		s.log.Warn("xDS subscription refused", "stream", id, "peer", c.peer, "caller", caller,
+			"node", claimed, "type_url", typeURL, "reason", reasonTooManyNames, "named", total)
+		return status.Errorf(codes.ResourceExhausted, "%s would subscribe to %d resources by name over its streams, more than the %d a caller may; "+
+			"subscribe to the whole type instead", callerName(caller), total, maxNamedPerCaller)
+	}
 	var nackMsg string
 	if d := req.GetErrorDetail(); d != nil {
 		st.nacks++

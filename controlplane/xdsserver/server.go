@@ -442,14 +442,14 @@ func (s *Server) trackNamedLocked(caller string, st *typeState, req *discovery.D
 			gone++
 		}
 	}
-	fresh := map[string]struct{}{}
-	add := func(name string) {
+	var fresh map[string]struct{} // most requests, ACKs above all, name none
+	for _, name := range req.GetResourceNamesSubscribe() {
 		if _, ok := st.named[name]; name != "*" && !ok {
+			if fresh == nil {
+				fresh = map[string]struct{}{}
+			}
 			fresh[name] = struct{}{}
 		}
-	}
-	for _, name := range req.GetResourceNamesSubscribe() {
-		add(name)
 	}
 	total := s.named[caller] - gone + len(fresh)
 	if len(fresh) > 0 && total > maxNamedPerCaller {

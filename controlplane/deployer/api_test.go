@@ -406,7 +406,7 @@ func TestAPIServer(t *testing.T) {
 		// The ConfigMap appears: deployed with its patches.
 		patches := func(replicas int) map[string]string {
 			return map[string]string{
-				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: GOGC, value: \"50\"}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
+				KeyDeployment:     fmt.Sprintf("spec:\n  replicas: %d\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: GOGC, value: \"50\"}\n        - {name: DRAIN_DELAY, value: 20s}\n        resources:\n          limits: {memory: 256Mi}\n", replicas),
 				KeyService:        "metadata:\n  annotations:\n    example.com/internal: \"true\"\n",
 				KeyServiceAccount: "metadata:\n  annotations:\n    iam.example.com/role: waypoint\n",
 			}
@@ -419,6 +419,10 @@ func TestAPIServer(t *testing.T) {
 		})
 		if e, _ := envOf(container(dep), "GOGC"); e.Value != "50" {
 			t.Errorf("patched env GOGC = %q, want 50", e.Value)
+		}
+		// The grace period covers the drain delay set: 20 s, the drain, 2 s.
+		if g := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || *g != 27 {
+			t.Errorf("terminationGracePeriodSeconds %v with DRAIN_DELAY 20s, want 27", g)
 		}
 		if m := container(dep).Resources.Limits[corev1.ResourceMemory]; m.String() != "256Mi" {
 			t.Errorf("patched memory limit %s, want 256Mi", m.String())
@@ -474,6 +478,17 @@ func TestAPIServer(t *testing.T) {
 		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params key deployment sets spec.template.spec.hostNetwork, which may not be overridden; allowed: ")
 		if d, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "tuned", metav1.GetOptions{}); err != nil || d.Spec.Template.Spec.HostNetwork || *d.Spec.Replicas != 1 {
 			t.Errorf("Deployment tuned after a refused patch: %v", err)
+		}
+
+		// A tuning value the proxy would crash-loop on: refused, saying
+		// what is wanted.
+		bad[KeyDeployment] = "spec:\n  template:\n    spec:\n      containers:\n      - name: waypoint\n        env:\n        - {name: GOMEMLIMIT, value: lots}\n"
+		a.applyConfigMap(ns, "tuned-params", bad)
+		a.waitRefused(ns, "tuned", "InvalidParameters", "ConfigMap "+ns+"/tuned-params key deployment sets env GOMEMLIMIT=\"lots\": want off or a byte count")
+		if d, err := c.Kube.AppsV1().Deployments(ns).Get(a.ctx, "tuned", metav1.GetOptions{}); err != nil {
+			t.Error(err)
+		} else if e, ok := envOf(container(d), "GOMEMLIMIT"); ok && e.Value == "lots" {
+			t.Error("the refused GOMEMLIMIT reached the Deployment")
 		}
 
 		// A patch that does not parse.

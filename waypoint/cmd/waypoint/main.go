@@ -192,9 +192,9 @@ func main() {
 	}
 	if err == nil {
 		tuneGC()
-		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-		err = run(ctx, cfg, log)
-		stop()
+		stop, now, release := signals()
+		err = run(stop, now, cfg, log)
+		release()
 	}
 	if err != nil {
 		log.Error("waypoint stopped", "error", err.Error())
@@ -223,8 +223,36 @@ type credentials struct {
 	close func()
 }
 
-// run serves until ctx ends.
-func run(ctx context.Context, cfg Config, log *slog.Logger) error {
+// signals turns SIGTERM and SIGINT into two contexts: stop ends at the
+// first, now at the second, which skips what is left of the drain delay.
+// release stops the handling.
+func signals() (stop, now context.Context, release func()) {
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	stop, stopped := context.WithCancel(context.Background())
+	now, hurried := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		for _, cancel := range []context.CancelFunc{stopped, hurried} {
+			select {
+			case <-ch:
+				cancel()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return stop, now, func() {
+		signal.Stop(ch)
+		close(done)
+		stopped()
+		hurried()
+	}
+}
+
+// run serves until ctx ends, then for the drain delay unless now ends
+// first, then drains.
+func run(ctx, now context.Context, cfg Config, log *slog.Logger) error {
 	rootPEM, err := os.ReadFile(cfg.RootsFile)
 	if err != nil {
 		return fmt.Errorf("reading the mesh root certificate: %w", err)
@@ -286,6 +314,10 @@ func run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer context.AfterFunc(stopping, func() {
 		log.Info("waypoint stopping: unready, still taking connections", "for", cfg.DrainDelay.String())
 		time.AfterFunc(cfg.DrainDelay, stopServing)
+	})()
+	defer context.AfterFunc(now, func() {
+		log.Info("waypoint told again to stop: draining now")
+		stopServing()
 	})()
 	g, ctx := errgroup.WithContext(serving)
 	if creds.run != nil {

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -253,6 +254,80 @@ func TestStopKeepsServingForDrainDelay(t *testing.T) {
 	}
 }
 
+// TestSecondStopSkipsDrainDelay: told to stop again during a minute of
+// drain delay, the proxy drains at once and run returns.
+func TestSecondStopSkipsDrainDelay(t *testing.T) {
+	cfg, _ := bootstrapWaypoint(t)
+	cfg.DrainDelay = time.Minute
+	stop, stopped := context.WithCancel(context.Background())
+	defer stopped()
+	now, hurry := context.WithCancel(context.Background())
+	defer hurry()
+	done := make(chan error, 1)
+	go func() { done <- run(stop, now, cfg, slog.New(slog.DiscardHandler)) }()
+	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
+	stopped()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get("http://" + cfg.ReadinessAddr + "/healthz/ready")
+		if err != nil {
+			t.Fatalf("readiness while stopping: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness %d 10 s after the stop, want 503", resp.StatusCode)
+		}
+	}
+	c, err := net.Dial("tcp", cfg.HBONEAddr)
+	if err != nil {
+		t.Fatalf("the HBONE port refuses connections during the drain delay: %v", err)
+	}
+	c.Close()
+	select {
+	case err := <-done:
+		t.Fatalf("run returned during its drain delay: %v", err)
+	default:
+	}
+	hurry()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("run: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run still going 15 s after the second stop, with most of a minute's drain delay left")
+	}
+}
+
+// TestSignals: the first SIGTERM or SIGINT the process gets ends stop, the
+// second ends now.
+func TestSignals(t *testing.T) {
+	stop, now, release := signals()
+	defer release()
+	wait := func(ctx context.Context, what string) {
+		t.Helper()
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s not ended 5 s after the signal", what)
+		}
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	wait(stop, "stop")
+	time.Sleep(50 * time.Millisecond)
+	if now.Err() != nil {
+		t.Fatal("one signal ended now too")
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	wait(now, "now")
+}
+
 // TestBootstrapModeErrors: a bad file or SVID stops run with an error
 // naming it.
 func TestBootstrapModeErrors(t *testing.T) {
@@ -272,7 +347,7 @@ func TestBootstrapModeErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := Config{Bootstrap: tc.bootstrap, CertFile: tc.cert, KeyFile: tc.key, RootsFile: filepath.Join(p.dir, "roots.pem"),
 				HBONEAddr: freeAddr(t), MetricsAddr: freeAddr(t), ReadinessAddr: freeAddr(t)}
-			err := run(context.Background(), cfg, slog.New(slog.DiscardHandler))
+			err := run(context.Background(), context.Background(), cfg, slog.New(slog.DiscardHandler))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("got %v, want an error with %q", err, tc.want)
 			}
@@ -390,7 +465,7 @@ func startRun(t *testing.T, cfg Config) (ctx context.Context, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, cfg, slog.New(slog.DiscardHandler)) }()
+	go func() { done <- run(ctx, context.Background(), cfg, slog.New(slog.DiscardHandler)) }()
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {

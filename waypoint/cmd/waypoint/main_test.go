@@ -224,22 +224,9 @@ func TestStopKeepsServingForDrainDelay(t *testing.T) {
 	go func() { stop(); close(stopped) }()
 
 	// Readiness turns 503 once the stop is seen; the listeners stay.
+	waitUnready(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for {
-		resp, err := http.Get("http://" + cfg.ReadinessAddr + "/healthz/ready")
-		if err != nil {
-			t.Fatalf("readiness while stopping: %v", err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("readiness while stopping: %d, want 503", resp.StatusCode)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	// A new connection, opened after the stop, is served.
 	if code, body, err := get(ctx, "/late"); err != nil || code != 200 || body != "hello /late" {
 		t.Errorf("a request while stopping: %d %q %v", code, body, err)
@@ -267,19 +254,7 @@ func TestSecondStopSkipsDrainDelay(t *testing.T) {
 	go func() { done <- run(stop, now, cfg, slog.New(slog.DiscardHandler)) }()
 	waitHTTP(t, "http://"+cfg.ReadinessAddr+"/healthz/ready")
 	stopped()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		resp, err := http.Get("http://" + cfg.ReadinessAddr + "/healthz/ready")
-		if err != nil {
-			t.Fatalf("readiness while stopping: %v", err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusServiceUnavailable {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("readiness %d 10 s after the stop, want 503", resp.StatusCode)
-		}
-	}
+	waitUnready(t, cfg)
 	c, err := net.Dial("tcp", cfg.HBONEAddr)
 	if err != nil {
 		t.Fatalf("the HBONE port refuses connections during the drain delay: %v", err)
@@ -298,6 +273,25 @@ func TestSecondStopSkipsDrainDelay(t *testing.T) {
 		}
 	case <-time.After(15 * time.Second):
 		t.Fatal("run still going 15 s after the second stop, with most of a minute's drain delay left")
+	}
+}
+
+// waitUnready waits until the proxy, told to stop, answers its readiness
+// probe 503; it fails t if that takes 10 s.
+func waitUnready(t *testing.T, cfg Config) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		resp, err := http.Get("http://" + cfg.ReadinessAddr + "/healthz/ready")
+		if err != nil {
+			t.Fatalf("readiness while stopping: %v", err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusServiceUnavailable {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("readiness %d 10 s after the stop, want 503", resp.StatusCode)
+		}
 	}
 }
 

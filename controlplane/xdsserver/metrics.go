@@ -47,8 +47,8 @@ func newMetrics() metrics {
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "weft_xds_rejected_streams_total",
-			Help: "xDS streams ended because their caller may not subscribe to a type, by type URL and reason " +
-				"(not_node_proxy, not_waypoint, unauthenticated).",
+			Help: "xDS streams ended because their caller may not subscribe to a type or to more names, by type URL and reason " +
+				"(not_node_proxy, not_waypoint, unauthenticated, too_many_names).",
 		}, []string{"type_url", "reason"}),
 	}
 }

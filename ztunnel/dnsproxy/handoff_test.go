@@ -39,6 +39,30 @@ func (reuseSockets) ListenPacket(ctx context.Context, addr netip.AddrPort) (net.
 	return lc.ListenPacket(ctx, "udp", addr.String())
 }
 
+// reservePort finds a loopback port free for both TCP and UDP and holds it
+// (SO_REUSEPORT, so that the servers can join) until release: a port taken
+// for UDP alone may be some other socket's for TCP, and the successor
+// could not bind it.
+func reservePort(t *testing.T) (netip.AddrPort, func()) {
+	t.Helper()
+	var rs reuseSockets
+	for range 20 {
+		ln, err := rs.Listen(context.Background(), netip.MustParseAddrPort("127.0.0.1:0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).AddrPort()
+		pc, err := rs.ListenPacket(context.Background(), port)
+		if err != nil {
+			ln.Close() // taken for UDP: another
+			continue
+		}
+		return port, func() { ln.Close(); pc.Close() }
+	}
+	t.Fatal("no loopback port free for both TCP and UDP in 20 tries")
+	return netip.AddrPort{}, nil
+}
+
 // TestHandoffLosesNoQuery: while clients query without pause, an old
 // server stops with a successor already listening on its port: every
 // query is answered, those the old one had read or queued included, and
@@ -53,8 +77,9 @@ func TestHandoffLosesNoQuery(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	old, stopOld := serveProxy(t, r, reuseSockets{}, netip.MustParseAddrPort("127.0.0.1:0"))
-	port := old.UDPAddr().(*net.UDPAddr).AddrPort()
+	port, release := reservePort(t)
+	_, stopOld := serveProxy(t, r, reuseSockets{}, port)
+	release()
 	_, stopNew := serveProxy(t, r, reuseSockets{}, port)
 	defer func() {
 		if err := stopNew(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/weftmesh/weft/waypoint/config"
 )
@@ -20,9 +21,14 @@ func CheckoutFresh(ctx context.Context, c *Client, snap *config.Snapshot, cluste
 	return l.reused, l.h1.discard, nil
 }
 
-// NewH2ClientConn starts the waypoint's HTTP/2 client on nc.
-func NewH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
-	return (&Client{h2: newH2Transport()}).newH2ClientConn(ctx, nc)
+// NewH2ClientConn starts the waypoint's HTTP/2 client on nc, whose
+// requests' headers wait up to wait for their bodies (0: as the waypoint's
+// do).
+func NewH2ClientConn(ctx context.Context, nc net.Conn, wait time.Duration) (*http.ClientConn, error) {
+	if wait == 0 {
+		wait = gatherWait
+	}
+	return (&Client{h2: newH2Transport()}).startH2(ctx, nc, wait)
 }
 
 // Unprocessed reports whether err says the upstream did not process the request.

@@ -30,12 +30,13 @@ type gatherConn struct {
 	mu     sync.Mutex
 	frames frameTracker
 	held   []byte
+	wait   time.Duration // gatherWait but in tests
 	timer  *time.Timer
 	err    error // a held write's failure, for the next Write
 }
 
-func newGatherConn(c net.Conn) *gatherConn {
-	g := &gatherConn{Conn: c, frames: frameTracker{preface: len(clientPreface)}}
+func newGatherConn(c net.Conn, wait time.Duration) *gatherConn {
+	g := &gatherConn{Conn: c, wait: wait, frames: frameTracker{preface: len(clientPreface)}}
 	g.timer = time.AfterFunc(time.Hour, g.flushHeld)
 	g.timer.Stop()
 	return g
@@ -53,7 +54,7 @@ func (g *gatherConn) Write(p []byte) (int, error) {
 	}
 	if g.frames.feed(p) {
 		if len(g.held) == 0 {
-			g.timer.Reset(gatherWait)
+			g.timer.Reset(g.wait)
 		}
 		g.held = append(g.held, p...)
 		return len(p), nil

@@ -112,7 +112,7 @@ func (c *recordConn) recorded() [][]byte {
 // a failed held write fails the next write.
 func TestGatherConnHoldsHeaders(t *testing.T) {
 	rc := &recordConn{}
-	g := newGatherConn(rc)
+	g := newGatherConn(rc, time.Minute)
 	defer g.Close()
 	var head bytes.Buffer
 	head.WriteString(clientPreface)
@@ -128,15 +128,9 @@ func TestGatherConnHoldsHeaders(t *testing.T) {
 	fr.WriteData(1, true, []byte("body"))
 	data := bytes.Clone(b.Bytes())
 
-	g.mu.Lock()
-	g.timer.Stop() // the timer is tried below, on its own
-	g.mu.Unlock()
 	if n, err := g.Write(headers); n != len(headers) || err != nil {
 		t.Fatalf("Write(HEADERS) = %d, %v", n, err)
 	}
-	g.mu.Lock()
-	g.timer.Stop()
-	g.mu.Unlock()
 	if got := len(rc.recorded()); got != 1 {
 		t.Fatalf("HEADERS of a stream that goes on were written at once (%d writes)", got)
 	}
@@ -157,6 +151,9 @@ func TestGatherConnHoldsHeaders(t *testing.T) {
 	}
 
 	// Nothing follows: the timer sends them.
+	g.mu.Lock()
+	g.wait = time.Millisecond
+	g.mu.Unlock()
 	b.Reset()
 	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 5, BlockFragment: []byte{0x82}, EndHeaders: true})
 	g.Write(b.Bytes())
@@ -168,6 +165,9 @@ func TestGatherConnHoldsHeaders(t *testing.T) {
 	}
 
 	// A held write that fails fails the next write and closes the conn.
+	g.mu.Lock()
+	g.wait = time.Minute
+	g.mu.Unlock()
 	b.Reset()
 	fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 7, BlockFragment: []byte{0x82}, EndHeaders: true})
 	g.Write(b.Bytes())

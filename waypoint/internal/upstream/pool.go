@@ -454,10 +454,16 @@ func newH2Transport() *http.Transport {
 // newH2ClientConn starts an HTTP/2 client connection on nc, which is
 // closed when that fails.
 func (c *Client) newH2ClientConn(ctx context.Context, nc net.Conn) (*http.ClientConn, error) {
+	return c.startH2(ctx, nc, gatherWait)
+}
+
+// startH2 is newH2ClientConn with the time a request's headers wait for
+// its body.
+func (c *Client) startH2(ctx context.Context, nc net.Conn, wait time.Duration) (*http.ClientConn, error) {
 	// The address is not dialled: the transport's dial returns nc, a
 	// plain socket's reads and writes made raw system calls, that sends a
 	// request's headers with its body (gatherConn).
-	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, newGatherConn(sockio.NewConn(nc))), "http", "upstream:80")
+	cc, err := c.h2.NewClientConn(context.WithValue(ctx, openConnKey{}, newGatherConn(sockio.NewConn(nc), wait)), "http", "upstream:80")
 	if err != nil {
 		nc.Close()
 		return nil, err

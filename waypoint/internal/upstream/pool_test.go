@@ -128,7 +128,7 @@ func TestUnprocessed(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cc, err := upstream.NewH2ClientConn(context.Background(), nc)
+			cc, err := upstream.NewH2ClientConn(context.Background(), nc, 0)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -715,6 +715,16 @@ func (cp *ControlPlane) listen(ctx context.Context) (*listeners, error) {
 // recommends.
 const maxStreamsPerConn = 100
 
+// maxRecvMsg bounds one message the gRPC servers take. A ztunnel that
+// reconnects names every Address it holds with its version, a SHA-256 in
+// hex, in its first request: about 120 bytes an address, so gRPC's default
+// of 4 MiB refused the request of a mesh of some 35,000 workloads and
+// Services, and the ztunnel, refused on every reconnect, kept its old view
+// of the mesh for good. 32 MiB takes some 250,000, past the 200,000 names
+// one caller may subscribe to (xdsserver). A message is read as it arrives,
+// so what the bound lets a caller make the server hold is what it sends.
+const maxRecvMsg = 32 << 20
+
 // servers are the control plane's gRPC and HTTP servers.
 type servers struct {
 	secure, plain *grpc.Server // plain nil unless configured
@@ -733,9 +743,10 @@ func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
 	}
 	ka := grpc.KeepaliveParams(age)
 	ms := grpc.MaxConcurrentStreams(maxStreamsPerConn)
+	mr := grpc.MaxRecvMsgSize(maxRecvMsg)
 	tlsCfg := &tls.Config{GetCertificate: serving.GetCertificate, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	s := &servers{
-		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), kp, ka, ms),
+		secure: grpc.NewServer(grpc.Creds(credentials.NewTLS(tlsCfg)), kp, ka, ms, mr),
 		mon:    &http.Server{Handler: cp.monitorMux(p.xds), ReadHeaderTimeout: 5 * time.Second},
 		health: &boundedHealth{Server: health.NewServer(), watches: make(chan struct{}, maxHealthWatches)},
 	}
@@ -744,7 +755,7 @@ func (cp *ControlPlane) newServers(serving *ca.ServingCert, p *parts) *servers {
 	healthpb.RegisterHealthServer(s.secure, s.health)
 	if cp.cfg.PlaintextAddr != "" {
 		// The same resources, never authenticated (as istiod's 15010).
-		s.plain = grpc.NewServer(kp, ka, ms)
+		s.plain = grpc.NewServer(kp, ka, ms, mr)
 		p.xds.RegisterPlaintext(s.plain)
 		healthpb.RegisterHealthServer(s.plain, s.health)
 	}

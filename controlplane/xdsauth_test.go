@@ -2,6 +2,10 @@ package controlplane_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/weftmesh/weft/controlplane/ambient"
 	"github.com/weftmesh/weft/internal/apitest"
 	"github.com/weftmesh/weft/internal/pb/securitypb"
 	"github.com/weftmesh/weft/internal/pb/workloadpb"
@@ -52,7 +57,7 @@ func TestXDSAuthorization(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := deltaSubscribe(t, cp, tc.token, ztNode, tc.typeURL)
+			resp, err := deltaSubscribe(t, cp, tc.token, ztNode, tc.typeURL, nil)
 			if got := status.Code(err); got != tc.want {
 				t.Fatalf("got %d resources and error %v; want %v", len(resp.GetResources()), err, tc.want)
 			}
@@ -64,25 +69,66 @@ func TestXDSAuthorization(t *testing.T) {
 }
 
 // deltaSubscribe opens a delta ADS stream over TLS with token, claiming
-// node, subscribes to every resource of typeURL and returns the first
-// response or the error that ended the stream (DeadlineExceeded when the
-// server neither answers nor refuses within a few seconds).
-func deltaSubscribe(t *testing.T, cp *running, token, node, typeURL string) (*discovery.DeltaDiscoveryResponse, error) {
+// node, subscribes to every resource of typeURL, saying it holds the
+// versions in held, and returns the first response or the error that ended
+// the stream (DeadlineExceeded when the server neither answers nor refuses
+// within a few seconds).
+func deltaSubscribe(t *testing.T, cp *running, token, node, typeURL string, held map[string]string) (*discovery.DeltaDiscoveryResponse, error) {
 	t.Helper()
-	conn, err := grpc.NewClient(cp.secureAddr(), grpc.WithTransportCredentials(credentials.NewTLS(cp.tlsConfig(t))))
+	conn, err := grpc.NewClient(cp.secureAddr(), grpc.WithTransportCredentials(credentials.NewTLS(cp.tlsConfig(t))),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(math.MaxInt32)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: typeURL}); err != nil {
+	if err := st.Send(&discovery.DeltaDiscoveryRequest{Node: &core.Node{Id: node}, TypeUrl: typeURL, InitialResourceVersions: held}); err != nil {
 		return nil, err
 	}
 	return st.Recv()
+}
+
+// TestReconnectHoldingAMesh reconnects a ztunnel that held the addresses of
+// a mesh of 60,000 workloads, every one of them gone while it was away: the
+// versions it says it holds (names as the control plane makes them, SHA-256
+// versions as it serves them) are some 7 MB, past gRPC's default bound on a
+// message received, which would refuse the stream on every reconnect
+// forever. The server takes the request and tells the ztunnel to remove
+// them all.
+func TestReconnectHoldingAMesh(t *testing.T) {
+	c := realAPI(t)
+	const rel = "weft-xdsreconnect"
+	cp := startControlPlane(t, c, rel, nil)
+	zt := mustRun(t, c, apitest.PodOnNode{Namespace: rel, Name: "ztunnel-a", ServiceAccount: "ztunnel", Node: "node-a", IP: "10.31.0.2"})
+	const ztNode = "ztunnel~10.31.0.2~ztunnel-a." + rel + "~" + rel + ".svc.cluster.local"
+	held := map[string]string{}
+	size := 0
+	for i := range 60_000 {
+		name := ambient.PodUID("Kubernetes", fmt.Sprintf("team-%03d", i%500), fmt.Sprintf("checkout-7f9c8d6b5d-%05d", i))
+		sum := sha256.Sum256([]byte(name))
+		held[name] = hex.EncodeToString(sum[:])
+		size += len(name) + 64
+	}
+	if size < 4<<20 {
+		t.Fatalf("the versions are %d bytes; the test wants them past 4 MiB", size)
+	}
+	resp, err := deltaSubscribe(t, cp, podToken(t, c, zt), ztNode, workloadpb.AddressTypeURL, held)
+	if err != nil {
+		t.Fatalf("a ztunnel reconnecting with the versions of 60,000 workloads: %v", err)
+	}
+	removed := map[string]bool{}
+	for _, n := range resp.GetRemovedResources() {
+		removed[n] = true
+	}
+	for name := range held {
+		if !removed[name] {
+			t.Fatalf("%d of 60,000 gone workloads removed; %s is not", len(removed), name)
+		}
+	}
 }

@@ -11,7 +11,11 @@
 #   CPU    go test -cpu list (default 1,2,4)
 #   HOGS   busy loops beside the tests (default: the number of cores)
 #   RUN    go test -run filter (default: all)
-# Every run is -race. The hogs end with the script, whatever its outcome.
+# Every run is -race and is a test process of its own (go test -count=1
+# for each round and -cpu value), so a test against the shared API server
+# of internal/apitest, which creates objects of fixed names, meets a fresh
+# server each time rather than what its previous round left. The hogs end
+# with the script, whatever its outcome; it fails if any round failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -37,6 +41,12 @@ for ((i = 0; i < HOGS; i++)); do
 	(while :; do :; done) &
 	hogs+=($!)
 done
-echo "stress: $HOGS hogs; go test -race -count=$COUNT -cpu=$CPU -run '$RUN'"
-# shellcheck disable=SC2086 # PKGS is a list
-"$GO" test -race -count="$COUNT" -cpu="$CPU" -run "$RUN" $PKGS
+failed=0
+for ((round = 1; round <= COUNT; round++)); do
+	for cpu in ${CPU//,/ }; do
+		echo "stress: round $round of $COUNT, $HOGS hogs; go test -race -count=1 -cpu=$cpu -run '$RUN'"
+		# shellcheck disable=SC2086 # PKGS is a list
+		"$GO" test -race -count=1 -cpu="$cpu" -run "$RUN" $PKGS || failed=1
+	done
+done
+exit "$failed"

@@ -2,7 +2,8 @@
 # deps.sh: installs the Debian packages Weft's build, tests and demo need,
 # when they are missing. Run as root on Debian; it does nothing when all is there.
 # BENCH=1 (make bench) adds what only the benchmarks need: nginx, the
-# waypoint's baseline, which the benchmark runs itself (no nginx service).
+# waypoint's baseline, which the benchmark runs itself (no nginx service),
+# and its stream module, ztunnel's relay-pair floor.
 set -euo pipefail
 
 # command -> package that provides it
@@ -20,13 +21,19 @@ declare -A need=(
 	[runc]=runc
 	[nsenter]=util-linux
 )
+# file -> package that provides it
+declare -A files=()
 if [[ ${BENCH:-} == 1 ]]; then
 	need[nginx]=nginx
+	files[/usr/lib/nginx/modules/ngx_stream_module.so]=libnginx-mod-stream
 fi
 
 missing=()
 for cmd in "${!need[@]}"; do
 	command -v "$cmd" >/dev/null 2>&1 || [[ -x /usr/sbin/$cmd ]] || missing+=("${need[$cmd]}")
+done
+for f in "${!files[@]}"; do
+	[[ -e $f ]] || missing+=("${files[$f]}")
 done
 [[ ${#missing[@]} -eq 0 ]] && exit 0
 

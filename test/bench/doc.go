@@ -10,7 +10,10 @@
 //     ZDS, with the control plane's xDS server and CA in the benchmark
 //     process; throughput, added latency, RSS, Go heap, CPU and
 //     idle-connection memory against the same pods without redirection,
-//     and the RSS per enrolled pod with 100 more pods.
+//     and the RSS per enrolled pod with 100 more pods; beside them, the
+//     throughput and added latency of two nginx TCP relays on ztunnel's
+//     path (nginx's stream module), the floor any pair of user-space
+//     proxies sets on this machine.
 //   - BenchmarkZtunnelScale: the same ztunnel told about 1k, 10k and 50k
 //     workloads elsewhere in the mesh; its RSS and heap at each size and
 //     how long each push takes to show in its config dump.

@@ -523,28 +523,75 @@ const nginxHTTP1Pass = `			proxy_pass http://backend;
 // app, with its configuration, pid, log and temp files in a temporary
 // directory; it is stopped when the benchmark ends.
 func startNginx(b *testing.B, p *podPair, bin string, srv nginxServer) *exec.Cmd {
-	dir := b.TempDir()
-	// nginx's workers run as nobody: let them reach the temp paths.
-	for _, d := range []string{dir, filepath.Dir(dir)} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			b.Fatal(err)
-		}
-	}
+	dir := nginxDir(b)
 	for name, data := range srv.files {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			b.Fatal(err)
 		}
 	}
-	conf := filepath.Join(dir, "nginx.conf")
 	listen, _, _ := strings.Cut(srv.listen, " ")
 	directives := strings.ReplaceAll(srv.directives, "$DIR", dir)
 	backend, pass := cmp.Or(srv.backend, podB+":8080"), cmp.Or(srv.pass, nginxHTTP1Pass)
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConf, dir, backend, srv.listen, directives, pass), 0o644); err != nil {
+	return runNginx(b, p, p.w, bin, dir, fmt.Sprintf(nginxConf, dir, backend, srv.listen, directives, pass), listen)
+}
+
+// nginxStreamConf is nginx as a plain TCP relay, one worker, no log:
+// %[1]s is the run's directory, %[2]s the module's path and %[3]s its
+// servers.
+const nginxStreamConf = `daemon off;
+master_process on;
+worker_processes 1;
+load_module %[2]s;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events {
+	worker_connections 1024;
+}
+stream {
+%[3]s}
+`
+
+// nginxStreamModule is where Debian's libnginx-mod-stream puts the module.
+const nginxStreamModule = "/usr/lib/nginx/modules/ngx_stream_module.so"
+
+// startNginxRelay runs nginx in ns as a TCP relay from each address of
+// relays, in the order given, to the address it maps to, until the
+// benchmark ends.
+func startNginxRelay(b *testing.B, p *podPair, ns *netns.NS, bin string, relays [][2]string) *exec.Cmd {
+	if _, err := os.Stat(nginxStreamModule); err != nil {
+		b.Fatalf("nginx's stream module is not installed: `make bench` installs it (BENCH=1 scripts/deps.sh), or apt-get install libnginx-mod-stream")
+	}
+	var servers strings.Builder
+	for _, r := range relays {
+		fmt.Fprintf(&servers, "\tserver {\n\t\tlisten %s;\n\t\tproxy_pass %s;\n\t}\n", r[0], r[1])
+	}
+	dir := nginxDir(b)
+	return runNginx(b, p, ns, bin, dir, fmt.Sprintf(nginxStreamConf, dir, nginxStreamModule, servers.String()), relays[0][0])
+}
+
+// nginxDir is a directory for one nginx's configuration, pid, log and temp
+// files, which its workers (nobody) can reach.
+func nginxDir(b *testing.B) string {
+	dir := b.TempDir()
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// runNginx runs nginx in ns with configuration conf, written into dir, and
+// waits until pod A reaches it on listen and its workers are up; it is
+// stopped when the benchmark ends.
+func runNginx(b *testing.B, p *podPair, ns *netns.NS, bin, dir, conf, listen string) *exec.Cmd {
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	cmd := exec.Command(bin, "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"))
+	cmd := exec.Command(bin, "-p", dir, "-c", path, "-e", filepath.Join(dir, "error.log"))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := p.w.Do(cmd.Start); err != nil {
+	if err := ns.Do(cmd.Start); err != nil {
 		b.Fatalf("starting nginx: %v", err)
 	}
 	exited := make(chan struct{})

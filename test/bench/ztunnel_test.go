@@ -49,6 +49,9 @@ const (
 //	ztunnel_throughput_vs_direct  bulk TCP pod A -> pod B through ztunnel at both ends ÷ direct
 //	ztunnel_added_p90_ms          1 KiB HTTP request/response at 1000 req/s, p90 minus direct
 //	ztunnel_added_p99_ms          the same, p99
+//	relay_pair_added_p90_ms       the same through two nginx TCP relays on ztunnel's path, one
+//	relay_pair_added_p99_ms       in each pod, instead: what any user-space proxy pair adds here
+//	relay_pair_throughput_vs_direct  the bulk transfer through them ÷ direct
 //	ztunnel_rss_mb                its RSS (VmRSS) under that load
 //	ztunnel_heap_inuse_mb         its Go heap in use under that load (go_memstats_heap_inuse_bytes)
 //	ztunnel_cpu_per_1000rps       CPU cores per 1000 req/s, per end (half the process's)
@@ -100,6 +103,7 @@ type podPair struct {
 	agent     *nodeAgent
 	zt        *ztunnelProc
 	redirects bool
+	relays    bool // the relay pair runs
 }
 
 func newPodPair(b *testing.B) *podPair {
@@ -261,8 +265,10 @@ func (p *podPair) dialFromA(addr string) (net.Conn, error) {
 	return c, err
 }
 
-func (p *podPair) bulk(b *testing.B, d time.Duration) float64 {
-	c, err := p.dialFromA(podB + ":9000")
+// bulk writes from pod A to addr, the sink app in pod B or a way to it,
+// for d and returns the bytes per second.
+func (p *podPair) bulk(b *testing.B, addr string, d time.Duration) float64 {
+	c, err := p.dialFromA(addr)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -289,13 +295,13 @@ func (p *podPair) throughput(b *testing.B) {
 	var direct, mesh []float64
 	for round := range 3 {
 		p.setRedirect(b, false)
-		direct = append(direct, p.bulk(b, time.Second))
+		direct = append(direct, p.bulk(b, sinkAddr, time.Second))
 		p.setRedirect(b, true)
 		var saved <-chan struct{}
 		if round == 0 {
 			saved = p.profile(b, "throughput", 0, time.Second)
 		}
-		mesh = append(mesh, p.bulk(b, 2*time.Second))
+		mesh = append(mesh, p.bulk(b, sinkAddr, 2*time.Second))
 		if saved != nil {
 			<-saved
 		}
@@ -304,6 +310,14 @@ func (p *podPair) throughput(b *testing.B) {
 	fmt.Printf("bench: ztunnel_throughput_gbps %.2f\n", m*8/1e9)
 	fmt.Printf("bench: direct_pod_throughput_gbps %.2f\n", d*8/1e9)
 	fmt.Printf("bench: ztunnel_throughput_vs_direct %.3f\n", m/d)
+	p.setRedirect(b, false)
+	if p.relayPair(b) {
+		var relayed []float64
+		for range 3 {
+			relayed = append(relayed, p.bulk(b, relaySinkAddr, 2*time.Second))
+		}
+		fmt.Printf("bench: relay_pair_throughput_vs_direct %.3f\n", median(relayed)/d)
+	}
 }
 
 // openLoop sends 1 KiB POSTs to url from pod A at a fixed rate over conns
@@ -380,6 +394,10 @@ func (p *podPair) latency(b *testing.B) {
 	url := "http://" + podB + ":8080/"
 	p.setRedirect(b, false)
 	direct := p.openLoop(b, url, nil, rate, d, conns)
+	var relayed []time.Duration
+	if p.relayPair(b) {
+		relayed = p.openLoop(b, "http://"+relayHTTPAddr+"/", nil, rate, d, conns)
+	}
 	p.setRedirect(b, true)
 	saved := p.profile(b, "load", d/2, 3*time.Second)
 	pid := p.zt.pid()
@@ -403,6 +421,10 @@ func (p *podPair) latency(b *testing.B) {
 	fmt.Printf("bench: ztunnel_p99_ms %.3f\n", ms(pct(mesh, 0.99)))
 	fmt.Printf("bench: ztunnel_added_p90_ms %.3f\n", ms(pct(mesh, 0.90)-pct(direct, 0.90)))
 	fmt.Printf("bench: ztunnel_added_p99_ms %.3f\n", ms(pct(mesh, 0.99)-pct(direct, 0.99)))
+	if relayed != nil {
+		fmt.Printf("bench: relay_pair_added_p90_ms %.3f\n", ms(pct(relayed, 0.90)-pct(direct, 0.90)))
+		fmt.Printf("bench: relay_pair_added_p99_ms %.3f\n", ms(pct(relayed, 0.99)-pct(direct, 0.99)))
+	}
 	fmt.Printf("bench: ztunnel_rss_mb %.1f\n", float64(rss)/(1<<20))
 	fmt.Printf("bench: ztunnel_rss_anon_mb %.1f\n", float64(procStatus(b, pid, "RssAnon"))/(1<<20))
 	fmt.Printf("bench: ztunnel_heap_inuse_mb %.1f\n", m["go_memstats_heap_inuse_bytes"]/(1<<20))
@@ -410,6 +432,36 @@ func (p *podPair) latency(b *testing.B) {
 	fmt.Printf("bench: ztunnel_goroutines %.0f\n", m["go_goroutines"])
 	// The process serves both ends, so each end's share is half.
 	fmt.Printf("bench: ztunnel_cpu_per_1000rps %.3f\n", cpu.Seconds()/el.Seconds()/(rate/1000.0)/2)
+}
+
+// The relay pair: two nginx TCP relays where ztunnel's ends are, one in
+// pod A, which the client app dials with the redirection off, relaying over
+// the pods' link to one in pod B, relaying to the server app (HTTP) or the
+// sink. nginx's stream proxy is an event loop that copies bytes and nothing
+// more, so what it adds is about the least any pair of user-space proxies
+// adds on this machine: the floor under ztunnel's figures, whose proxies
+// also encrypt and multiplex.
+const (
+	sinkAddr      = podB + ":9000"
+	relayHTTPAddr = podA + ":15101"
+	relaySinkAddr = podA + ":15103"
+)
+
+// relayPair starts the relay pair once and reports whether it runs: false,
+// and the floors are not printed, without nginx.
+func (p *podPair) relayPair(b *testing.B) bool {
+	if p.relays {
+		return true
+	}
+	bin, why := findNginx()
+	if bin == "" {
+		b.Logf("no relay-pair floor: %s", why)
+		return false
+	}
+	startNginxRelay(b, p, p.b, bin, [][2]string{{podB + ":15102", podB + ":8080"}, {podB + ":15104", sinkAddr}})
+	startNginxRelay(b, p, p.a, bin, [][2]string{{relayHTTPAddr, podB + ":15102"}, {relaySinkAddr, podB + ":15104"}})
+	p.relays = true
+	return true
 }
 
 // profile saves ztunnel's heap profile, goroutines and metrics after

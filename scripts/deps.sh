@@ -20,6 +20,8 @@ declare -A need=(
 	[containerd]=containerd
 	[runc]=runc
 	[nsenter]=util-linux
+	# Tests make user-supplied certificates with the openssl command line.
+	[openssl]=openssl
 )
 # file -> package that provides it
 declare -A files=()

@@ -243,11 +243,7 @@ func (s *ServingCert) renew() error {
 	if err != nil {
 		return fmt.Errorf("issuing the serving certificate: %w", err)
 	}
-	b, _ := pem.Decode(keyPEM)
-	if b == nil {
-		return errors.New("issuing the serving certificate: the CA key is not PEM")
-	}
-	caKey, err := x509.ParsePKCS8PrivateKey(b.Bytes)
+	caKey, err := spiffe.ParseKeyPEM(keyPEM)
 	if err != nil {
 		return fmt.Errorf("issuing the serving certificate: parsing the CA key: %w", err)
 	}

@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/weftmesh/weft/internal/spiffe"
 )
 
 // Keys of the Secret.
@@ -321,14 +323,14 @@ func parseMaterial(data map[string][]byte, withCA bool) (*material, error) {
 	mat := &material{}
 	var errs []error
 	if len(data[KeyCACert]) > 0 || withCA {
-		cas, err := ParseCerts(data[KeyCACert])
+		cas, err := spiffe.ParseCertsPEM(data[KeyCACert])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", KeyCACert, err))
 		}
 		mat.cas = cas
 	}
 	if withCA {
-		k, err := ParseKey(data[KeyCAKey])
+		k, err := spiffe.ParseKeyPEM(data[KeyCAKey])
 		switch {
 		case err != nil:
 			errs = append(errs, fmt.Errorf("%s: %w", KeyCAKey, err))
@@ -338,12 +340,12 @@ func parseMaterial(data map[string][]byte, withCA bool) (*material, error) {
 			mat.caKey = k
 		}
 	}
-	chain, err := ParseCerts(data[KeyCert])
+	chain, err := spiffe.ParseCertsPEM(data[KeyCert])
 	if err != nil {
 		errs = append(errs, fmt.Errorf("%s: %w", KeyCert, err))
 	}
 	mat.chain = chain
-	k, err := ParseKey(data[KeyKey])
+	k, err := spiffe.ParseKeyPEM(data[KeyKey])
 	switch {
 	case err != nil:
 		errs = append(errs, fmt.Errorf("%s: %w", KeyKey, err))

@@ -6,7 +6,11 @@ import (
 	"crypto/x509"
 	"io"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +20,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/weftmesh/weft/internal/spiffe"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -260,7 +266,7 @@ func TestRotation(t *testing.T) {
 		now := clk.Now()
 		verifyServing(t, a, now)
 		verifyServing(t, b, now)
-		bundle, err := ParseCerts(a.CABundle())
+		bundle, err := spiffe.ParseCertsPEM(a.CABundle())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -356,6 +362,63 @@ func TestUserSupplied(t *testing.T) {
 	m := newManager(t, newStore(), clk, Config{Mode: UserSupplied})
 	if err := m.Sync(context.Background()); err == nil {
 		t.Error("Sync without the Secret succeeded")
+	}
+}
+
+// TestUserSuppliedFromOpenSSL loads user-supplied Secrets whose key and
+// certificate the openssl command line made, in the layouts it writes: an
+// EC key from ecparam (an "EC PARAMETERS" block before the key, which
+// kubectl create secret tls accepts), PKCS #8 from genpkey, and RSA in
+// PKCS #1 (-traditional). The webhook serves each.
+func TestUserSuppliedFromOpenSSL(t *testing.T) {
+	openssl, err := exec.LookPath("openssl")
+	if err != nil {
+		t.Fatal("openssl is needed (scripts/deps.sh installs it)")
+	}
+	dir := t.TempDir()
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command(openssl, args...).CombinedOutput(); err != nil {
+			t.Fatalf("openssl %v: %v: %s", args, err, out)
+		}
+	}
+	for _, tc := range []struct {
+		name, layout string
+		genKey       []string
+	}{
+		{"ecparam", "EC PARAMETERS", []string{"ecparam", "-name", "prime256v1", "-genkey", "-out"}},
+		{"genpkey", "PRIVATE KEY", []string{"genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"}},
+		{"rsa-traditional", "RSA PRIVATE KEY", []string{"genrsa", "-traditional", "-out"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			keyFile, certFile := filepath.Join(dir, tc.name+".key"), filepath.Join(dir, tc.name+".crt")
+			args := append(tc.genKey, keyFile)
+			if tc.genKey[0] == "genrsa" {
+				args = append(args, "2048") // the size comes last
+			}
+			run(args...)
+			run("req", "-x509", "-key", keyFile, "-subj", "/CN="+names[0], "-addext", "subjectAltName=DNS:"+strings.Join(names, ",DNS:"),
+				"-days", "2", "-out", certFile)
+			keyPEM, err := os.ReadFile(keyFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.HasPrefix(keyPEM, []byte("-----BEGIN "+tc.layout+"-----")) {
+				t.Fatalf("openssl wrote a key starting %.40q; the case wants %s first", keyPEM, tc.layout)
+			}
+			certPEM, err := os.ReadFile(certFile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := newStore()
+			st.secrets["weft-webhook-certs"] = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "weft-webhook-certs"},
+				Data: map[string][]byte{KeyCert: certPEM, KeyKey: keyPEM, KeyCACert: certPEM}}
+			m := newManager(t, st, &clock{now: time.Now()}, Config{Mode: UserSupplied})
+			if err := m.Sync(context.Background()); err != nil {
+				t.Fatalf("a Secret made with openssl %s: %v", tc.name, err)
+			}
+			verifyServing(t, m, time.Now())
+		})
 	}
 }
 

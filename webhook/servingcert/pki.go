@@ -113,51 +113,6 @@ func EncodeKey(k crypto.Signer) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
-// ParseCerts reads every CERTIFICATE block of PEM data.
-func ParseCerts(data []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for {
-		var b *pem.Block
-		b, data = pem.Decode(data)
-		if b == nil {
-			break
-		}
-		if b.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(b.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parsing certificate: %w", err)
-		}
-		certs = append(certs, c)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no certificate in PEM data")
-	}
-	return certs, nil
-}
-
-// ParseKey reads a PKCS #8, PKCS #1 or SEC 1 private key.
-func ParseKey(data []byte) (crypto.Signer, error) {
-	b, _ := pem.Decode(data)
-	if b == nil {
-		return nil, errors.New("no private key in PEM data")
-	}
-	if k, err := x509.ParsePKCS8PrivateKey(b.Bytes); err == nil {
-		if s, ok := k.(crypto.Signer); ok {
-			return s, nil
-		}
-		return nil, errors.New("private key cannot sign")
-	}
-	if k, err := x509.ParseECPrivateKey(b.Bytes); err == nil {
-		return k, nil
-	}
-	if k, err := x509.ParsePKCS1PrivateKey(b.Bytes); err == nil {
-		return k, nil
-	}
-	return nil, errors.New("unsupported private key encoding")
-}
-
 // keyMatches reports whether key is the private key of cert.
 func keyMatches(cert *x509.Certificate, key crypto.Signer) bool {
 	pub, ok := key.Public().(interface{ Equal(crypto.PublicKey) bool })

@@ -21,7 +21,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -156,22 +155,11 @@ func (c *Client) SignCSR(ctx context.Context, csrPEM []byte, id spiffe.Identity,
 func (c *Client) check(resp *capb.IstioCertificateResponse, id spiffe.Identity) ([]*x509.Certificate, error) {
 	var chain []*x509.Certificate
 	for i, s := range resp.GetCertChain() {
-		rest := []byte(s)
-		for {
-			var b *pem.Block
-			b, rest = pem.Decode(rest)
-			if b == nil {
-				break
-			}
-			if b.Type != "CERTIFICATE" {
-				continue
-			}
-			cert, err := x509.ParseCertificate(b.Bytes)
-			if err != nil {
-				return nil, fmt.Errorf("the CA returned a bad certificate in element %d: %w", i, err)
-			}
-			chain = append(chain, cert)
+		certs, err := spiffe.ParseCertsPEM([]byte(s))
+		if err != nil {
+			return nil, fmt.Errorf("the CA returned a bad certificate in element %d: %w", i, err)
 		}
+		chain = append(chain, certs...)
 	}
 	if len(chain) == 0 {
 		return nil, errors.New("the CA returned no certificate")

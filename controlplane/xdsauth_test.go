@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,7 +101,8 @@ func deltaSubscribe(t *testing.T, cp *running, token, node, typeURL string, held
 // versions as it serves them) are some 7 MB, past gRPC's default bound on a
 // message received, which would refuse the stream on every reconnect
 // forever. The server takes the request and tells the ztunnel to remove
-// them all.
+// them all. A request past the control plane's bound, 32 MiB, is still
+// refused, with the bound named.
 func TestReconnectHoldingAMesh(t *testing.T) {
 	c := realAPI(t)
 	const rel = "weft-xdsreconnect"
@@ -130,5 +132,16 @@ func TestReconnectHoldingAMesh(t *testing.T) {
 		if !removed[name] {
 			t.Fatalf("%d of 60,000 gone workloads removed; %s is not", len(removed), name)
 		}
+	}
+
+	// 300,000 such versions are some 36 MB.
+	for i := 60_000; i < 300_000; i++ {
+		name := ambient.PodUID("Kubernetes", fmt.Sprintf("team-%03d", i%500), fmt.Sprintf("checkout-7f9c8d6b5d-%06d", i))
+		sum := sha256.Sum256([]byte(name))
+		held[name] = hex.EncodeToString(sum[:])
+	}
+	_, err = deltaSubscribe(t, cp, podToken(t, c, zt), ztNode, workloadpb.AddressTypeURL, held)
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), fmt.Sprint(32<<20)) {
+		t.Fatalf("a request of 300,000 versions: %v; want ResourceExhausted naming the bound, %d bytes", err, 32<<20)
 	}
 }

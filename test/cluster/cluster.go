@@ -110,6 +110,16 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	if err := checkTools(&cfg); err != nil {
 		return nil, err
 	}
+	// Compiling has a bound of its own: on a cold machine under load the
+	// images take minutes to build, which is not the cluster failing to
+	// come up.
+	log.Info("building images", "mode", cfg.NodeMode, "dir", cfg.BinDir)
+	bctx, bcancel := context.WithTimeout(ctx, cfg.BuildTimeout)
+	err = cfg.build(bctx)
+	bcancel()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.StartTimeout)
 	defer cancel()
 
@@ -145,14 +155,6 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 	c.apiAddr = ln.Addr().String()
 	bgCtx, bgCancel := context.WithCancel(context.WithoutCancel(ctx))
 	c.bgCancel = bgCancel
-
-	images := make(chan error, 1)
-	if cfg.NodeMode == NodeModeKubelet {
-		// Nodes import the archives as they start: build them first.
-		go func() { images <- nil }()
-	} else {
-		go func() { images <- c.buildImages(ctx) }()
-	}
 
 	c.log.Info("building network namespaces", "underlay", underlayNet, "pods", clusterCIDR, "services", serviceCIDR)
 	if c.topo, err = buildTopology(r.netnsPrefix(), cfg.Nodes); err != nil {
@@ -193,17 +195,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger) (_ *Cluster, err e
 		local: &localRoutes{out: c.topo.out, nodes: nodeAddrs, dial: c.DialOutside, log: c.log}}
 	c.goBackground(bgCtx, "load balancer", lb.Run)
 
-	if cfg.NodeMode == NodeModeKubelet {
-		c.log.Info("writing image archives", "dir", c.imageDir())
-		if err := c.buildImageArchives(ctx); err != nil {
-			return nil, err
-		}
-	}
 	if err := c.startNodes(ctx, bgCtx, creds); err != nil {
-		return nil, err
-	}
-	c.log.Info("waiting for images to build", "packages", strings.Join(cfg.Images, " "))
-	if err := <-images; err != nil {
 		return nil, err
 	}
 	if err := c.waitReady(ctx); err != nil {
@@ -284,20 +276,24 @@ func checkTools(cfg *Config) error {
 	return fmt.Errorf("the local cluster is missing %s; %s", strings.Join(missing, ", "), strings.Join(hints, "; "))
 }
 
-// buildImages builds the configured image packages into BinDir.
-func (c *Cluster) buildImages(ctx context.Context) error {
-	if len(c.cfg.Images) == 0 {
+// build compiles what the nodes run: in real-node mode the image
+// archives, for the stand-in the configured image packages into BinDir.
+func (c *Config) build(ctx context.Context) error {
+	if c.NodeMode == NodeModeKubelet {
+		return c.buildImageArchives(ctx)
+	}
+	if len(c.Images) == 0 {
 		return nil
 	}
-	if err := os.MkdirAll(c.cfg.BinDir, 0o755); err != nil {
+	if err := os.MkdirAll(c.BinDir, 0o755); err != nil {
 		return err
 	}
-	args := append([]string{"build", "-buildvcs=false", "-o", c.cfg.BinDir + "/"}, c.cfg.Images...)
-	cmd := exec.CommandContext(ctx, c.cfg.Go, args...)
-	cmd.Dir = c.cfg.RepoDir
+	args := append([]string{"build", "-buildvcs=false", "-o", c.BinDir + "/"}, c.Images...)
+	cmd := exec.CommandContext(ctx, c.Go, args...)
+	cmd.Dir = c.RepoDir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("building images (%s %s): %w\n%s", c.cfg.Go, strings.Join(args, " "), err, out)
+		return fmt.Errorf("building images (%s %s): %w\n%s", c.Go, strings.Join(args, " "), err, out)
 	}
 	return nil
 }

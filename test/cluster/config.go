@@ -49,7 +49,11 @@ type Config struct {
 	StateDir string
 	// ProxyMode is kube-proxy's mode: "nftables" (default) or "iptables".
 	ProxyMode string
-	// StartTimeout bounds Start. Default 3m.
+	// BuildTimeout bounds compiling what the nodes run, which Start does
+	// first. Default 20m (a cold build on a loaded machine).
+	BuildTimeout time.Duration
+	// StartTimeout bounds the rest of Start: the network, the control
+	// plane and the nodes up and Ready. Default 3m.
 	StartTimeout time.Duration
 	// KeepState keeps the run's directory (logs) after Close. Default false.
 	KeepState bool
@@ -101,6 +105,9 @@ func (c *Config) SetDefaults() error {
 	}
 	if c.ProxyMode == "" {
 		c.ProxyMode = "nftables"
+	}
+	if c.BuildTimeout == 0 {
+		c.BuildTimeout = 20 * time.Minute
 	}
 	if c.StartTimeout == 0 {
 		c.StartTimeout = 3 * time.Minute

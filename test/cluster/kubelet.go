@@ -308,7 +308,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 // binaries and archives, shared (LOCK_SH) while nodes import them, so that
 // a cluster starting in another test process never reads a half-written
 // archive. It returns the unlock function.
-func (c *Cluster) lockImages(how int) (func(), error) {
+func (c *Config) lockImages(how int) (func(), error) {
 	if err := os.MkdirAll(c.imageDir(), 0o755); err != nil {
 		return nil, err
 	}
@@ -328,14 +328,14 @@ func (c *Cluster) lockImages(how int) (func(), error) {
 // also :latest (pods naming either tag find it; IfNotPresent then never
 // pulls).
 func (c *Cluster) importImages(ctx context.Context, r *realNode) error {
-	unlock, err := c.lockImages(syscall.LOCK_SH)
+	unlock, err := c.cfg.lockImages(syscall.LOCK_SH)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	archives, err := filepath.Glob(filepath.Join(c.imageDir(), "*.tar"))
+	archives, err := filepath.Glob(filepath.Join(c.cfg.imageDir(), "*.tar"))
 	if err != nil || len(archives) == 0 {
-		return fmt.Errorf("no image archives in %s (the cluster writes them at start): %v", c.imageDir(), err)
+		return fmt.Errorf("no image archives in %s (the cluster writes them at start): %v", c.cfg.imageDir(), err)
 	}
 	archives = append(archives, c.cfg.ExtraImages...)
 	if err := c.poll(ctx, "containerd on "+r.node.Name, func(ctx context.Context) (bool, string, error) {
@@ -760,19 +760,19 @@ func addDefaultRoute(ns *netns.NS) error {
 }
 
 // imageDir holds the image archives of real-node mode.
-func (c *Cluster) imageDir() string { return filepath.Join(c.cfg.BinDir, "images") }
+func (c *Config) imageDir() string { return filepath.Join(c.BinDir, "images") }
 
 // buildImageArchives builds, as `make images` does, static binaries of
 // every image package (the mesh's, the pause image's and Config.Images)
 // into BinDir/images/bin and writes their OCI archives into BinDir/images.
-func (c *Cluster) buildImageArchives(ctx context.Context) error {
+func (c *Config) buildImageArchives(ctx context.Context) error {
 	unlock, err := c.lockImages(syscall.LOCK_EX)
 	if err != nil {
 		return err
 	}
 	defer unlock()
 	pkgs := append(MeshImages(), "./test/cmd/pause")
-	for _, p := range c.cfg.Images {
+	for _, p := range c.Images {
 		if !containsString(pkgs, p) {
 			pkgs = append(pkgs, p)
 		}
@@ -781,20 +781,20 @@ func (c *Cluster) buildImageArchives(ctx context.Context) error {
 	if err := os.MkdirAll(binDir, 0o755); err != nil {
 		return err
 	}
-	build := exec.CommandContext(ctx, c.cfg.Go, append([]string{"build", "-buildvcs=false", "-trimpath", "-o", binDir + "/"}, pkgs...)...)
-	build.Dir = c.cfg.RepoDir
+	build := exec.CommandContext(ctx, c.Go, append([]string{"build", "-buildvcs=false", "-trimpath", "-o", binDir + "/"}, pkgs...)...)
+	build.Dir = c.RepoDir
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building image binaries: %w\n%s", err, out)
 	}
 	tool := filepath.Join(c.imageDir(), "weft-images")
 	steps := [][]string{
-		{c.cfg.Go, "build", "-buildvcs=false", "-o", tool, "./test/cmd/weft-images"},
-		{tool, "-bin", binDir, "-out", c.imageDir(), "-chart", filepath.Join(c.cfg.RepoDir, "charts/weft")},
+		{c.Go, "build", "-buildvcs=false", "-o", tool, "./test/cmd/weft-images"},
+		{tool, "-bin", binDir, "-out", c.imageDir(), "-chart", filepath.Join(c.RepoDir, "charts/weft")},
 	}
 	for _, s := range steps {
 		cmd := exec.CommandContext(ctx, s[0], s[1:]...)
-		cmd.Dir = c.cfg.RepoDir
+		cmd.Dir = c.RepoDir
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return fmt.Errorf("writing image archives (%s): %w\n%s", strings.Join(s, " "), err, out)
 		}
@@ -957,7 +957,7 @@ func (c *Cluster) realExec(ctx context.Context, r *realNode, p *corev1.Pod, cont
 	var extra []*os.File
 	if len(argv) > 0 && strings.HasPrefix(argv[0], c.cfg.BinDir+"/") {
 		bin := argv[0]
-		if static := filepath.Join(c.imageDir(), "bin", filepath.Base(bin)); fileExists(static) {
+		if static := filepath.Join(c.cfg.imageDir(), "bin", filepath.Base(bin)); fileExists(static) {
 			bin = static
 		}
 		f, err := os.Open(bin)

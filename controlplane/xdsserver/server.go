@@ -39,6 +39,7 @@ package xdsserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -201,14 +202,14 @@ func New(cfg Config) (*Server, error) {
 		mux.Caches[t] = c
 	}
 	s.mux = mux
-	s.ads = serverv3.NewServer(ctx, mux, &callbacks{s: s, auth: cfg.Authenticator})
+	s.ads = serverv3.NewServer(ctx, mux, &callbacks{s: s, authenticated: cfg.Authenticator != nil})
 	return s, nil
 }
 
 // Register adds the Aggregated Discovery Service to g, authenticating
 // streams with Config.Authenticator.
 func (s *Server) Register(g *grpc.Server) {
-	discovery.RegisterAggregatedDiscoveryServiceServer(g, ads{s.ads})
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, ads{Server: s.ads, s: s, auth: s.cfg.Authenticator})
 }
 
 // RegisterPlaintext adds a second Aggregated Discovery Service on the same
@@ -216,11 +217,53 @@ func (s *Server) Register(g *grpc.Server) {
 // which istiod also leaves unauthenticated. Stream ids of this service are
 // odd, those of Register's even.
 func (s *Server) RegisterPlaintext(g *grpc.Server) {
-	discovery.RegisterAggregatedDiscoveryServiceServer(g, ads{serverv3.NewServer(s.ctx, s.mux, &callbacks{s: s, plaintext: true})})
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, ads{Server: serverv3.NewServer(s.ctx, s.mux, &callbacks{s: s, plaintext: true}), s: s})
 }
 
-// ads exposes only delta ADS.
-type ads struct{ serverv3.Server }
+// ads exposes only delta ADS, and authenticates a stream before the ADS
+// server reads anything of it: go-control-plane starts reading requests
+// before its open callback runs, so a caller with no valid token could
+// otherwise have a request of up to the server's message bound (32 MiB)
+// read and decoded on each of its streams while its token is reviewed.
+type ads struct {
+	serverv3.Server
+	s    *Server
+	auth Authenticator // nil: streams are not authenticated
+}
+
+// callerKey is the context key of a stream's authenticated caller.
+type callerKey struct{}
+
+// authedStream is a stream whose context names its caller.
+type authedStream struct {
+	discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer
+	ctx context.Context
+}
+
+func (st authedStream) Context() context.Context { return st.ctx }
+
+func (a ads) DeltaAggregatedResources(st discovery.AggregatedDiscoveryService_DeltaAggregatedResourcesServer) error {
+	if a.auth == nil {
+		return a.Server.DeltaAggregatedResources(st)
+	}
+	caller, err := a.auth.Authenticate(st.Context())
+	if err == nil && caller == "" {
+		err = errors.New("the authenticator named no caller")
+	}
+	if err != nil {
+		a.s.m.authFailures.Inc()
+		var from string
+		if p, ok := peer.FromContext(st.Context()); ok && p.Addr != nil {
+			from = p.Addr.String()
+		}
+		a.s.log.Warn("xDS stream refused", "peer", from, "error", err)
+		if _, ok := status.FromError(err); ok {
+			return err
+		}
+		return status.Error(codes.Unauthenticated, "authentication failed")
+	}
+	return a.Server.DeltaAggregatedResources(authedStream{st, context.WithValue(st.Context(), callerKey{}, caller)})
+}
 
 func (a ads) StreamAggregatedResources(discovery.AggregatedDiscoveryService_StreamAggregatedResourcesServer) error {
 	return status.Error(codes.Unimplemented, "only delta xDS (DeltaAggregatedResources) is served")
@@ -345,9 +388,11 @@ func (c *client) nodeID() string {
 }
 
 type callbacks struct {
-	s         *Server
-	auth      Authenticator
-	plaintext bool
+	s *Server
+	// authenticated: the service's streams reach the ADS server only once
+	// ads has authenticated them, with the caller in their context.
+	authenticated bool
+	plaintext     bool
 }
 
 // global makes a server's stream id unique across both services.
@@ -377,19 +422,9 @@ func (cb *callbacks) OnDeltaStreamOpen(ctx context.Context, id int64, _ string) 
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		c.peer = p.Addr.String()
 	}
-	if cb.auth != nil {
-		caller, err := cb.auth.Authenticate(ctx)
-		if err != nil {
-			s.m.authFailures.Inc()
-			s.log.Warn("xDS stream refused", "peer", c.peer, "error", err)
-			if _, ok := status.FromError(err); ok {
-				return err
-			}
-			return status.Error(codes.Unauthenticated, "authentication failed")
-		}
+	if cb.authenticated {
+		caller, _ := ctx.Value(callerKey{}).(string)
 		if caller == "" {
-			s.m.authFailures.Inc()
-			s.log.Warn("xDS stream refused", "peer", c.peer, "error", "the authenticator named no caller")
 			return status.Error(codes.Unauthenticated, "authentication failed")
 		}
 		c.caller = caller

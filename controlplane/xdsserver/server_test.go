@@ -10,17 +10,21 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -44,7 +48,7 @@ type harness struct {
 }
 
 // start serves s on a loopback port until the test ends.
-func start(t *testing.T, auth Authenticator) *harness {
+func start(t *testing.T, auth Authenticator, opts ...grpc.ServerOption) *harness {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	s, err := New(Config{Registerer: reg, Authenticator: auth, NodeProxies: []string{ztunnelID}})
@@ -55,7 +59,7 @@ func start(t *testing.T, auth Authenticator) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(opts...)
 	s.Register(g)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 2)
@@ -190,6 +194,75 @@ type denyAll struct{}
 
 func (denyAll) Authenticate(context.Context) (string, error) {
 	return "", status.Error(codes.Unauthenticated, "no token")
+}
+
+// gatedAuth refuses every stream, once the server has read a request
+// (reads is signalled) or after a second, whichever is first.
+type gatedAuth struct{ reads chan struct{} }
+
+func (a gatedAuth) Authenticate(context.Context) (string, error) {
+	select {
+	case <-a.reads:
+	case <-time.After(time.Second):
+	}
+	return "", status.Error(codes.Unauthenticated, "token refused")
+}
+
+// requestsRead is a gRPC stats handler that counts the requests the
+// server reads and decodes, and signals each on reads.
+type requestsRead struct {
+	n     *atomic.Int64
+	reads chan struct{}
+}
+
+func (r requestsRead) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (r requestsRead) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if _, ok := s.(*stats.InPayload); ok {
+		r.n.Add(1)
+		select {
+		case r.reads <- struct{}{}:
+		default:
+		}
+	}
+}
+func (r requestsRead) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (r requestsRead) HandleConn(context.Context, stats.ConnStats)                       {}
+
+// TestNothingReadBeforeAuthentication checks that the server reads no
+// request of a stream before the stream's caller is authenticated: a
+// caller whose token is refused had its first request, as large as it
+// cared to make it up to the message bound, read and decoded while the
+// token was reviewed.
+func TestNothingReadBeforeAuthentication(t *testing.T) {
+	reads := make(chan struct{}, 1)
+	var n atomic.Int64
+	h := start(t, gatedAuth{reads: reads}, grpc.StatsHandler(requestsRead{n: &n, reads: reads}))
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := metadata.AppendToOutgoingContext(testCtx(t), "authorization", "Bearer stolen")
+	st, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 2 MiB of names, under gRPC's default bound on a message.
+	names := make([]string, 20_000)
+	for i := range names {
+		names[i] = fmt.Sprintf("Kubernetes//Pod/shop/%094d", i)
+	}
+	sent := make(chan error, 1)
+	go func() {
+		sent <- st.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: workloadpb.AddressTypeURL, ResourceNamesSubscribe: names})
+	}()
+	if _, err := st.Recv(); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("stream ended with %v, want Unauthenticated", err)
+	}
+	<-sent // the stream's end ends the send too (io.EOF)
+	if got := n.Load(); got != 0 {
+		t.Errorf("the server read %d request(s) of a stream whose caller it then refused", got)
+	}
 }
 
 // TestAuthenticatorRefuses checks that a refused stream never gets a

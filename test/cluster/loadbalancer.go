@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os/exec"
+	"strings"
 	"sync"
 	"time"
 
@@ -210,7 +212,15 @@ func (c *Cluster) DescribeOutsidePath(ctx context.Context, addr netip.Addr) stri
 		}
 		return fmt.Sprintf("the outside reaches %s through %s (%s); its kube-proxy is %s", addr, nodeName(i+1), gw, health)
 	}
-	return fmt.Sprintf("the outside reaches %s through %v, which is no node", addr, routes[0].Gw)
+	// The kernel's own words say whether a learnt exception (a redirect)
+	// chose the path.
+	var kernel []byte
+	_ = c.topo.out.Do(func() error {
+		kernel, _ = exec.CommandContext(ctx, "ip", "route", "get", addr.String()).CombinedOutput()
+		return nil
+	})
+	return fmt.Sprintf("the outside reaches %s through %v, which is no node (ip route get: %s)", addr, routes[0].Gw,
+		strings.Join(strings.Fields(string(kernel)), " "))
 }
 
 // WaitLoadBalancer waits until the Service has a load balancer address

@@ -137,6 +137,18 @@ func buildTopology(prefix string, n int) (t *topology, err error) {
 	if t.out, err = t.create("out"); err != nil {
 		return nil, err
 	}
+	// The outside stands for a cloud's load balancer, which takes no ICMP
+	// redirect from a node: a node that has not yet synced a load balancer
+	// address forwards a packet for it to its default gateway, the control
+	// plane, on the link it came by, and redirects the sender there; a
+	// sender that took it would send every later packet for that address
+	// to the control plane, which drops them, for the five minutes the
+	// kernel keeps a redirect.
+	for _, key := range []string{"net/ipv4/conf/all/accept_redirects", "net/ipv4/conf/default/accept_redirects"} {
+		if err := sysctl(t.out, key, "0"); err != nil {
+			return nil, err
+		}
+	}
 	if err := t.attach(ul, br, t.out, "out", outsideAddr); err != nil {
 		return nil, err
 	}

@@ -65,7 +65,7 @@ bench: ## Run the benchmarks (installing nginx, their baseline, if missing); the
 	@set -o pipefail; $(GO) test -run '^$$' -bench . -benchtime 1x -timeout 30m ./... | tee $(BIN)/bench.log | grep -E '^(bench:|FAIL|ok|panic)'
 
 .PHONY: lint
-lint: ## gofmt, go vet and staticcheck (checks listed in staticcheck.conf).
+lint: ## gofmt, go vet, staticcheck (checks listed in staticcheck.conf) and govulncheck.
 	@GO=$(GO) scripts/lint.sh
 
 .PHONY: proto

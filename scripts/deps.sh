@@ -22,6 +22,8 @@ declare -A need=(
 	[nsenter]=util-linux
 	# Tests make user-supplied certificates with the openssl command line.
 	[openssl]=openssl
+	# Lint reads govulncheck's findings.
+	[jq]=jq
 )
 # file -> package that provides it
 declare -A files=()
